@@ -1,0 +1,34 @@
+# fencebridge tasks. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: help test demo lint format bench clean
+
+help: ## list the tasks
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	touch $(STAMP)
+
+test: $(STAMP) ## run the test suite (embedded PostgreSQL unless FENCEBRIDGE_TEST_DATABASE_URL is set)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP) ## run the whole protocol end to end on an embedded database and a local SQS
+	$(BIN)/fencebridge demo
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check bridge consumers tests bench
+	$(BIN)/ruff format --check bridge consumers tests bench
+	$(BIN)/mypy
+
+format: $(STAMP) ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix bridge consumers tests bench
+	$(BIN)/ruff format bridge consumers tests bench
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,78 @@
+"""Every error fencebridge raises, grouped by what the caller can do next.
+
+::
+
+    FenceBridgeError              never raised itself
+    ├── ConfigError               fix the configuration; raised at start-up, names file and key
+    ├── LeaseLost                 stop this work now; never retry the write that raised it
+    ├── TransientError            retry later with backoff; nothing was decided
+    │   ├── StoreUnavailable      the database could not be reached, or the connection broke
+    │   └── BrokerUnavailable     the broker could not be reached
+    ├── StoreError                the database answered, but not as the schema expects
+    │   └── MigrationError        the schema cannot be brought to the version this code needs
+    └── BrokerError               the broker refused the request for a reason retrying won't fix
+
+A broken connection during COMMIT leaves the outcome of that transaction unknown to the
+client. :class:`StoreUnavailable` says so in ``outcome_unknown``; every write in the store is
+either idempotent (ingest) or fenced (claim and settlement), so the safe reaction is the same
+either way: do not ack, do not repeat a fenced write under the same fence, let the lease and
+redelivery run their course.
+"""
+
+from __future__ import annotations
+
+
+class FenceBridgeError(Exception):
+    """Root of fencebridge's errors."""
+
+
+class ConfigError(FenceBridgeError):
+    """The configuration is invalid; the message names the file, the key and the problem."""
+
+
+class LeaseLost(FenceBridgeError):  # noqa: N818  (a condition, not a failure of the caller)
+    """The fence is no longer current: another claim or a settlement has moved the row on.
+
+    The write that raised this changed nothing. The caller must stop working on the row and
+    must never retry the write: a newer holder, or a terminal state, owns the row now.
+    """
+
+    def __init__(self, tenant_id: str, operation_id: str, fence: int, action: str) -> None:
+        self.tenant_id = tenant_id
+        self.operation_id = operation_id
+        self.fence = fence
+        self.action = action
+        # Identifiers stay out of the message: messages end up in logs.
+        super().__init__(f"{action} rejected: fence {fence} is no longer current")
+
+
+class TransientError(FenceBridgeError):
+    """A dependency is unavailable; the same call may succeed later."""
+
+
+class StoreUnavailable(TransientError):  # noqa: N818
+    """The database could not be reached or the connection broke mid-call.
+
+    ``outcome_unknown`` is true when the connection broke after the statement or COMMIT was
+    sent: the write may or may not have happened.
+    """
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        self.outcome_unknown = outcome_unknown
+        super().__init__(message)
+
+
+class BrokerUnavailable(TransientError):  # noqa: N818
+    """The broker could not be reached."""
+
+
+class StoreError(FenceBridgeError):
+    """The database answered in a way the store does not expect (schema missing, bad input)."""
+
+
+class MigrationError(StoreError):
+    """The schema cannot be brought to the version this code needs."""
+
+
+class BrokerError(FenceBridgeError):
+    """The broker refused a request for a reason that retrying will not fix."""

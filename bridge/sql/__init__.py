@@ -1,0 +1,49 @@
+"""Every SQL statement fencebridge runs, loaded by name from the ``.sql`` files beside this module.
+
+Business code never builds SQL: it asks for a statement by its file name and passes parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import LiteralString
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: LiteralString
+
+
+@cache
+def statement(name: str) -> LiteralString:
+    """The text of ``store/<name>.sql``."""
+    text: LiteralString = (
+        resources.files(__package__).joinpath("store", f"{name}.sql").read_text("utf-8")
+    )
+    return text
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with the package, in version order (``NNNN_name.sql``)."""
+    found = []
+    for entry in resources.files(__package__).joinpath("migrations").iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        number, _, rest = entry.name.partition("_")
+        found.append(
+            Migration(
+                version=int(number),
+                name=rest.removesuffix(".sql"),
+                sql=entry.read_text("utf-8"),
+            )
+        )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must run 1..n without gaps, found {versions}")
+    return tuple(found)

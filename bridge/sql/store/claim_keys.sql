@@ -1,0 +1,39 @@
+-- Targeted claim for hand-off: the same rule as claim.sql, restricted to the given keys (the
+-- ones a consumer has just inserted). Keys that are not claimable right now are skipped.
+WITH wanted AS (
+    SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
+),
+candidate AS (
+    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover
+      FROM work_item w
+      JOIN wanted USING (tenant_id, operation_id)
+     WHERE ((w.state = 'queued' AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
+            OR (w.state = 'claimed'
+                AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+                AND w.attempts < w.max_attempts))
+       AND (w.ordering_key IS NULL OR NOT EXISTS (
+               SELECT 1
+                 FROM work_item p
+                WHERE p.subscription = w.subscription
+                  AND p.ordering_key = w.ordering_key
+                  AND p.seq < w.seq
+                  AND p.state IN ('queued', 'claimed')))
+     ORDER BY w.tenant_id, w.operation_id
+       FOR UPDATE OF w SKIP LOCKED
+)
+UPDATE work_item w
+   SET state = 'claimed',
+       fence = w.fence + 1,
+       attempts = w.attempts + 1,
+       lease_owner = %(worker)s,
+       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
+       claimed_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+  FROM candidate c
+ WHERE w.tenant_id = c.tenant_id
+   AND w.operation_id = c.operation_id
+RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
+          w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
+          w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
+          w.ordering_key,
+          (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload

@@ -1,0 +1,1 @@
+SELECT version, name, checksum FROM fencebridge_migration ORDER BY version

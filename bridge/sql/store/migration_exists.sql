@@ -1,0 +1,1 @@
+SELECT to_regclass('fencebridge_migration') IS NOT NULL

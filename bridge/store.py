@@ -1,0 +1,576 @@
+"""The work store: the one interface between fencebridge and its PostgreSQL tables.
+
+Term-scoped writes
+------------------
+A claim is one statement: it locks claimable rows with ``FOR UPDATE SKIP LOCKED``, adds one to
+each row's ``fence`` and ``attempts``, and sets the lease from the database clock. From then on,
+every write made for that claim (heartbeat, settlement, intent, a class A business transaction)
+carries the fence in its own ``WHERE`` clause::
+
+    UPDATE work_item SET ... WHERE <key> AND fence = :fence AND state = 'claimed'
+
+The database decides, inside the write, whether the writer still owns the row. Zero rows means
+ownership moved on (a newer claim, the sweeper, a settlement): the store raises
+:class:`~bridge.errors.LeaseLost` and the caller must stop and never retry that write. Nothing
+here reads the row, compares in Python and then writes; a review that finds such a sequence on
+ownership has found a bug.
+
+::
+
+    queued ──claim──▶ claimed ──settle──▶ succeeded | failed_terminal | unknown | quarantined
+      ▲                 │  │
+      └──retry_later────┘  └─lease expired, attempts left──▶ claimed again (takeover, fence + 1)
+                           └─lease expired, attempts exhausted──sweep──▶ unknown
+    unknown | quarantined ──redrive (audited)──▶ queued
+
+The lease is liveness only; the fence is safety. A lease can be any length without putting
+safety at risk, which is what lets heartbeats follow progress instead of time.
+
+Every statement lives in ``bridge/sql/store/<name>.sql``. ``now`` is the database clock unless
+the store was given a clock (tests do, to expire leases without sleeping).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from bridge import sql
+from bridge.database import Connection, open_pool, translate_errors
+from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.types import (
+    Claim,
+    Decision,
+    Delivery,
+    IngestResult,
+    Key,
+    RedriveFilter,
+    Redriven,
+    Rejection,
+    State,
+    StateCount,
+    Stats,
+    TargetClass,
+    Ticket,
+)
+
+Clock = Callable[[], datetime | None]
+
+CONFLICT_REASON = "payload hash differs from the operation's approved payload"
+SWEEP_LIMIT_DEFAULT = 1000
+
+
+def _database_clock() -> datetime | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One row of a batch settlement."""
+
+    ticket: Ticket
+    state: State
+    outcome_code: str
+    outcome_detail: str | None = None
+
+
+class FencedTransaction:
+    """An open transaction in which the work row is locked under its fence (target class A).
+
+    The handler writes its business rows through :attr:`connection`; :meth:`settle` marks the
+    work row in the same transaction. Both commit together when the ``with`` block ends, or
+    neither does.
+    """
+
+    def __init__(self, connection: Connection, ticket: Ticket, now: datetime | None) -> None:
+        self.connection = connection
+        self.ticket = ticket
+        self._now = now
+        self.settled: State | None = None
+
+    def settle(
+        self, state: State = State.SUCCEEDED, outcome_code: str = "ok", detail: str | None = None
+    ) -> None:
+        row = self.connection.execute(
+            sql.statement("settle"),
+            {
+                **_ticket_params(self.ticket),
+                "state": state.value,
+                "outcome_code": outcome_code,
+                "outcome_detail": detail,
+                "now": self._now,
+            },
+        ).fetchone()
+        if row is None:  # cannot happen while we hold the row lock; kept as a guard
+            raise LeaseLost(
+                self.ticket.tenant_id, self.ticket.operation_id, self.ticket.fence, "settle"
+            )
+        self.settled = state
+
+
+class PostgresStore:
+    """The work store on PostgreSQL. Thread-safe: every call borrows a pooled connection."""
+
+    def __init__(self, pool: ConnectionPool[Connection], *, clock: Clock = _database_clock) -> None:
+        self._pool = pool
+        self._now = clock
+
+    @classmethod
+    def connect(
+        cls, url: str, *, min_size: int = 1, max_size: int = 10, clock: Clock = _database_clock
+    ) -> PostgresStore:
+        return cls(open_pool(url, min_size=min_size, max_size=max_size), clock=clock)
+
+    @property
+    def pool(self) -> ConnectionPool[Connection]:
+        return self._pool
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def _connection(self, action: str) -> Iterator[Connection]:
+        with translate_errors(action), self._pool.connection() as conn:
+            yield conn
+
+    # -- inbox -------------------------------------------------------------------------------
+
+    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Write one received batch in one transaction; one result per delivery, in order.
+
+        New keys become queued work rows; a key that exists with the same payload hash is a
+        replay; with another hash it is a conflict (nothing is mutated, the delivery is recorded
+        as rejected). Rejections (undecodable input) are recorded with their reason. After this
+        returns, every delivery of the batch is held by the database and may be acknowledged.
+        """
+        firsts: dict[Key, Delivery] = {}
+        for item in batch:
+            if isinstance(item, Delivery):
+                firsts.setdefault(item.key, item)
+        fresh = list(firsts.values())
+        refs = [f"pg:{uuid.uuid4().hex}" for _ in fresh]
+
+        with self._connection("ingest") as conn, conn.transaction():
+            inserted: set[Key] = set()
+            if fresh:
+                rows = conn.execute(
+                    sql.statement("ingest_insert"), _insert_params(fresh, refs)
+                ).fetchall()
+                inserted = {Key(t, o) for t, o in rows}
+            others = [k for k in firsts if k not in inserted]
+            stored: dict[Key, tuple[bytes, State]] = {}
+            if others:
+                rows = conn.execute(
+                    sql.statement("ingest_existing"),
+                    {
+                        "tenant_id": [k.tenant_id for k in others],
+                        "operation_id": [k.operation_id for k in others],
+                    },
+                ).fetchall()
+                stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
+            missing = [k for k in others if k not in stored]
+            if missing:
+                # Neither inserted nor visible: the row was deleted between the two statements
+                # (purge or erasure). Nothing can be decided; the batch is not acknowledged.
+                raise StoreUnavailable(
+                    f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
+                )
+            for key in inserted:
+                stored[key] = (firsts[key].payload_hash, State.QUEUED)
+
+            results: list[IngestResult] = []
+            rejected: list[Rejection | Delivery] = []
+            for item in batch:
+                if isinstance(item, Rejection):
+                    results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
+                    rejected.append(item)
+                    continue
+                stored_hash, state = stored[item.key]
+                if item is firsts[item.key] and item.key in inserted:
+                    results.append(IngestResult(Decision.NEW, item.key, State.QUEUED))
+                elif item.payload_hash == stored_hash:
+                    results.append(IngestResult(Decision.REPLAY, item.key, state))
+                else:
+                    results.append(IngestResult(Decision.CONFLICT, item.key, state))
+                    rejected.append(item)
+            if rejected:
+                conn.execute(sql.statement("reject"), _reject_params(rejected))
+        return results
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        worker: str,
+        limit: int,
+        lease: timedelta,
+        *,
+        job_types: Sequence[str] | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
+        with self._connection("claim") as conn:
+            rows = conn.execute(
+                sql.statement("claim"),
+                {
+                    "worker": worker,
+                    "limit": limit,
+                    "lease": lease,
+                    "job_types": list(job_types) if job_types is not None else None,
+                    "now": self._now(),
+                },
+            ).fetchall()
+        return [_claim(r) for r in rows]
+
+    def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
+        """Claim exactly these rows where they are claimable (hand-off after ingest)."""
+        if not keys:
+            return []
+        with self._connection("claim") as conn:
+            rows = conn.execute(
+                sql.statement("claim_keys"),
+                {
+                    "worker": worker,
+                    "tenant_id": [k.tenant_id for k in keys],
+                    "operation_id": [k.operation_id for k in keys],
+                    "lease": lease,
+                    "now": self._now(),
+                },
+            ).fetchall()
+        return [_claim(r) for r in rows]
+
+    # -- fenced writes -----------------------------------------------------------------------
+
+    def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
+        """Extend the lease under the fence; returns the new expiry or raises LeaseLost."""
+        with self._connection("heartbeat") as conn:
+            row = conn.execute(
+                sql.statement("heartbeat"),
+                {**_ticket_params(ticket), "lease": lease, "now": self._now()},
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, "heartbeat")
+        expires = row[0]
+        assert isinstance(expires, datetime)
+        return expires
+
+    def heartbeat_many(self, tickets: Sequence[Ticket], lease: timedelta) -> list[Ticket]:
+        """Extend many leases in one statement; returns the tickets whose fence was stale."""
+        if not tickets:
+            return []
+        with self._connection("heartbeat") as conn:
+            rows = conn.execute(
+                sql.statement("heartbeat_many"),
+                {**_tickets_params(tickets), "lease": lease, "now": self._now()},
+            ).fetchall()
+        kept = {Key(t, o) for t, o, _ in rows}
+        return [t for t in tickets if t.key not in kept]
+
+    def complete(self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None) -> None:
+        """Mark the operation succeeded under the fence."""
+        self._settle(ticket, State.SUCCEEDED, outcome_code, detail)
+
+    def fail_terminal(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+        """A confirmed failure that retrying cannot fix."""
+        self._settle(ticket, State.FAILED_TERMINAL, outcome_code, detail)
+
+    def park_unknown(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+        """The outcome cannot be confirmed: park for reconciliation, never guess."""
+        self._settle(ticket, State.UNKNOWN, outcome_code, detail)
+
+    def quarantine(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+        """The input cannot be interpreted with confidence: park for the producer team."""
+        self._settle(ticket, State.QUARANTINED, outcome_code, detail)
+
+    def _settle(self, ticket: Ticket, state: State, code: str, detail: str | None) -> None:
+        with self._connection(f"settle {state.value}") as conn:
+            row = conn.execute(
+                sql.statement("settle"),
+                {
+                    **_ticket_params(ticket),
+                    "state": state.value,
+                    "outcome_code": code,
+                    "outcome_detail": detail,
+                    "now": self._now(),
+                },
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, f"settle {state.value}")
+
+    def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
+        """Settle many claims in one statement; returns the tickets whose fence was stale."""
+        if not settlements:
+            return []
+        if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
+            raise ValueError("settle_many moves rows to a settled state only")
+        with self._connection("settle") as conn:
+            rows = conn.execute(
+                sql.statement("settle_many"),
+                {
+                    **_tickets_params([s.ticket for s in settlements]),
+                    "state": [s.state.value for s in settlements],
+                    "outcome_code": [s.outcome_code for s in settlements],
+                    "outcome_detail": [s.outcome_detail for s in settlements],
+                    "now": self._now(),
+                },
+            ).fetchall()
+        moved = {Key(t, o) for t, o in rows}
+        return [s.ticket for s in settlements if s.ticket.key not in moved]
+
+    def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
+        """Mark many operations succeeded; returns the tickets whose fence was stale."""
+        return self.settle_many([Settlement(t, State.SUCCEEDED, outcome_code) for t in tickets])
+
+    def retry_later(
+        self,
+        ticket: Ticket,
+        backoff: timedelta,
+        outcome_code: str = "retry",
+        detail: str | None = None,
+    ) -> State:
+        """Back to the queue after ``backoff``; ``failed_terminal`` when no attempt is left.
+
+        Only for attempts that confirmed nothing was applied. Returns the state the row took.
+        """
+        with self._connection("retry later") as conn:
+            row = conn.execute(
+                sql.statement("retry_later"),
+                {
+                    **_ticket_params(ticket),
+                    "backoff": backoff,
+                    "outcome_code": outcome_code,
+                    "outcome_detail": detail,
+                    "now": self._now(),
+                },
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, "retry later")
+        return State(row[0])
+
+    def record_intent(self, ticket: Ticket) -> None:
+        """Record, under the fence, that this claim is about to call a class D target."""
+        with self._connection("record intent") as conn:
+            row = conn.execute(
+                sql.statement("record_intent"), {**_ticket_params(ticket), "now": self._now()}
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, "record intent")
+
+    @contextmanager
+    def fenced_transaction(self, ticket: Ticket) -> Iterator[FencedTransaction]:
+        """Open a transaction holding the work row's lock under the fence (target class A).
+
+        Raises LeaseLost before yielding if the claim is gone. The business write and
+        :meth:`FencedTransaction.settle` commit together when the block exits cleanly; any
+        exception rolls both back.
+        """
+        with self._connection("fenced transaction") as conn, conn.transaction():
+            row = conn.execute(sql.statement("lock_claim"), _ticket_params(ticket)).fetchone()
+            if row is None:
+                raise _lost(ticket, "lock")
+            yield FencedTransaction(conn, ticket, self._now())
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT) -> list[Ticket]:
+        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+        with self._connection("sweep") as conn:
+            rows = conn.execute(
+                sql.statement("sweep"), {"limit": limit, "now": self._now()}
+            ).fetchall()
+        return [Ticket(t, o, int(f)) for t, o, f in rows]
+
+    def redrive(
+        self,
+        selection: RedriveFilter,
+        *,
+        actor: str,
+        reason: str,
+        extra_attempts: int = 1,
+        dry_run: bool = False,
+    ) -> list[Redriven]:
+        """Send parked rows back to the queue, identity intact, each move audited.
+
+        The rows keep their attempt count, so their next claim reconciles before acting. With
+        ``dry_run`` the same statement runs and is rolled back: the answer is exactly what a
+        real run would have moved at that moment.
+        """
+        if extra_attempts < 1:
+            raise ValueError("a redrive must grant at least one attempt")
+        if not actor or not reason:
+            raise ValueError("a redrive needs an actor and a reason for the audit record")
+        keys = selection.keys
+        params: dict[str, Any] = {
+            "states": [s.value for s in selection.states],
+            "subscription": selection.subscription,
+            "tenant_id": selection.tenant_id,
+            "job_type": selection.job_type,
+            "key_tenant_id": [k.tenant_id for k in keys] if keys is not None else None,
+            "key_operation_id": [k.operation_id for k in keys] if keys is not None else None,
+            "limit": selection.limit,
+            "extra_attempts": extra_attempts,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("redrive") as conn:
+            tx = conn.transaction(force_rollback=dry_run)
+            with tx:
+                rows = conn.execute(sql.statement("redrive"), params).fetchall()
+        return [Redriven(Key(t, o), State(s), int(f), int(a)) for t, o, s, f, a in rows]
+
+    def stats(self) -> Stats:
+        """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        with self._connection("stats") as conn:
+            counts = conn.execute(sql.statement("stats_counts")).fetchall()
+            health = conn.execute(sql.statement("stats_health"), {"now": self._now()}).fetchone()
+        assert health is not None
+        stalled, oldest, conflicts, quarantined = health
+        return Stats(
+            counts=tuple(StateCount(sub, t, State(s), int(n)) for sub, t, s, n in counts),
+            stalled_claims=int(stalled),
+            oldest_unknown_seconds=float(oldest) if oldest is not None else None,
+            rejected={"conflict": int(conflicts), "quarantined": int(quarantined)},
+        )
+
+
+def _lost(ticket: Ticket, action: str) -> LeaseLost:
+    return LeaseLost(ticket.tenant_id, ticket.operation_id, ticket.fence, action)
+
+
+def _ticket_params(ticket: Ticket) -> dict[str, Any]:
+    return {
+        "tenant_id": ticket.tenant_id,
+        "operation_id": ticket.operation_id,
+        "fence": ticket.fence,
+    }
+
+
+def _tickets_params(tickets: Sequence[Ticket]) -> dict[str, Any]:
+    return {
+        "tenant_id": [t.tenant_id for t in tickets],
+        "operation_id": [t.operation_id for t in tickets],
+        "fence": [t.fence for t in tickets],
+    }
+
+
+def _insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:
+    return {
+        "tenant_id": [d.tenant_id for d in fresh],
+        "operation_id": [d.operation_id for d in fresh],
+        "subscription": [d.subscription for d in fresh],
+        "job_type": [d.job_type for d in fresh],
+        "target_class": [d.target_class.value for d in fresh],
+        "schema_version": [d.schema_version for d in fresh],
+        "payload_hash": [d.payload_hash for d in fresh],
+        "payload_ref": list(refs),
+        "body": [d.payload for d in fresh],
+        "max_attempts": [d.max_attempts for d in fresh],
+        "ordering_key": [d.ordering_key for d in fresh],
+        "broker_message_id": [d.broker_message_id for d in fresh],
+        "receive_count": [d.receive_count for d in fresh],
+        "trace_context": [d.trace_context for d in fresh],
+    }
+
+
+def _rejection_key(item: Rejection) -> Key | None:
+    if item.tenant_id and item.operation_id:
+        return Key(item.tenant_id, item.operation_id)
+    return None
+
+
+def _reject_params(items: Sequence[Rejection | Delivery]) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "kind",
+            "reason",
+            "subscription",
+            "broker_message_id",
+            "tenant_id",
+            "operation_id",
+            "job_type",
+            "payload_hash",
+            "payload_ref",
+            "body",
+        )
+    }
+    for item in items:
+        row: tuple[Any, ...]
+        if isinstance(item, Delivery):
+            row = (
+                "conflict",
+                CONFLICT_REASON,
+                item.subscription,
+                item.broker_message_id,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                item.payload_hash,
+                None,
+                None,  # a conflicting payload is not kept: only its hash, as evidence
+            )
+        else:
+            row = (
+                "quarantined",
+                item.reason,
+                item.subscription,
+                item.broker_message_id,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                None,
+                f"pg:{uuid.uuid4().hex}",
+                item.body,
+            )
+        for name, value in zip(cols, row, strict=True):
+            cols[name].append(value)
+    return cols
+
+
+def _claim(row: tuple[Any, ...]) -> Claim:
+    (
+        tenant_id,
+        operation_id,
+        fence,
+        attempts,
+        max_attempts,
+        subscription,
+        job_type,
+        target_class,
+        schema_version,
+        payload_hash,
+        lease_expires_at,
+        intent_fence,
+        takeover,
+        trace_context,
+        broker_message_id,
+        receive_count,
+        ordering_key,
+        payload,
+    ) = row
+    return Claim(
+        tenant_id=tenant_id,
+        operation_id=operation_id,
+        fence=fence,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        subscription=subscription,
+        job_type=job_type,
+        target_class=TargetClass(target_class),
+        schema_version=schema_version,
+        payload=bytes(payload) if payload is not None else None,
+        payload_hash=bytes(payload_hash),
+        lease_expires_at=lease_expires_at,
+        intent_fence=intent_fence,
+        takeover=takeover,
+        trace_context=trace_context,
+        broker_message_id=broker_message_id,
+        receive_count=receive_count,
+        ordering_key=ordering_key,
+    )

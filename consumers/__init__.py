@@ -1,0 +1,1 @@
+"""Broker adapters (SQS, Pub/Sub). They depend on ``bridge``; ``bridge`` never imports them."""

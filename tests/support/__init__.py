@@ -1,0 +1,1 @@
+"""Test-only helpers: database provisioning, fault-injection fixtures and servers."""
