@@ -5,6 +5,7 @@
     FenceBridgeError              never raised itself
     ├── ConfigError               fix the configuration; raised at start-up, names file and key
     ├── LeaseLost                 stop this work now; never retry the write that raised it
+    │   └── FencedOut             the target itself refused a write carrying a stale fence
     ├── TransientError            retry later with backoff; nothing was decided
     │   ├── StoreUnavailable      the database could not be reached, or the connection broke
     │   └── BrokerUnavailable     the broker could not be reached
@@ -44,6 +45,13 @@ class LeaseLost(FenceBridgeError):  # noqa: N818  (a condition, not a failure of
         self.action = action
         # Identifiers stay out of the message: messages end up in logs.
         super().__init__(f"{action} rejected: fence {fence} is no longer current")
+
+
+class FencedOut(LeaseLost):
+    """A class B target refused the write: it has already seen a higher fence.
+
+    The write changed nothing at the target; a newer claim owns the operation. Never retried.
+    """
 
 
 class TransientError(FenceBridgeError):

@@ -160,7 +160,8 @@ class PostgresStore:
             inserted: set[Key] = set()
             if fresh:
                 rows = conn.execute(
-                    sql.statement("ingest_insert"), _insert_params(fresh, refs)
+                    sql.statement("ingest_insert"),
+                    {**_insert_params(fresh, refs), "now": self._now()},
                 ).fetchall()
                 inserted = {Key(t, o) for t, o in rows}
             others = [k for k in firsts if k not in inserted]
@@ -361,6 +362,15 @@ class PostgresStore:
         if row is None:
             raise _lost(ticket, "record intent")
 
+    def release(self, ticket: Ticket) -> None:
+        """Give back a claim whose handler never started; the attempt is not counted."""
+        with self._connection("release") as conn:
+            row = conn.execute(
+                sql.statement("release"), {**_ticket_params(ticket), "now": self._now()}
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, "release")
+
     @contextmanager
     def fenced_transaction(self, ticket: Ticket) -> Iterator[FencedTransaction]:
         """Open a transaction holding the work row's lock under the fence (target class A).
@@ -377,9 +387,17 @@ class PostgresStore:
 
     # -- maintenance -------------------------------------------------------------------------
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
-        with self._connection("sweep") as conn:
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
+        """Park expired claims with no attempt left as ``unknown``; returns what it parked.
+
+        With ``exclusive``, the sweep runs only if no other process is sweeping right now
+        (a transaction-scoped advisory lock); otherwise it returns an empty list at once.
+        """
+        with self._connection("sweep") as conn, conn.transaction():
+            if exclusive:
+                got = conn.execute(sql.statement("sweep_lock")).fetchone()
+                if not got or not got[0]:
+                    return []
             rows = conn.execute(
                 sql.statement("sweep"), {"limit": limit, "now": self._now()}
             ).fetchall()

@@ -1,7 +1,8 @@
 -- Insert the new operations of one batch. The primary key decides every race: existing keys
 -- are left untouched (ON CONFLICT DO NOTHING). Sequence numbers are drawn in delivery order,
 -- rows are inserted in key order (so two batches with overlapping keys cannot deadlock), and
--- the payloads of the rows this statement created are stored beside them.
+-- the payloads of the rows this statement created are stored beside them. A new row is due
+-- at once, by the store's clock (the database clock unless the store was given one).
 WITH input AS (
     SELECT t.*, nextval('work_item_seq') AS seq
       FROM unnest(
@@ -19,10 +20,13 @@ WITH input AS (
 inserted AS (
     INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
                            schema_version, payload_hash, payload_ref, max_attempts, seq,
-                           ordering_key, broker_message_id, receive_count, trace_context)
+                           ordering_key, broker_message_id, receive_count, trace_context,
+                           next_attempt_at, created_at, updated_at)
     SELECT tenant_id, operation_id, subscription, job_type, target_class,
            schema_version, payload_hash, payload_ref, max_attempts, seq,
-           ordering_key, broker_message_id, receive_count, trace_context
+           ordering_key, broker_message_id, receive_count, trace_context,
+           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now())
       FROM input
      ORDER BY tenant_id, operation_id
         ON CONFLICT (tenant_id, operation_id) DO NOTHING

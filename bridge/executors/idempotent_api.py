@@ -1,0 +1,92 @@
+"""Class C executor: an external API with an idempotency key and a lookup by that key.
+
+Guarantee: **dedupe, not fencing.** The provider sees one stable, tenant-scoped, opaque key per
+operation (:meth:`bridge.identity.IdentityHasher.idempotency_key`) and deduplicates repeated
+requests the way it defines, for as long as it retains keys. fencebridge adds reconcile-before-
+retry on top:
+
+* on every claim with ``attempts > 1`` (an earlier attempt may have acted) and after every
+  ambiguous outcome, the handler's ``lookup`` runs first;
+* applied → succeeded, without a second call;
+* confirmed not applied → perform (on a later claim, under a new fence, if this one was
+  ambiguous);
+* the lookup cannot tell → ``unknown``, for a person to reconcile.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from bridge.errors import LeaseLost
+from bridge.executors.settlement import (
+    Run,
+    as_success,
+    park_unknown,
+    settle_outcome,
+    settle_success,
+)
+from bridge.handlers import (
+    Ambiguous,
+    Applied,
+    IdempotentApiHandler,
+    NotApplied,
+    RetryLater,
+    Success,
+    classify,
+)
+
+
+class Finding(StrEnum):
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    CANNOT_TELL = "cannot_tell"
+
+
+def reconcile(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | None]:
+    """Ask the provider whether this operation's key was applied. Never raises."""
+    try:
+        found = handler.lookup(run.ctx, run.ctx.idempotency_key)
+    except Exception:  # noqa: BLE001  (a lookup that fails cannot tell)
+        finding, success = Finding.CANNOT_TELL, None
+    else:
+        if isinstance(found, Applied):
+            finding, success = Finding.APPLIED, Success(found.code, found.detail)
+        elif isinstance(found, NotApplied):
+            finding, success = Finding.NOT_APPLIED, None
+        else:
+            finding, success = Finding.CANNOT_TELL, None
+    run.events.reconciled(run.claim, finding.value)
+    return finding, success
+
+
+def execute(run: Run, handler: IdempotentApiHandler) -> None:
+    if run.claim.attempts > 1:
+        finding, applied = reconcile(run, handler)
+        if finding is Finding.APPLIED:
+            assert applied is not None
+            settle_success(run, applied)
+            return
+        if finding is Finding.CANNOT_TELL:
+            park_unknown(run, "reconcile_failed", "lookup could not tell whether it was applied")
+            return
+    try:
+        success = as_success(handler.perform(run.ctx, run.ctx.idempotency_key))
+    except LeaseLost:
+        run.events.lease_lost(run.claim, "handler")
+        return
+    except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        outcome = classify(exc)
+        if not isinstance(outcome, Ambiguous):
+            settle_outcome(run, outcome)
+            return
+        finding, applied = reconcile(run, handler)
+        if finding is Finding.APPLIED:
+            assert applied is not None
+            settle_success(run, applied)
+        elif finding is Finding.NOT_APPLIED:
+            # Confirmed not applied: perform again, but under the next claim's fence.
+            settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))
+        else:
+            park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
+        return
+    settle_success(run, success)

@@ -1,0 +1,49 @@
+"""Class D executor: a target with neither fencing nor idempotency nor lookup.
+
+Guarantee: **at most one call, ever** — not exactly-once. Before the call, the intent is
+recorded under the fence (``intent_fence``). A claim that finds an intent from an earlier
+attempt parks the operation as ``unknown`` without calling. An ambiguous result, a lost lease
+or a crash after the intent all end in ``unknown`` (the sweeper parks an expired last attempt),
+and a person reconciles out of band. Consider an approval step for high-impact actions.
+"""
+
+from __future__ import annotations
+
+from bridge.errors import LeaseLost
+from bridge.executors.settlement import (
+    Run,
+    as_success,
+    fenced,
+    park_unknown,
+    settle_outcome,
+    settle_success,
+)
+from bridge.handlers import Ambiguous, UnfencedHandler, classify
+
+
+def execute(run: Run, handler: UnfencedHandler) -> None:
+    if run.claim.intent_fence is not None:
+        park_unknown(
+            run, "intent_recorded", "an earlier attempt recorded its intent to call the target"
+        )
+        return
+    try:
+        handler.validate(run.ctx)
+    except Exception as exc:  # noqa: BLE001  (nothing was called yet)
+        settle_outcome(run, classify(exc))
+        return
+    if not fenced(run, "record intent", lambda: run.store.record_intent(run.claim.ticket)):
+        return  # not recorded (or not known to be): never call
+    try:
+        success = as_success(handler.call(run.ctx))
+    except LeaseLost:
+        run.events.lease_lost(run.claim, "handler")
+        return
+    except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        outcome = classify(exc)
+        if isinstance(outcome, Ambiguous):
+            park_unknown(run, outcome.code, "ambiguous result from an unfenced target")
+        else:
+            settle_outcome(run, outcome)
+        return
+    settle_success(run, success)

@@ -1,0 +1,316 @@
+"""The handler API: what a team writes for each job type, and the outcomes it may end in.
+
+A handler declares its **target class** (where its side effect lands) by the base class it
+extends; that choice decides which executor runs it and what fencebridge can honestly promise:
+
+=====  ===========================  =====================================================
+class  base class                   what the team implements
+=====  ===========================  =====================================================
+A      :class:`SameDatabaseHandler`  ``handle(ctx, tx)``: business write on ``tx``, the
+                                     transaction that holds the work row under its fence
+B      :class:`ConditionalWriteHandler`  ``handle(ctx)``: writes that carry ``ctx.fence`` into
+                                     the target's own condition (see :mod:`bridge.targets`)
+C      :class:`IdempotentApiHandler`  ``perform(ctx, key)`` and ``lookup(ctx, key)`` against an
+                                     API with idempotency keys and a lookup by key
+D      :class:`UnfencedHandler`       ``call(ctx)``: at most one call, ever
+=====  ===========================  =====================================================
+
+Every run ends in exactly one outcome. Returning (``None`` or a :class:`Success`) is success;
+anything else is raised: :class:`TerminalFailure`, :class:`RetryLater`, :class:`Ambiguous`,
+:class:`Quarantine`. Any other exception is classified by :func:`classify` (a documented
+table, see :data:`DEFAULT_CLASSIFICATION`), never swallowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import http.client
+import json
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bridge.errors import LeaseLost
+from bridge.types import TargetClass
+
+if TYPE_CHECKING:
+    from bridge.database import Connection
+
+
+# -- outcomes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    """The effect is confirmed under this claim's fence."""
+
+    code: str = "ok"
+    detail: str | None = None
+
+
+class HandlerOutcome(Exception):  # noqa: N818  (control flow, not an error)
+    """Raised by a handler to end its run in an outcome other than success."""
+
+    kind: ClassVar[OutcomeKind]
+
+    def __init__(self, code: str, detail: str | None = None) -> None:
+        self.code = code
+        self.detail = detail
+        super().__init__(code if detail is None else f"{code}: {detail}")
+
+
+class TerminalFailure(HandlerOutcome):
+    """Confirmed failure that retrying cannot fix (validation rejected, permission denied)."""
+
+
+class RetryLater(HandlerOutcome):
+    """Nothing was applied and a later attempt may succeed (backoff from the retry policy).
+
+    Only raise this when the attempt *confirmed* nothing happened; otherwise raise
+    :class:`Ambiguous`.
+    """
+
+    def __init__(
+        self, code: str = "retry", detail: str | None = None, *, delay: timedelta | None = None
+    ) -> None:
+        super().__init__(code, detail)
+        self.delay = delay
+
+
+class Ambiguous(HandlerOutcome):
+    """The effect may or may not have happened (timeout, reset, 5xx after sending)."""
+
+
+class Quarantine(HandlerOutcome):
+    """The handler cannot interpret the payload with confidence; it will not guess."""
+
+
+class OutcomeKind(enum.StrEnum):
+    SUCCESS = "success"
+    TERMINAL = "terminal"
+    RETRY = "retry"
+    AMBIGUOUS = "ambiguous"
+    QUARANTINE = "quarantine"
+
+
+TerminalFailure.kind = OutcomeKind.TERMINAL
+RetryLater.kind = OutcomeKind.RETRY
+Ambiguous.kind = OutcomeKind.AMBIGUOUS
+Quarantine.kind = OutcomeKind.QUARANTINE
+
+
+#: How an uncaught exception is classified, first match wins (``isinstance``). Anything not
+#: listed is **ambiguous**: when a handler fails in a way nobody anticipated, nobody can say
+#: whether its effect happened. Executors refine this by target class (class A rolls its
+#: transaction back, so its ambiguous outcomes are known not to have applied).
+DEFAULT_CLASSIFICATION: tuple[tuple[type[BaseException], OutcomeKind], ...] = (
+    # The request never left: nothing can have been applied.
+    (ConnectionRefusedError, OutcomeKind.RETRY),
+    # The request may have been received and acted on before the connection broke.
+    (TimeoutError, OutcomeKind.AMBIGUOUS),
+    (ConnectionError, OutcomeKind.AMBIGUOUS),
+    (http.client.HTTPException, OutcomeKind.AMBIGUOUS),
+    # The input cannot be read: a person must look at it, not a retry loop.
+    (UnicodeDecodeError, OutcomeKind.QUARANTINE),
+    (json.JSONDecodeError, OutcomeKind.QUARANTINE),
+    # Validation and programming errors on the input: retrying changes nothing.
+    (ValueError, OutcomeKind.TERMINAL),
+    (TypeError, OutcomeKind.TERMINAL),
+    (LookupError, OutcomeKind.TERMINAL),
+    (PermissionError, OutcomeKind.TERMINAL),
+)
+
+
+def classify(
+    exc: BaseException,
+    table: tuple[tuple[type[BaseException], OutcomeKind], ...] = DEFAULT_CLASSIFICATION,
+) -> HandlerOutcome:
+    """Turn any exception into an outcome, so nothing a handler raises is swallowed or lost."""
+    if isinstance(exc, HandlerOutcome):
+        return exc
+    code = type(exc).__name__
+    for kind_type, kind in table:
+        if isinstance(exc, kind_type):
+            return _outcome(kind, code)
+    return Ambiguous(code, "unclassified exception")
+
+
+def _outcome(kind: OutcomeKind, code: str) -> HandlerOutcome:
+    match kind:
+        case OutcomeKind.TERMINAL:
+            return TerminalFailure(code)
+        case OutcomeKind.RETRY:
+            return RetryLater(code)
+        case OutcomeKind.QUARANTINE:
+            return Quarantine(code)
+        case _:
+            return Ambiguous(code)
+
+
+# -- context -------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Context:
+    """What a handler knows about the run it is in.
+
+    ``progress()`` is how a handler keeps its lease: the runtime renews a lease only if the
+    handler reported progress since the last renewal. A handler that stops reporting loses the
+    lease, and the fence protects whoever takes over. ``progress()`` raises
+    :class:`~bridge.errors.LeaseLost` once the lease is gone, so a handler learns it at its next
+    step instead of carrying on.
+    """
+
+    tenant_id: str
+    operation_id: str
+    job_type: str
+    subscription: str
+    attempt: int
+    max_attempts: int
+    fence: int
+    payload: bytes
+    schema_version: str | None = None
+    #: the tenant-scoped, opaque idempotency key for class C targets (see bridge.idempotency)
+    idempotency_key: str = ""
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    _progress: threading.Event = field(default_factory=threading.Event, repr=False)
+    _on_progress: Callable[[], None] | None = field(default=None, repr=False)
+
+    def progress(self) -> None:
+        """Report that the work is advancing (renews the lease at the next heartbeat)."""
+        if self.lease_lost.is_set():
+            raise LeaseLost(self.tenant_id, self.operation_id, self.fence, "progress")
+        self._progress.set()
+        if self._on_progress is not None:
+            self._on_progress()
+
+    def take_progress(self) -> bool:
+        """For the heartbeat: did the handler report progress since the last call?"""
+        if self._progress.is_set():
+            self._progress.clear()
+            return True
+        return False
+
+    def restore_progress(self) -> None:
+        """For the heartbeat: a renewal failed, so keep the progress for the next round."""
+        self._progress.set()
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (a decoding error is classified as quarantine)."""
+        return json.loads(self.payload)
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded attempts and exponential backoff with full jitter between them."""
+
+    max_attempts: int = 5
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(minutes=5)
+
+
+class Handler(ABC):
+    """Common base; extend one of the four target-class bases below, not this one."""
+
+    target_class: ClassVar[TargetClass]
+    #: the honest guarantee of this target class, shown by ``fencebridge check``
+    guarantee: ClassVar[str]
+
+
+class SameDatabaseHandler(Handler):
+    """Class A: the side effect is a write in the same PostgreSQL database as the work table.
+
+    The executor opens the transaction, locks the work row under the fence, calls
+    :meth:`handle` with that transaction's connection, marks the work row and commits once.
+    A stale worker cannot commit its business write.
+    """
+
+    target_class = TargetClass.A
+    guarantee = "a stale worker cannot commit its business write (same transaction as the fence)"
+
+    @abstractmethod
+    def handle(self, ctx: Context, tx: Connection) -> Success | None: ...
+
+
+class ConditionalWriteHandler(Handler):
+    """Class B: the target store keeps the last fence and refuses writes that carry a lower one.
+
+    Write through the helpers in :mod:`bridge.targets` (or your store's own conditional write
+    with ``ctx.fence`` in the condition). A refused condition raises
+    :class:`~bridge.errors.FencedOut`: the write was fenced out and is never retried. Writes
+    must set state (not increment it), so a takeover under a higher fence that repeats the
+    write leaves the same result.
+    """
+
+    target_class = TargetClass.B
+    guarantee = "writes carrying a lower fence are rejected by the target store itself"
+
+    @abstractmethod
+    def handle(self, ctx: Context) -> Success | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A lookup found the effect under this idempotency key."""
+
+    code: str = "ok"
+    detail: str | None = None
+
+
+class NotApplied:
+    """A lookup confirmed the provider has nothing under this idempotency key."""
+
+
+class CannotTell(Exception):  # noqa: N818
+    """A lookup could not determine whether the effect happened."""
+
+
+class IdempotentApiHandler(Handler):
+    """Class C: an external API with an idempotency key and a lookup by that key.
+
+    This is **dedupe, not fencing**: the provider, not fencebridge, decides what a repeated key
+    means, for as long as the provider retains keys. The executor looks up first on every
+    claim after the first attempt and after every ambiguous outcome: applied means succeeded
+    (no second call), confirmed-not-applied means perform under the new fence, and a lookup
+    that cannot tell parks the operation as ``unknown``.
+    """
+
+    target_class = TargetClass.C
+    guarantee = (
+        "duplicates are deduplicated by the provider's idempotency key, as the provider "
+        "defines it (dedupe, not fencing)"
+    )
+
+    @abstractmethod
+    def perform(self, ctx: Context, key: str) -> Success | None: ...
+
+    @abstractmethod
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        """Ask the provider; raise :class:`CannotTell` when it cannot say."""
+
+
+class UnfencedHandler(Handler):
+    """Class D: a target with neither fencing nor idempotency nor lookup.
+
+    At most one call, ever: the intent is recorded under the fence before :meth:`call`, and any
+    later claim that finds the intent parks the operation as ``unknown`` instead of calling
+    again. Exactly-once cannot be claimed for this class.
+    """
+
+    target_class = TargetClass.D
+    guarantee = "at most one call; an ambiguous result is parked as unknown, never repeated"
+
+    def validate(self, ctx: Context) -> None:
+        """Check the payload before the intent is recorded; raise an outcome to stop here.
+
+        Anything raised here is classified normally: the target has not been called yet.
+        """
+
+    @abstractmethod
+    def call(self, ctx: Context) -> Success | None: ...

@@ -1,0 +1,122 @@
+"""Heartbeats that follow progress, not time.
+
+A lease is renewed only when its handler called ``ctx.progress()`` since the last renewal. A
+handler that is stuck (a dead connection, a loop that stopped advancing) stops renewing, its
+lease lapses and another worker may take over; the fence keeps the stuck one's late writes out.
+This is what lets a lease be tuned for recovery time without trading away safety.
+
+Each in-flight claim also keeps a local *trust window*: the moment, by this process's monotonic
+clock, after which its lease must be assumed gone (measured from before the claim or renewal
+was sent, so it errs early). Past it, ``ctx.progress()`` raises ``LeaseLost`` and the handler
+learns at its next step. The database still decides every write by the fence.
+
+Class A claims are not heartbeated: their handler runs inside a transaction that holds the work
+row's lock, and nothing can take a locked row over.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from bridge.errors import StoreUnavailable
+from bridge.events import WorkEvents
+from bridge.handlers import Context
+from bridge.store import PostgresStore
+from bridge.types import Claim, TargetClass, Ticket
+
+HEARTBEAT_FRACTION = 3  # renew up to three times per lease
+
+
+@dataclass
+class InFlight:
+    claim: Claim
+    ctx: Context
+    lease: timedelta
+    #: monotonic time after which the lease must be assumed lost
+    trust_until: float
+    started: float = field(default_factory=time.monotonic)
+
+
+class Heartbeater:
+    """Renews the leases of in-flight claims whose handlers reported progress."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        events: WorkEvents,
+        *,
+        interval: float,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._inflight: dict[Ticket, InFlight] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fencebridge-heartbeat", daemon=True)
+
+    @staticmethod
+    def interval_for(leases: list[timedelta]) -> float:
+        shortest = min(leases, default=timedelta(seconds=60)).total_seconds()
+        return max(shortest / HEARTBEAT_FRACTION, 0.05)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def track(self, claim: Claim, ctx: Context, lease: timedelta, sent_at: float) -> InFlight:
+        entry = InFlight(claim, ctx, lease, sent_at + lease.total_seconds())
+        with self._lock:
+            self._inflight[claim.ticket] = entry
+        return entry
+
+    def untrack(self, claim: Claim) -> None:
+        with self._lock:
+            self._inflight.pop(claim.ticket, None)
+
+    def inflight(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._inflight.values())
+
+    def beat(self) -> None:
+        """One round: expire trust windows, renew the leases that made progress."""
+        now = time.monotonic()
+        due: dict[timedelta, list[InFlight]] = defaultdict(list)
+        for entry in self.inflight():
+            if entry.ctx.lease_lost.is_set():
+                continue
+            if now >= entry.trust_until:
+                entry.ctx.lease_lost.set()
+                continue
+            if entry.claim.target_class is TargetClass.A:
+                continue
+            if entry.ctx.take_progress():
+                due[entry.lease].append(entry)
+        for lease, entries in due.items():
+            sent_at = time.monotonic()
+            try:
+                lost = set(self._store.heartbeat_many([e.claim.ticket for e in entries], lease))
+            except StoreUnavailable:
+                # Not renewed; trust windows keep running. Progress is re-armed so the next
+                # round tries again.
+                for e in entries:
+                    e.ctx.restore_progress()
+                continue
+            for e in entries:
+                if e.claim.ticket in lost:
+                    e.ctx.lease_lost.set()
+                    self._events.lease_lost(e.claim, "heartbeat")
+                else:
+                    e.trust_until = sent_at + lease.total_seconds()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.beat()

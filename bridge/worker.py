@@ -1,0 +1,258 @@
+"""The worker pool: a claimer thread on one side of a queue, worker threads on the other.
+
+The claimer claims only as many rows as there are idle workers, so a claimed row never waits
+in memory while its lease runs. Keys a consumer has just inserted are claimed first, by key
+(hand-off); otherwise it claims any claimable row of the job types it can run (rescue:
+queued rows nobody handed off, retries that came due, expired leases of crashed workers).
+
+Stopping: the claimer stops first; claims that never reached a handler are released (the
+attempt is not counted); running handlers get until the deadline to finish. Past it they are
+abandoned: their context reports the lease as lost, and nothing is written for them, so their
+rows come back through lease expiry and the next claim reconciles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from bridge.errors import FenceBridgeError, LeaseLost, StoreUnavailable
+from bridge.events import EventCounter, FanOut, WorkEvents
+from bridge.executors import Run, execute
+from bridge.handlers import Context
+from bridge.heartbeat import Heartbeater
+from bridge.identity import IdentityHasher
+from bridge.registry import Registry
+from bridge.store import PostgresStore
+from bridge.types import Claim, Key
+
+log = logging.getLogger(__name__)
+
+WORKER_THREADS_DEFAULT = 8
+POLL_INTERVAL_DEFAULT = 1.0
+_BACKOFF_MAX = 5.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class StopReport:
+    released: int
+    finished: int
+    abandoned: int
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        store: PostgresStore,
+        registry: Registry,
+        hasher: IdentityHasher,
+        *,
+        worker_id: str | None = None,
+        threads: int = WORKER_THREADS_DEFAULT,
+        poll_interval: float = POLL_INTERVAL_DEFAULT,
+        events: WorkEvents | None = None,
+    ) -> None:
+        if threads < 1:
+            raise ValueError("a worker pool needs at least one thread")
+        self.worker_id = worker_id or default_worker_id()
+        self.counts = EventCounter()
+        self._events: WorkEvents = FanOut(self.counts, events) if events else self.counts
+        self._store = store
+        self._registry = registry
+        self._hasher = hasher
+        self._threads = threads
+        self._poll = poll_interval
+        self._work: queue.Queue[Claim | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._idle = threads
+        self._handoff: dict[Key, str] = {}
+        self._stopping = threading.Event()
+        self._healthy = threading.Event()
+        self._healthy.set()
+        self.heartbeater = Heartbeater(
+            store,
+            self._events,
+            interval=Heartbeater.interval_for([s.lease for s in registry.specs()]),
+        )
+        self._claimer = threading.Thread(
+            target=self._claim_loop, name="fencebridge-claimer", daemon=True
+        )
+        self._workers = [
+            threading.Thread(target=self._work_loop, name=f"fencebridge-worker-{i}", daemon=True)
+            for i in range(threads)
+        ]
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.heartbeater.start()
+        for t in self._workers:
+            t.start()
+        self._claimer.start()
+
+    @property
+    def healthy(self) -> bool:
+        """False while the database cannot be reached for claims."""
+        return self._healthy.is_set()
+
+    def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
+        """Keys just inserted by a consumer, with their job types: claim these first."""
+        with self._cond:
+            for key, job_type in items:
+                if job_type in self._registry:
+                    self._handoff[key] = job_type
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self, deadline: float = 30.0) -> StopReport:
+        """Stop claiming, release unstarted claims, wait for running handlers until deadline."""
+        end = time.monotonic() + deadline
+        self._stopping.set()
+        self.wake()
+        self._claimer.join(timeout=max(end - time.monotonic(), 0))
+        released = 0
+        while True:
+            try:
+                claim = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if claim is not None and self._release(claim):
+                released += 1
+        for _ in self._workers:
+            self._work.put(None)
+        for t in self._workers:
+            t.join(timeout=max(end - time.monotonic(), 0))
+        abandoned = self.heartbeater.inflight()
+        for entry in abandoned:
+            entry.ctx.lease_lost.set()
+        self.heartbeater.stop()
+        finished = sum(1 for t in self._workers if not t.is_alive())
+        if abandoned:
+            log.warning(
+                "stopped with %d handler(s) still running: abandoned, their leases will lapse",
+                len(abandoned),
+            )
+        return StopReport(released=released, finished=finished, abandoned=len(abandoned))
+
+    # -- claimer ----------------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            with self._cond:
+                while self._idle == 0 and not self._stopping.is_set():
+                    self._cond.wait()
+                want = self._idle
+                handoff = dict(list(self._handoff.items())[:want])
+                for key in handoff:
+                    del self._handoff[key]
+            if self._stopping.is_set():
+                break
+            try:
+                claims = self._claim(want, handoff)
+            except FenceBridgeError as exc:
+                failures += 1
+                self._healthy.clear()
+                pause = min(_BACKOFF_MAX, 0.1 * 2**failures)
+                log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
+                with self._cond:
+                    # Hand-off keys stay claimable by the general claim; nothing is lost.
+                    self._cond.wait(timeout=pause)
+                continue
+            failures = 0
+            self._healthy.set()
+            if claims:
+                with self._cond:
+                    self._idle -= len(claims)
+                for claim in claims:
+                    self._events.claimed(claim)
+                    self._work.put(claim)
+                continue
+            with self._cond:
+                if not self._handoff and not self._stopping.is_set():
+                    self._cond.wait(timeout=self._poll)
+
+    def _claim(self, want: int, handoff: dict[Key, str]) -> list[Claim]:
+        claims: list[Claim] = []
+        by_lease: dict[timedelta, list[Key]] = defaultdict(list)
+        for key, job_type in handoff.items():
+            by_lease[self._registry[job_type].lease].append(key)
+        for lease, keys in by_lease.items():
+            claims += self._store.claim_keys(self.worker_id, keys, lease)
+        room = want - len(claims)
+        if room > 0 and not handoff:
+            groups: dict[timedelta, list[str]] = defaultdict(list)
+            for spec in self._registry.specs():
+                groups[spec.lease].append(spec.job_type)
+            for lease, job_types in groups.items():
+                if room <= 0:
+                    break
+                got = self._store.claim(self.worker_id, room, lease, job_types=job_types)
+                claims += got
+                room -= len(got)
+        return claims
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def _work_loop(self) -> None:
+        while True:
+            claim = self._work.get()
+            if claim is None:
+                return
+            try:
+                self._run(claim)
+            except Exception:
+                # An executor bug must not kill the worker thread; the row's lease will lapse.
+                log.exception("executor failed unexpectedly")
+            finally:
+                with self._cond:
+                    self._idle += 1
+                    self._cond.notify_all()
+
+    def _run(self, claim: Claim) -> None:
+        spec = self._registry.get(claim.job_type)
+        if spec is None or self._stopping.is_set():
+            self._release(claim)
+            return
+        ctx = Context(
+            tenant_id=claim.tenant_id,
+            operation_id=claim.operation_id,
+            job_type=claim.job_type,
+            subscription=claim.subscription,
+            attempt=claim.attempts,
+            max_attempts=claim.max_attempts,
+            fence=claim.fence,
+            payload=claim.payload or b"",
+            schema_version=claim.schema_version,
+            idempotency_key=self._hasher.idempotency_key(claim.tenant_id, claim.operation_id),
+        )
+        # The trust window starts no later than the claim statement was answered.
+        self.heartbeater.track(claim, ctx, spec.lease, time.monotonic())
+        try:
+            execute(Run(self._store, claim, spec, ctx, self._events))
+        finally:
+            self.heartbeater.untrack(claim)
+
+    def _release(self, claim: Claim) -> bool:
+        try:
+            self._store.release(claim.ticket)
+        except LeaseLost:
+            return False
+        except StoreUnavailable:
+            return False  # its lease will lapse; the next claim takes it over
+        return True
