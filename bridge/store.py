@@ -204,6 +204,21 @@ class PostgresStore:
                 conn.execute(sql.statement("reject"), _reject_params(rejected))
         return results
 
+    def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]:
+        """State of each operation and whether its claim's lease is live (after_outcome acks)."""
+        if not keys:
+            return {}
+        with self._connection("watch") as conn:
+            rows = conn.execute(
+                sql.statement("watch"),
+                {
+                    "tenant_id": [k.tenant_id for k in keys],
+                    "operation_id": [k.operation_id for k in keys],
+                    "now": self._now(),
+                },
+            ).fetchall()
+        return {Key(t, o): (State(s), bool(live)) for t, o, s, live in rows}
+
     # -- claims ------------------------------------------------------------------------------
 
     def claim(
@@ -269,8 +284,8 @@ class PostgresStore:
                 sql.statement("heartbeat_many"),
                 {**_tickets_params(tickets), "lease": lease, "now": self._now()},
             ).fetchall()
-        kept = {Key(t, o) for t, o, _ in rows}
-        return [t for t in tickets if t.key not in kept]
+        kept = {(Key(t, o), int(f)) for t, o, _, f in rows}
+        return [t for t in tickets if (t.key, t.fence) not in kept]
 
     def complete(self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None) -> None:
         """Mark the operation succeeded under the fence."""
@@ -320,8 +335,8 @@ class PostgresStore:
                     "now": self._now(),
                 },
             ).fetchall()
-        moved = {Key(t, o) for t, o in rows}
-        return [s.ticket for s in settlements if s.ticket.key not in moved]
+        moved = {(Key(t, o), int(f)) for t, o, f in rows}
+        return [s.ticket for s in settlements if (s.ticket.key, s.ticket.fence) not in moved]
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""

@@ -1,0 +1,90 @@
+"""The inbox: the step every consumer shares between receiving a batch and acknowledging it.
+
+    receive ──▶ decode (pure, never raises) ──▶ one transaction ──▶ COMMIT ──▶ ack
+                                                     │
+                                                     └─ fails: no ack; the broker redelivers
+
+After :meth:`Inbox.write` returns, the database holds every delivery of the batch: as a new work
+row, as a replay of an existing one, as a recorded conflict, or as a quarantined record with its
+reason. Only then may the consumer acknowledge. If ``write`` raises, nothing may be
+acknowledged: the broker redelivers and the redelivery is a replay or a first write. A crash
+between commit and ack costs a replay, never a lost or doubled operation.
+
+New keys are handed to the local worker pool at once (a targeted claim), so a delivery does not
+wait for the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bridge.decode import RawDelivery
+from bridge.store import PostgresStore
+from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
+
+log = logging.getLogger(__name__)
+
+Decoder = Callable[[RawDelivery], Delivery | Rejection]
+HandOff = Callable[[Sequence[tuple[Key, str]]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One delivery of a batch after the inbox transaction committed."""
+
+    raw: RawDelivery
+    decoded: Delivery | Rejection
+    result: IngestResult
+
+    @property
+    def decision(self) -> Decision:
+        return self.result.decision
+
+    @property
+    def awaits_outcome(self) -> bool:
+        """A work row exists whose outcome an ``after_outcome`` consumer waits for."""
+        return self.result.decision in (Decision.NEW, Decision.REPLAY)
+
+
+class Inbox:
+    def __init__(
+        self,
+        store: PostgresStore,
+        decoder: Decoder,
+        *,
+        hand_off: HandOff | None = None,
+    ) -> None:
+        self._store = store
+        self._decoder = decoder
+        self._hand_off = hand_off
+
+    def decode(self, raw: RawDelivery) -> Delivery | Rejection:
+        try:
+            return self._decoder(raw)
+        except Exception as exc:
+            log.exception("decoder raised; the delivery is quarantined")
+            return Rejection(
+                subscription=raw.subscription,
+                reason=f"decoder_error: {type(exc).__name__}",
+                body=raw.body,
+                broker_message_id=raw.message_id,
+            )
+
+    def write(self, batch: Sequence[RawDelivery]) -> list[Written]:
+        """Decode and store a batch in one transaction. Raises if nothing may be acked."""
+        if not batch:
+            return []
+        decoded = [self.decode(raw) for raw in batch]
+        results = self._store.ingest(decoded)
+        written = [Written(r, d, res) for r, d, res in zip(batch, decoded, results, strict=True)]
+        if self._hand_off is not None:
+            fresh = [
+                (w.decoded.key, w.decoded.job_type)
+                for w in written
+                if w.decision is Decision.NEW and isinstance(w.decoded, Delivery)
+            ]
+            if fresh:
+                self._hand_off(fresh)
+        return written

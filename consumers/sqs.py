@@ -1,0 +1,369 @@
+"""SQS consumer: long-poll, one inbox transaction per received batch, then delete.
+
+``after_inbox`` (default): every delivery the database now holds (new, replay, conflict,
+quarantined) is deleted with ``DeleteMessageBatch`` right after COMMIT; the broker was only a
+wake-up signal. If the transaction fails nothing is deleted, and the messages come back when
+their visibility timeout ends.
+
+``after_outcome``: deliveries with a work row are held. A holder thread watches the rows and,
+every third of the visibility timeout, extends the visibility of those still queued or whose
+claim's lease is live (renewed by handler progress), deletes those whose row is terminal or
+parked, and lets go of those whose claim stalled, so the broker redelivers them (a replay). A
+rejected extension — a stale receipt handle after a redelivery, a message no longer in flight —
+is a lost broker lease: the handle is dropped and counted, nothing crashes. Visibility is never
+extended past twelve hours from the receive (the SQS limit); the message is then left to return.
+
+FIFO queues: the message group becomes the row's ordering key, so a group's next row is not
+claimed before the previous one settles. ``ApproximateReceiveCount`` is recorded on the row.
+Binary message attributes are not used for decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from bridge.decode import RawDelivery
+from bridge.errors import BrokerUnavailable, FenceBridgeError
+from bridge.inbox import Inbox
+from bridge.store import PostgresStore
+from bridge.types import Key
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BATCH_DEFAULT = 10
+WAIT_SECONDS_DEFAULT = 20
+VISIBILITY_TIMEOUT_DEFAULT = 60
+MAX_VISIBILITY_SECONDS = 12 * 3600
+_LEASE_LOST_CODES = frozenset(
+    {
+        "ReceiptHandleIsInvalid",
+        "InvalidParameterValue",
+        "MessageNotInflight",
+        "AWS.SimpleQueueService.MessageNotInflight",
+    }
+)
+_BACKOFF_MAX = 10.0
+
+
+@dataclass
+class Held:
+    """A delivery kept in flight until its work row's outcome (after_outcome)."""
+
+    key: Key
+    receipt_handle: str
+    received_at: float
+
+
+def to_raw(subscription: str, message: dict[str, Any]) -> RawDelivery:
+    """An SQS message as a broker-neutral delivery."""
+    attributes = {
+        name: value["StringValue"]
+        for name, value in message.get("MessageAttributes", {}).items()
+        if isinstance(value, dict) and isinstance(value.get("StringValue"), str)
+    }
+    system = message.get("Attributes", {})
+    count = system.get("ApproximateReceiveCount")
+    return RawDelivery(
+        subscription=subscription,
+        message_id=message.get("MessageId"),
+        body=str(message.get("Body", "")).encode("utf-8"),
+        attributes=attributes,
+        receive_count=int(count) if isinstance(count, str) and count.isdigit() else None,
+        ordering_key=system.get("MessageGroupId"),
+        trace_context=attributes.get("traceparent"),
+    )
+
+
+class SqsConsumer:
+    """Receives one queue for one subscription. Thread-safe start/stop; never dies silently."""
+
+    def __init__(
+        self,
+        client: Any,
+        queue_url: str,
+        subscription: str,
+        inbox: Inbox,
+        *,
+        store: PostgresStore | None = None,
+        ack_mode: str = "after_inbox",
+        receive_batch: int = RECEIVE_BATCH_DEFAULT,
+        wait_seconds: int = WAIT_SECONDS_DEFAULT,
+        visibility_timeout: int = VISIBILITY_TIMEOUT_DEFAULT,
+        threads: int = 1,
+    ) -> None:
+        if ack_mode not in ("after_inbox", "after_outcome"):
+            raise ValueError(f"unknown ack mode {ack_mode!r}")
+        if ack_mode == "after_outcome" and store is None:
+            raise ValueError("after_outcome needs the store to watch work rows")
+        self._client = client
+        self._queue_url = queue_url
+        self.subscription = subscription
+        self._inbox = inbox
+        self._store = store
+        self._ack_mode = ack_mode
+        self._batch = receive_batch
+        self._wait = wait_seconds
+        self._visibility = visibility_timeout
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._held: dict[str, Held] = {}
+        self.counts: Counter[str] = Counter()
+        self._error: str | None = None
+        self._receivers = [
+            threading.Thread(target=self._receive_loop, name=f"sqs-{subscription}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        self._holder = (
+            threading.Thread(target=self._hold_loop, name=f"sqs-{subscription}-hold", daemon=True)
+            if ack_mode == "after_outcome"
+            else None
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for t in self._receivers:
+            t.start()
+        if self._holder is not None:
+            self._holder.start()
+
+    def stop(self, deadline: float = 30.0) -> None:
+        """Stop receiving; a receive in progress finishes (and is written and acked)."""
+        end = time.monotonic() + deadline
+        self._stop.set()
+        for t in self._receivers:
+            t.join(timeout=max(end - time.monotonic(), 0))
+        if self._holder is not None:
+            self._holder.join(timeout=max(end - time.monotonic(), 0))
+            self._let_go_all()
+
+    def status(self) -> tuple[bool, str]:
+        """Ready, and why not."""
+        alive = all(t.is_alive() for t in self._receivers) or self._stop.is_set()
+        if not alive:
+            return False, f"{self.subscription}: a receiver thread died"
+        if self._error:
+            return False, f"{self.subscription}: {self._error}"
+        return True, "ok"
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def _receive(self) -> list[dict[str, Any]]:
+        try:
+            response = self._client.receive_message(
+                QueueUrl=self._queue_url,
+                MaxNumberOfMessages=self._batch,
+                WaitTimeSeconds=self._wait,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise BrokerUnavailable(f"receive from SQS failed: {_describe(exc)}") from exc
+        messages: list[dict[str, Any]] = response.get("Messages", [])
+        return messages
+
+    def _receive_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                messages = self._receive()
+                if messages:
+                    self._process(messages)
+            except FenceBridgeError as exc:
+                failures += 1
+                self._error = str(exc)
+                pause = min(_BACKOFF_MAX, 0.2 * 2**failures)
+                log.warning("%s: %s; retrying in %.1fs", self.subscription, exc, pause)
+                self._stop.wait(pause)
+                continue
+            except Exception:
+                # Never die silently: log, report not-ready, keep the loop alive.
+                failures += 1
+                self._error = "unexpected error in the receive loop (see log)"
+                log.exception("%s: unexpected error in the receive loop", self.subscription)
+                self._stop.wait(min(_BACKOFF_MAX, 0.2 * 2**failures))
+                continue
+            failures = 0
+            self._error = None
+
+    def _process(self, messages: list[dict[str, Any]]) -> None:
+        received_at = time.monotonic()
+        self._count("received", len(messages))
+        raws = [to_raw(self.subscription, m) for m in messages]
+        # Raises when the transaction did not commit: nothing is deleted below.
+        written = self._inbox.write(raws)
+        for w in written:
+            self._count(f"decision.{w.decision.value}")
+        if self._ack_mode == "after_inbox":
+            self._delete([m["ReceiptHandle"] for m in messages])
+            return
+        now_done: list[str] = []
+        for message, w in zip(messages, written, strict=True):
+            if w.awaits_outcome and w.result.key is not None:
+                with self._lock:
+                    self._held[message["ReceiptHandle"]] = Held(
+                        w.result.key, message["ReceiptHandle"], received_at
+                    )
+            else:
+                now_done.append(message["ReceiptHandle"])
+        self._delete(now_done)
+
+    def _delete(self, handles: Sequence[str]) -> None:
+        for chunk in _chunks(handles, 10):
+            entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
+            try:
+                response = self._client.delete_message_batch(
+                    QueueUrl=self._queue_url, Entries=entries
+                )
+            except (BotoCoreError, ClientError) as exc:
+                # Committed but not deleted: the messages come back as replays.
+                self._count("delete_failed", len(chunk))
+                log.warning("%s: delete failed (%s)", self.subscription, _describe(exc))
+                continue
+            self._count("deleted", len(response.get("Successful", [])))
+            failed = response.get("Failed", [])
+            if failed:
+                self._count("delete_failed", len(failed))
+                log.warning(
+                    "%s: %d deletes failed (%s); they return as replays",
+                    self.subscription,
+                    len(failed),
+                    ",".join(sorted({f.get("Code", "?") for f in failed})),
+                )
+
+    # -- after_outcome ----------------------------------------------------------------------------
+
+    def held(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def _hold_loop(self) -> None:
+        period = max(self._visibility / 3, 0.2)
+        while not self._stop.wait(period):
+            try:
+                self.tend_held()
+            except FenceBridgeError as exc:
+                log.warning("%s: could not tend held deliveries: %s", self.subscription, exc)
+            except Exception:
+                log.exception("%s: unexpected error tending held deliveries", self.subscription)
+
+    def tend_held(self) -> None:
+        """One round: delete settled, extend progressing, let go of stalled deliveries."""
+        assert self._store is not None
+        with self._lock:
+            held = list(self._held.values())
+        if not held:
+            return
+        rows = self._store.watch(list({h.key for h in held}))
+        done, extend, let_go = [], [], []
+        now = time.monotonic()
+        for h in held:
+            row = rows.get(h.key)
+            if row is None:
+                let_go.append(h)
+                continue
+            state, lease_live = row
+            if state.terminal or state.parked:
+                done.append(h)
+            elif now - h.received_at + self._visibility >= MAX_VISIBILITY_SECONDS - 60:
+                let_go.append(h)
+            elif state.value == "queued" or lease_live:
+                extend.append(h)
+            else:
+                let_go.append(h)  # claimed but stalled: no more broker time for it
+        if done:
+            self._forget(done)
+            self._delete([h.receipt_handle for h in done])
+        if let_go:
+            self._forget(let_go)
+            self._count("let_go", len(let_go))
+        self._extend(extend)
+
+    def _forget(self, held: Sequence[Held]) -> None:
+        with self._lock:
+            for h in held:
+                self._held.pop(h.receipt_handle, None)
+
+    def _extend(self, held: Sequence[Held]) -> None:
+        for chunk in _chunks(held, 10):
+            entries = [
+                {
+                    "Id": str(i),
+                    "ReceiptHandle": h.receipt_handle,
+                    "VisibilityTimeout": self._visibility,
+                }
+                for i, h in enumerate(chunk)
+            ]
+            try:
+                response = self._client.change_message_visibility_batch(
+                    QueueUrl=self._queue_url, Entries=entries
+                )
+            except ClientError as exc:
+                if _error_code(exc) in _LEASE_LOST_CODES:
+                    self._broker_lease_lost(chunk)
+                    continue
+                log.warning("%s: extension failed (%s)", self.subscription, _describe(exc))
+                continue
+            except BotoCoreError as exc:
+                log.warning("%s: extension failed (%s)", self.subscription, _describe(exc))
+                continue
+            self._count("extended", len(response.get("Successful", [])))
+            lost = [
+                chunk[int(f["Id"])]
+                for f in response.get("Failed", [])
+                if f.get("Code") in _LEASE_LOST_CODES
+            ]
+            if lost:
+                self._broker_lease_lost(lost)
+
+    def _broker_lease_lost(self, held: Sequence[Held]) -> None:
+        """The broker no longer honours these handles: drop them; a redelivery will replay."""
+        self._forget(held)
+        self._count("broker_lease_lost", len(held))
+        log.info("%s: %d broker lease(s) lost", self.subscription, len(held))
+
+    def _let_go_all(self) -> None:
+        """On stop: make held messages visible again now, so another bridge picks them up."""
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        for chunk in _chunks(held, 10):
+            entries = [
+                {"Id": str(i), "ReceiptHandle": h.receipt_handle, "VisibilityTimeout": 0}
+                for i, h in enumerate(chunk)
+            ]
+            try:
+                self._client.change_message_visibility_batch(
+                    QueueUrl=self._queue_url, Entries=entries
+                )
+            except (BotoCoreError, ClientError) as exc:
+                log.info("%s: could not release held messages (%s)", self.subscription, exc)
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return _error_code(exc) or type(exc).__name__
+    return type(exc).__name__
