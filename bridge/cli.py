@@ -8,11 +8,13 @@ Exit codes: 0 success, 1 a fencebridge error the message explains, 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from bridge.database import DATABASE_URL_ENV, connect, database_url
 from bridge.errors import FenceBridgeError
+from bridge.identity import IDENTITY_KEY_ENV
 from bridge.migrate import current_version, migrate
 
 Command = Callable[[argparse.Namespace], int]
@@ -29,6 +31,26 @@ def _migrate(args: argparse.Namespace) -> int:
         print("nothing to apply")
     print(f"schema version {version}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.identity import IdentityHasher  # noqa: PLC0415
+    from bridge.runtime import open_bridge  # noqa: PLC0415
+
+    config = load_config(args.config)
+    bridge = open_bridge(config, database_url(args.database_url), IdentityHasher.from_env())
+    try:
+        bridge.run_until_signalled()
+    finally:
+        bridge.store.close()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from bridge.demo import scenario  # noqa: PLC0415
+
+    return scenario.run(keep=args.keep)
 
 
 def _add_database_flag(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_database_flag(p)
     p.set_defaults(run=_migrate)
+
+    p = commands.add_parser(
+        "run",
+        help="run the bridge: consumers, worker pool, sweeper (SIGTERM/SIGINT drain and exit 0)",
+        description=(
+            f"Secrets come from the environment: ${DATABASE_URL_ENV} and ${IDENTITY_KEY_ENV} "
+            "(the key of idempotency keys and of hashed identifiers in logs; never change it "
+            "while operations may be retried)."
+        ),
+    )
+    p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
+    _add_database_flag(p)
+    p.set_defaults(run=_run)
+
+    p = commands.add_parser(
+        "demo",
+        help="the whole protocol on an embedded PostgreSQL, a local SQS and a payment provider",
+    )
+    p.add_argument("--keep", action="store_true", help="keep everything running afterwards")
+    p.set_defaults(run=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     run: Command = args.run
     try:
         return run(args)

@@ -6,6 +6,7 @@ Nothing here is used when a real database URL is configured.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ class EmbeddedPostgres:
 def start(data_dir: Path | None = None) -> EmbeddedPostgres:
     """Start (or join) an embedded server with its data in ``data_dir`` (a temp dir if None)."""
     try:
-        import pgserver  # noqa: PLC0415  (optional extra)
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; it falls back fine.
+            warnings.simplefilter("ignore")
+            import pgserver  # noqa: PLC0415  (optional extra)
     except ImportError as exc:
         raise ConfigError(
             f"the embedded PostgreSQL needs the 'embedded' extra ({INSTALL_HINT}), "
@@ -38,7 +42,9 @@ def start(data_dir: Path | None = None) -> EmbeddedPostgres:
         ) from exc
     directory = data_dir or Path(tempfile.mkdtemp(prefix="fencebridge-pg-"))
     directory.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(directory, cleanup_mode="stop")  # type: ignore[attr-defined]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = pgserver.get_server(directory, cleanup_mode="stop")  # type: ignore[attr-defined]
     return EmbeddedPostgres(url=server.get_uri(), data_dir=directory, _server=server)
 
 

@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
-from bridge.errors import BrokerUnavailable, FenceBridgeError
+from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import Key
@@ -70,13 +71,16 @@ def to_raw(subscription: str, message: dict[str, Any]) -> RawDelivery:
         if isinstance(value, dict) and isinstance(value.get("StringValue"), str)
     }
     system = message.get("Attributes", {})
-    count = system.get("ApproximateReceiveCount")
+    try:
+        count: int | None = int(system["ApproximateReceiveCount"])
+    except (KeyError, TypeError, ValueError):
+        count = None
     return RawDelivery(
         subscription=subscription,
         message_id=message.get("MessageId"),
         body=str(message.get("Body", "")).encode("utf-8"),
         attributes=attributes,
-        receive_count=int(count) if isinstance(count, str) and count.isdigit() else None,
+        receive_count=count,
         ordering_key=system.get("MessageGroupId"),
         trace_context=attributes.get("traceparent"),
     )
@@ -367,3 +371,31 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         return _error_code(exc) or type(exc).__name__
     return type(exc).__name__
+
+
+def from_config(sub: SubscriptionConfig, inbox: Inbox, store: PostgresStore) -> SqsConsumer:
+    """The ``sqs`` source: a boto3 client for the queue's region (and endpoint, if local)."""
+    import boto3  # noqa: PLC0415  (only when an SQS subscription is configured)
+    from botocore.config import Config  # noqa: PLC0415
+
+    if sub.queue_url is None:  # the configuration requires it; this guards direct use
+        raise ConfigError(f"subscriptions.{sub.name}.queue_url is required for source sqs")
+    client = boto3.session.Session().client(
+        "sqs",
+        region_name=sub.region,
+        endpoint_url=sub.endpoint_url,
+        # The long poll must finish before the read times out.
+        config=Config(read_timeout=sub.wait_seconds + 10, retries={"mode": "standard"}),
+    )
+    return SqsConsumer(
+        client,
+        sub.queue_url,
+        sub.name,
+        inbox,
+        store=store,
+        ack_mode=sub.ack_mode.value,
+        receive_batch=sub.receive_batch,
+        wait_seconds=sub.wait_seconds,
+        visibility_timeout=sub.visibility_timeout_seconds,
+        threads=sub.consumers,
+    )

@@ -106,7 +106,8 @@ CREATE TABLE redrive_audit (
 CREATE INDEX redrive_audit_key ON redrive_audit (tenant_id, operation_id);
 
 -- Tenant roles: a database role mapped to exactly one tenant sees and changes only that tenant's
--- rows. The table owner (the bridge) is not subject to these policies.
+-- rows. The table owner and roles with BYPASSRLS (the bridge and the operator, see
+-- infra/postgres/roles.sql) are not subject to these policies.
 CREATE TABLE tenant_role (
     role_name text PRIMARY KEY,
     tenant_id text NOT NULL

@@ -1,0 +1,356 @@
+"""``fencebridge demo``: the whole protocol on a laptop, with nothing to configure.
+
+It starts an embedded PostgreSQL, a local SQS server (moto) and the example payment provider,
+then runs the bridge with the class C example handler and publishes a batch that holds the
+awkward cases: the same delivery twice, a changed payload under an existing operation id,
+messages the rules cannot decode, two tenants that use the same operation ids, a charge whose
+response is lost after the provider applied it, and a worker that stalls past its lease after
+charging. It prints a live progress line, then a summary, and checks the one thing that
+matters: the provider's ledger holds exactly one charge per operation that succeeded, and none
+twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge import embedded
+from bridge.config import parse_config
+from bridge.database import connect
+from bridge.demo.payments import JOB_TYPE, ChargeCustomer
+from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
+from bridge.errors import ConfigError
+from bridge.handlers import Context, Success
+from bridge.identity import IdentityHasher
+from bridge.migrate import migrate
+from bridge.runtime import Bridge, build_registry
+from bridge.store import PostgresStore
+from bridge.types import State
+
+TENANTS = ("acme", "globex")
+ORDERS = 10
+LEASE_SECONDS = 2
+DEADLINE_SECONDS = 50
+STALL_REFERENCE = "stall-past-the-lease"
+
+CONFIG = """
+[bridge]
+worker_id = "demo"
+worker_threads = 4
+poll_interval_seconds = 0.2
+sweep_interval_seconds = 1.0
+shutdown_deadline_seconds = 5.0
+health_port = 0
+
+[jobs.{job_type}]
+handler = "bridge.demo.payments:ChargeCustomer"
+target_class = "C"
+max_attempts = 5
+lease_seconds = {lease}
+backoff_initial_seconds = 0.2
+backoff_max_seconds = 1.0
+
+[subscriptions.payments]
+source = "sqs"
+queue_url = "{queue_url}"
+region = "us-east-1"
+endpoint_url = "{endpoint}"
+wait_seconds = 1
+job_types = ["{job_type}"]
+
+[subscriptions.payments.decode]
+tenant_id = "attribute:tenant_id"
+operation_id = "attribute:operation_id"
+job_type = "value:{job_type}"
+payload = "body"
+"""
+
+
+class StallingCharge(ChargeCustomer):
+    """The example handler, except that one operation's first attempt charges and then stalls.
+
+    It stops reporting progress, so its lease is not renewed; another worker takes the row over
+    under a higher fence and reconciles by lookup. When the stalled attempt wakes up and tries
+    to record its success, the fence refuses it.
+    """
+
+    def __init__(self, client: PaymentClient, taken_over: threading.Event) -> None:
+        super().__init__(client)
+        self._taken_over = taken_over
+        self.stalled = threading.Event()
+
+    def perform(self, ctx: Context, key: str) -> Success:
+        result = super().perform(ctx, key)
+        if ctx.attempt == 1 and json.loads(ctx.payload).get("reference") == STALL_REFERENCE:
+            self.stalled.set()
+            self._taken_over.wait(timeout=LEASE_SECONDS * 10)
+        return result
+
+
+@dataclass
+class Published:
+    deliveries: int = 0
+    operations: int = 0
+
+
+def _send(sqs: Any, queue_url: str, body: bytes | str, **attributes: str) -> None:
+    sqs.send_message(
+        QueueUrl=queue_url,
+        MessageBody=body if isinstance(body, str) else body.decode(),
+        MessageAttributes={
+            k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()
+        },
+    )
+
+
+def publish(sqs: Any, queue_url: str) -> Published:
+    """The demo batch; returns how many deliveries were sent and how many operations exist."""
+    sent = Published()
+
+    def charge(tenant: str, op: str, amount: int, reference: str | None = None) -> None:
+        body = {"amount": amount, "currency": "eur", "reference": reference or op}
+        _send(sqs, queue_url, json.dumps(body), tenant_id=tenant, operation_id=op)
+        sent.deliveries += 1
+
+    for tenant in TENANTS:  # the same operation ids in both tenants: different operations
+        for i in range(1, ORDERS + 1):
+            charge(tenant, f"order-{i}", 1000 + i)
+            sent.operations += 1
+    for i in (2, 4, 6):  # redelivered or resent: replays
+        charge("acme", f"order-{i}", 1000 + i)
+    charge("globex", "order-5", 99_999)  # same operation id, changed amount: conflict
+    _send(sqs, queue_url, '{"amount": 1, "currency": "eur"}', operation_id="no-tenant")
+    _send(sqs, queue_url, "this is not JSON", tenant_id="acme", operation_id="order-x")
+    sent.deliveries += 2
+    charge("acme", "order-stall", 4200, STALL_REFERENCE)  # charges, then stalls past the lease
+    sent.operations += 1
+    return sent
+
+
+def _queue_empty(sqs: Any, queue_url: str) -> bool:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return all(int(v) == 0 for v in attributes.values())
+
+
+@dataclass
+class Services:
+    """What the demo runs beside the bridge: a database, a queue and a payment provider."""
+
+    workdir: Path
+    database: embedded.EmbeddedPostgres
+    sqs_endpoint: str
+    provider: PaymentProvider
+    stop: Callable[[], None]
+
+
+@contextmanager
+def services() -> Iterator[Services]:
+    try:
+        from moto.server import ThreadedMotoServer  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            "the demo needs a local SQS server: pip install 'fencebridge[demo]'"
+        ) from exc
+    for noisy in ("werkzeug", "pgserver", "botocore", "urllib3", "bridge"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    workdir = Path(tempfile.mkdtemp(prefix="fencebridge-demo-"))
+    credentials = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"}
+    saved = {k: os.environ.get(k) for k in credentials}
+    os.environ.update(credentials)
+    stack = ExitStack()
+    try:
+        database = embedded.start(workdir / "postgres")
+        stack.callback(database.stop)
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        stack.callback(moto.stop)
+        host, port = moto.get_host_and_port()
+        provider = PaymentProvider()
+        provider.start()
+        stack.callback(provider.stop)
+        yield Services(workdir, database, f"http://{host}:{port}", provider, stack.close)
+    finally:
+        stack.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(*, keep: bool = False, out: Callable[[str], None] = print) -> int:
+    """Run the demo; 0 when every operation was charged exactly once."""
+    import boto3  # noqa: PLC0415
+
+    out("starting: embedded PostgreSQL, local SQS, payment provider ...")
+    with services() as svc, ExitStack() as stack:
+        with connect(svc.database.url) as conn:
+            migrate(conn)
+        sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=svc.sqs_endpoint)
+        queue_url = sqs.create_queue(QueueName="payments", Attributes={"VisibilityTimeout": "10"})[
+            "QueueUrl"
+        ]
+        config = parse_config(
+            CONFIG.format(
+                job_type=JOB_TYPE,
+                lease=LEASE_SECONDS,
+                queue_url=queue_url,
+                endpoint=svc.sqs_endpoint,
+            ),
+            file="demo.toml",
+        )
+        hasher = IdentityHasher.ephemeral()
+        taken_over = threading.Event()
+        handler = StallingCharge(PaymentClient(svc.provider.url, timeout=1.0), taken_over)
+        store = PostgresStore.connect(svc.database.url, max_size=12)
+        stack.callback(store.close)
+        bridge = Bridge(
+            config, store, hasher, registry=build_registry(config, handlers={JOB_TYPE: handler})
+        )
+        # The provider applies this charge, then the response never arrives: ambiguous.
+        svc.provider.set_fault(
+            FaultKind.APPLY_THEN_TIMEOUT, key=hasher.idempotency_key("globex", "order-7")
+        )
+        published = publish(sqs, queue_url)
+        out(f"published {published.deliveries} deliveries for {published.operations} operations")
+        bridge.start()
+        stack.callback(bridge.stop, 5)
+        done = _watch(Watched(bridge, store, sqs, queue_url, handler, taken_over), out)
+        summary = _summary(bridge, store, svc.provider, published)
+        out("")
+        for line in summary.lines:
+            out(line)
+        if keep:
+            out("")
+            out(f"database   {svc.database.url}")
+            out(f"sqs        {svc.sqs_endpoint}  queue {queue_url}")
+            out(f"provider   {svc.provider.url}  (ledger: GET /_ledger)")
+            out("running; press Ctrl-C to stop")
+            with suppress(KeyboardInterrupt):
+                threading.Event().wait()
+        return 0 if done and summary.ok else 1
+
+
+@dataclass
+class Watched:
+    bridge: Bridge
+    store: PostgresStore
+    sqs: Any
+    queue_url: str
+    handler: StallingCharge
+    taken_over: threading.Event
+
+
+def _watch(w: Watched, out: Callable[[str], None]) -> bool:
+    """Print progress until everything settled (True) or the deadline passed (False)."""
+    bridge, store, handler, taken_over = w.bridge, w.store, w.handler, w.taken_over
+    tty = sys.stdout.isatty()
+    started = time.monotonic()
+    last_line = 0.0
+    while time.monotonic() - started < DEADLINE_SECONDS:
+        counts = bridge.pool.counts
+        if handler.stalled.is_set() and counts["takeover"] and not taken_over.is_set():
+            taken_over.set()  # the row was taken over: let the stalled attempt wake up
+        stats = store.stats()
+        consumer = _consumer_counts(bridge)
+        line = (
+            f"received {consumer.get('received', 0):3d} | new {consumer.get('decision.new', 0):3d}"
+            f" | replays {consumer.get('decision.replay', 0)}"
+            f" | conflicts {consumer.get('decision.conflict', 0)}"
+            f" | quarantined {consumer.get('decision.quarantined', 0)}"
+            f" | succeeded {stats.total(State.SUCCEEDED):3d}"
+            f" | unknown {stats.total(State.UNKNOWN)}"
+            f" | fenced out {counts['lease_lost']}"
+        )
+        now = time.monotonic()
+        if tty:
+            sys.stdout.write("\r" + line)
+            sys.stdout.flush()
+        elif now - last_line >= 2:
+            out(line)
+            last_line = now
+        settled = stats.total(State.QUEUED) + stats.total(State.CLAIMED) == 0
+        if (
+            settled
+            and taken_over.is_set()
+            and counts["lease_lost"]
+            and _queue_empty(w.sqs, w.queue_url)
+        ):
+            if tty:
+                sys.stdout.write("\n")
+            else:
+                out(line)
+            return True
+        time.sleep(0.25)
+    out("\nthe demo did not settle within its deadline")
+    return False
+
+
+def _consumer_counts(bridge: Bridge) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for consumer in bridge.consumers:
+        for name, n in getattr(consumer, "counts", {}).items():
+            counts[name] = counts.get(name, 0) + n
+    return counts
+
+
+@dataclass
+class Summary:
+    lines: list[str]
+    ok: bool
+
+
+def _summary(
+    bridge: Bridge, store: PostgresStore, provider: PaymentProvider, published: Published
+) -> Summary:
+    consumer = _consumer_counts(bridge)
+    stats = store.stats()
+    events = bridge.pool.counts
+    ledger = provider.ledger()
+    charged_keys = [c.idempotency_key for c in ledger]
+    twice = len(charged_keys) - len(set(charged_keys))
+    succeeded = stats.total(State.SUCCEEDED)
+    rows = [
+        ("deliveries published", published.deliveries),
+        ("  new operations", consumer.get("decision.new", 0)),
+        ("  replays (nothing new)", consumer.get("decision.replay", 0)),
+        ("  conflicts (rejected, nothing changed)", consumer.get("decision.conflict", 0)),
+        ("  quarantined (undecodable, kept with reason)", consumer.get("decision.quarantined", 0)),
+        ("work rows succeeded", succeeded),
+        ("work rows unknown", stats.total(State.UNKNOWN)),
+        ("work rows failed", stats.total(State.FAILED_TERMINAL)),
+        ("work rows quarantined (payload not readable)", stats.total(State.QUARANTINED)),
+        ("takeovers of an expired lease", events["takeover"]),
+        ("reconciled by lookup (already applied)", events["reconciled.applied"]),
+        ("stale writes fenced out", events["lease_lost"]),
+        ("charges in the provider's ledger", len(ledger)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = ["summary", "-" * (width + 8)]
+    lines += [f"{name:<{width}}  {value:>6}" for name, value in rows]
+    ok = twice == 0 and len(ledger) == succeeded == published.operations
+    lines.append("-" * (width + 8))
+    if ok:
+        lines.append(f"every operation charged exactly once ({len(ledger)} charges, 0 twice)")
+    else:
+        lines.append(
+            f"CHECK FAILED: {len(ledger)} charges for {succeeded} succeeded operations "
+            f"({published.operations} published), {twice} charged twice"
+        )
+    return Summary(lines, ok)

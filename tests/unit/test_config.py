@@ -1,0 +1,651 @@
+"""The configuration file: the example loads, every rule has its own message, docs match."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from bridge import config
+from bridge.config import (
+    AckMode,
+    BridgeConfig,
+    Source,
+    load_config,
+    parse_config,
+    reference_markdown,
+)
+from bridge.decode import FieldSource, PayloadSource, SourceKind
+from bridge.errors import ConfigError
+from bridge.types import TargetClass
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "docs" / "examples" / "bridge.toml"
+REFERENCE = ROOT / "docs" / "configuration.md"
+
+# The smallest valid file; each invalid case below changes one thing in it.
+BASE = """\
+[jobs.refund]
+handler = "app.refunds:handler"
+target_class = "C"
+
+[subscriptions.refunds]
+source = "sqs"
+queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/refunds"
+job_types = ["refund"]
+
+[subscriptions.refunds.decode]
+tenant_id = "attribute:tenant_id"
+operation_id = "body:/refund_request_id"
+job_type = "value:refund"
+"""
+
+PUBSUB = """\
+[jobs.sms]
+handler = "app.notify:send_sms"
+target_class = "D"
+
+[subscriptions.sms]
+source = "pubsub"
+subscription = "projects/p/subscriptions/sms"
+job_types = ["sms"]
+
+[subscriptions.sms.decode]
+tenant_id = "value:acme"
+operation_id = "attribute:key"
+job_type = "value:sms"
+"""
+
+
+def edit(text: str, old: str, new: str) -> str:
+    assert old in text, f"test setup: {old!r} is not in the base file"
+    return text.replace(old, new, 1)
+
+
+def after(text: str, header: str, line: str) -> str:
+    """Add ``line`` right below the section ``header``."""
+    return edit(text, f"{header}\n", f"{header}\n{line}\n")
+
+
+def message(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, file="bridge.toml")
+    return str(caught.value)
+
+
+# -- valid files ----------------------------------------------------------------------------
+
+
+def test_the_example_loads_with_what_it_says() -> None:
+    loaded = load_config(EXAMPLE)
+    assert loaded.file == str(EXAMPLE)
+    assert loaded.bridge.worker_id == "bridge-1"
+    assert set(loaded.jobs) == {"refund", "ledger_entry", "sms"}
+    assert loaded.jobs["sms"].target_class is TargetClass.D
+    assert loaded.jobs["sms"].max_attempts == 1
+    refunds, sms = loaded.subscriptions["refunds"], loaded.subscriptions["sms"]
+    assert refunds.source is Source.SQS
+    assert refunds.region == "eu-west-1"
+    assert refunds.job_types == ("refund", "ledger_entry")
+    assert refunds.decode.payload == PayloadSource("/refund")
+    assert refunds.decode.operation_id == FieldSource(SourceKind.BODY, "/refund_request_id")
+    assert sms.source is Source.PUBSUB
+    assert sms.subscription == "projects/acme-prod/subscriptions/sms-requests"
+    assert sms.flow_control.max_bytes == 104857600
+    assert sms.decode.tenant_id == FieldSource(SourceKind.VALUE, "acme")
+
+
+def test_the_example_mentions_every_key() -> None:
+    text = EXAMPLE.read_text()
+    sections = (
+        config.BridgeSettings,
+        config.JobConfig,
+        config.SubscriptionConfig,
+        config.FlowControl,
+        config.DecodeConfig,
+    )
+    keys = {f.name for cls in sections for f in dataclasses.fields(cls) if f.metadata}
+    # Set (or shown commented out) as `key = `, inside an inline table, or as a section `[...key]`.
+    pattern = r"(?:^# ?|^|[{{,] ){0} = |\.{0}\]$"
+    missing = {k for k in keys if not re.search(pattern.format(k), text, re.MULTILINE)}
+    assert missing == set()
+
+
+def test_defaults_fill_what_the_file_leaves_out() -> None:
+    loaded = parse_config(BASE)
+    job = loaded.jobs["refund"]
+    sub = loaded.subscriptions["refunds"]
+    assert loaded.bridge.worker_threads == config.WORKER_THREADS_DEFAULT
+    assert loaded.bridge.health_port == config.HEALTH_PORT_DEFAULT
+    assert re.fullmatch(r".+-\d+", loaded.bridge.worker_id)
+    assert job.max_attempts == config.MAX_ATTEMPTS_DEFAULT
+    assert job.lease_seconds == config.LEASE_SECONDS_DEFAULT
+    assert job.backoff_max_seconds == config.BACKOFF_MAX_SECONDS_DEFAULT
+    assert sub.ack_mode is AckMode.AFTER_INBOX
+    assert sub.receive_batch == config.RECEIVE_BATCH_DEFAULT
+    assert sub.wait_seconds == config.WAIT_SECONDS_DEFAULT
+    assert sub.max_body_bytes == config.MAX_BODY_BYTES_DEFAULT
+    assert sub.schema_versions == ()
+    assert sub.region is None
+    assert sub.decode.payload == PayloadSource()
+    assert sub.decode.schema_version is None
+    assert sub.decode.operation_id_from_message_id is False
+
+
+def test_class_d_defaults_to_one_attempt() -> None:
+    loaded = parse_config(PUBSUB)
+    assert loaded.jobs["sms"].max_attempts == config.MAX_ATTEMPTS_CLASS_D
+    assert loaded.subscriptions["sms"].flow_control == config.FlowControl()
+
+
+def test_integers_are_accepted_where_seconds_are_numbers() -> None:
+    text = after(BASE, "[jobs.refund]", "lease_seconds = 90")
+    assert parse_config(text).jobs["refund"].lease_seconds == 90.0
+
+
+def test_message_id_is_accepted_with_the_opt_in() -> None:
+    text = edit(BASE, '"body:/refund_request_id"', '"message_id"')
+    text = after(text, "[subscriptions.refunds.decode]", "operation_id_from_message_id = true")
+    decode = parse_config(text).subscriptions["refunds"].decode
+    assert decode.operation_id == FieldSource(SourceKind.MESSAGE_ID)
+
+
+def test_decode_rules_join_the_job_table() -> None:
+    rules = load_config(EXAMPLE).decode_rules("refunds")
+    assert rules.subscription == "refunds"
+    assert set(rules.jobs) == {"refund", "ledger_entry"}
+    assert rules.jobs["ledger_entry"].target_class is TargetClass.A
+    assert rules.schema_versions == frozenset({"1", "2"})
+    assert rules.max_body_bytes == 262144
+
+
+# -- one message per rule -------------------------------------------------------------------
+
+INVALID = [
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', '"tenant"'),
+        "subscriptions.refunds.decode.tenant_id: expected 'attribute:NAME', "
+        "'body:/json/pointer' or 'value:TEXT', got 'tenant'",
+        id="unknown-field-source",
+    ),
+    pytest.param(
+        edit(BASE, "job_types =", "job_typs ="),
+        "subscriptions.refunds.job_typs: unknown key; did you mean 'job_types'?",
+        id="typo-in-key",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "colour = 1"),
+        "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
+        "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds",
+        id="unknown-key",
+    ),
+    pytest.param(
+        "[brige]\n" + BASE,
+        "brige: unknown section; did you mean 'bridge'?",
+        id="unknown-section",
+    ),
+    pytest.param(
+        "[queues]\n" + BASE,
+        "queues: unknown section; expected [bridge], [jobs.<name>] or [subscriptions.<name>]",
+        id="unknown-section-no-suggestion",
+    ),
+    pytest.param(
+        'database_url = "postgresql://u:pw@h/db"\n' + BASE,
+        "database_url: secrets are never read from the configuration file; remove this key "
+        "and set FENCEBRIDGE_DATABASE_URL in the environment",
+        id="database-url-top-level",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds.decode]", 'database_url = "postgresql://x"'),
+        "subscriptions.refunds.decode.database_url: secrets are never read from the "
+        "configuration file; remove this key and set FENCEBRIDGE_DATABASE_URL in the environment",
+        id="database-url-nested",
+    ),
+    pytest.param(
+        "[bridge]\nDATABASE_URL = 1\n" + BASE,
+        "bridge.DATABASE_URL: secrets are never read from the configuration file; remove this "
+        "key and set FENCEBRIDGE_DATABASE_URL in the environment",
+        id="database-url-any-case",
+    ),
+    pytest.param(
+        "[bridge]\nworker_threads = 0\n" + BASE,
+        "bridge.worker_threads: must be from 1 to 256, got 0",
+        id="integer-range",
+    ),
+    pytest.param(
+        "[bridge]\nworker_threads = 2.5\n" + BASE,
+        "bridge.worker_threads: expected an integer, got 2.5",
+        id="integer-type",
+    ),
+    pytest.param(
+        "[bridge]\nworker_threads = true\n" + BASE,
+        "bridge.worker_threads: expected an integer, got true",
+        id="boolean-is-not-an-integer",
+    ),
+    pytest.param(
+        "[bridge]\npoll_interval_seconds = 0\n" + BASE,
+        "bridge.poll_interval_seconds: must be more than 0 to 3600, got 0",
+        id="positive-duration",
+    ),
+    pytest.param(
+        "[bridge]\nsweep_interval_seconds = nan\n" + BASE,
+        "bridge.sweep_interval_seconds: must be more than 0 to 3600, got nan",
+        id="not-a-number",
+    ),
+    pytest.param(
+        '[bridge]\npoll_interval_seconds = "1s"\n' + BASE,
+        "bridge.poll_interval_seconds: expected a number, got '1s'",
+        id="number-type",
+    ),
+    pytest.param(
+        '[bridge]\nworker_id = ""\n' + BASE,
+        "bridge.worker_id: must not be empty",
+        id="empty-worker-id",
+    ),
+    pytest.param(
+        '[bridge]\nworker_id = "a\\u0000b"\n' + BASE,
+        "bridge.worker_id: the value contains a NUL character",
+        id="nul-in-worker-id",
+    ),
+    pytest.param(
+        '[bridge]\nhealth_host = "local host"\n' + BASE,
+        "bridge.health_host: expected a host name or address, got 'local host'",
+        id="health-host",
+    ),
+    pytest.param(
+        "[bridge]\nhealth_port = 70000\n" + BASE,
+        "bridge.health_port: must be from 0 to 65535, got 70000",
+        id="health-port",
+    ),
+    pytest.param(
+        "bridge = 3\n" + BASE,
+        "bridge: expected a table, got 3",
+        id="section-not-a-table",
+    ),
+    pytest.param(
+        BASE.split("[subscriptions.refunds]", maxsplit=1)[0],
+        "subscriptions: at least one subscription is required, as [subscriptions.<name>]",
+        id="no-subscription",
+    ),
+    pytest.param(
+        BASE.replace('[jobs.refund]\nhandler = "app.refunds:handler"\ntarget_class = "C"\n', ""),
+        "jobs: at least one job type is required, as [jobs.<name>]",
+        id="no-job",
+    ),
+    pytest.param(
+        edit(BASE, "[jobs.refund]", '[jobs."re fund"]'),
+        "jobs.\"re fund\": a job type name is 1 to 64 letters, digits, '_', '.' or '-', "
+        "starting with a letter or digit",
+        id="job-name",
+    ),
+    pytest.param(
+        edit(BASE, "[subscriptions.refunds]", '[subscriptions."-x"]').replace(
+            "[subscriptions.refunds.decode]", '[subscriptions."-x".decode]'
+        ),
+        "subscriptions.-x: a subscription name is 1 to 64 letters, digits, '_', '.' or '-', "
+        "starting with a letter or digit",
+        id="subscription-name",
+    ),
+    pytest.param(
+        edit(BASE, 'handler = "app.refunds:handler"\n', ""),
+        "jobs.refund.handler: required key is missing",
+        id="handler-required",
+    ),
+    pytest.param(
+        edit(BASE, '"app.refunds:handler"', '"app.refunds.handler"'),
+        "jobs.refund.handler: expected an import path 'module.path:attribute', "
+        "got 'app.refunds.handler'",
+        id="handler-syntax",
+    ),
+    pytest.param(
+        edit(BASE, '"app.refunds:handler"', '"app.class:handler"'),
+        "jobs.refund.handler: expected an import path 'module.path:attribute', "
+        "got 'app.class:handler'",
+        id="handler-keyword",
+    ),
+    pytest.param(
+        edit(BASE, 'target_class = "C"\n', ""),
+        "jobs.refund.target_class: required key is missing",
+        id="target-class-required",
+    ),
+    pytest.param(
+        edit(BASE, 'target_class = "C"', 'target_class = "E"'),
+        "jobs.refund.target_class: expected 'A', 'B', 'C' or 'D', got 'E'",
+        id="target-class-choice",
+    ),
+    pytest.param(
+        after(
+            edit(BASE, 'target_class = "C"', 'target_class = "D"'),
+            "[jobs.refund]",
+            "max_attempts = 3",
+        ),
+        "jobs.refund.max_attempts: class D (no fence, no idempotency key) allows one attempt "
+        "only; set 1 or leave it out, got 3",
+        id="class-d-one-attempt",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "max_attempts = 0"),
+        "jobs.refund.max_attempts: must be from 1 to 100, got 0",
+        id="max-attempts-range",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "backoff_initial_seconds = 10\nbackoff_max_seconds = 5"),
+        "jobs.refund.backoff_max_seconds: must be at least backoff_initial_seconds (10), got 5",
+        id="backoff-order",
+    ),
+    pytest.param(
+        edit(BASE, 'source = "sqs"\n', ""),
+        "subscriptions.refunds.source: required key is missing; expected 'sqs' or 'pubsub'",
+        id="source-required",
+    ),
+    pytest.param(
+        edit(BASE, 'source = "sqs"', 'source = "kafka"'),
+        "subscriptions.refunds.source: expected 'sqs' or 'pubsub', got 'kafka'",
+        id="source-choice",
+    ),
+    pytest.param(
+        edit(BASE, 'queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/refunds"\n', ""),
+        "subscriptions.refunds.queue_url: required for source = 'sqs'",
+        id="queue-url-required",
+    ),
+    pytest.param(
+        edit(BASE, '"https://sqs.eu-west-1.amazonaws.com/123456789012/refunds"', '"sqs/refunds"'),
+        "subscriptions.refunds.queue_url: expected an http:// or https:// URL, got 'sqs/refunds'",
+        id="queue-url-syntax",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'endpoint_url = "ftp://localhost"'),
+        "subscriptions.refunds.endpoint_url: expected an http:// or https:// URL, "
+        "got 'ftp://localhost'",
+        id="endpoint-url-syntax",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'region = "EU West"'),
+        "subscriptions.refunds.region: expected an AWS region such as 'eu-west-1', got 'EU West'",
+        id="region-syntax",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'subscription = "projects/p/subscriptions/s"'),
+        "subscriptions.refunds.subscription: applies to source = 'pubsub' only, and this "
+        "subscription's source is 'sqs'",
+        id="pubsub-key-on-sqs",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "flow_control = { max_messages = 10 }"),
+        "subscriptions.refunds.flow_control: applies to source = 'pubsub' only, and this "
+        "subscription's source is 'sqs'",
+        id="flow-control-on-sqs",
+    ),
+    pytest.param(
+        after(PUBSUB, "[subscriptions.sms]", "receive_batch = 5"),
+        "subscriptions.sms.receive_batch: applies to source = 'sqs' only, and this "
+        "subscription's source is 'pubsub'",
+        id="sqs-key-on-pubsub",
+    ),
+    pytest.param(
+        edit(PUBSUB, 'subscription = "projects/p/subscriptions/sms"\n', ""),
+        "subscriptions.sms.subscription: required for source = 'pubsub'",
+        id="pubsub-subscription-required",
+    ),
+    pytest.param(
+        edit(PUBSUB, '"projects/p/subscriptions/sms"', '"sms"'),
+        "subscriptions.sms.subscription: expected 'projects/<project>/subscriptions/<id>', "
+        "got 'sms'",
+        id="pubsub-subscription-syntax",
+    ),
+    pytest.param(
+        after(PUBSUB, "[subscriptions.sms]", "flow_control = { max_mesages = 10 }"),
+        "subscriptions.sms.flow_control.max_mesages: unknown key; did you mean 'max_messages'?",
+        id="flow-control-typo",
+    ),
+    pytest.param(
+        after(PUBSUB, "[subscriptions.sms]", "flow_control = { max_bytes = 10 }"),
+        "subscriptions.sms.flow_control.max_bytes: must be from 1024 to 10737418240, got 10",
+        id="flow-control-range",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'ack_mode = "after_commit"'),
+        "subscriptions.refunds.ack_mode: expected 'after_inbox' or 'after_outcome', "
+        "got 'after_commit'",
+        id="ack-mode",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "receive_batch = 11"),
+        "subscriptions.refunds.receive_batch: must be from 1 to 10, got 11",
+        id="receive-batch",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "wait_seconds = 21"),
+        "subscriptions.refunds.wait_seconds: must be from 0 to 20, got 21",
+        id="wait-seconds",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "visibility_timeout_seconds = 0"),
+        "subscriptions.refunds.visibility_timeout_seconds: must be from 1 to 43200, got 0",
+        id="visibility-timeout",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "max_body_bytes = 0"),
+        "subscriptions.refunds.max_body_bytes: must be from 1 to 10485760, got 0",
+        id="max-body-bytes",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", "consumers = 0"),
+        "subscriptions.refunds.consumers: must be from 1 to 64, got 0",
+        id="consumers",
+    ),
+    pytest.param(
+        edit(BASE, 'job_types = ["refund"]', "job_types = []"),
+        "subscriptions.refunds.job_types: must list at least one",
+        id="job-types-empty",
+    ),
+    pytest.param(
+        edit(BASE, 'job_types = ["refund"]', 'job_types = "refund"'),
+        "subscriptions.refunds.job_types: expected an array of strings, got 'refund'",
+        id="job-types-type",
+    ),
+    pytest.param(
+        edit(BASE, 'job_types = ["refund"]', 'job_types = ["refund", "payout"]'),
+        "subscriptions.refunds.job_types[1]: no job type 'payout'; define it as [jobs.payout]",
+        id="job-type-undefined",
+    ),
+    pytest.param(
+        edit(BASE, 'job_types = ["refund"]', 'job_types = ["refund", "refund"]'),
+        "subscriptions.refunds.job_types[1]: 'refund' is listed twice",
+        id="job-type-twice",
+    ),
+    pytest.param(
+        edit(BASE, 'job_types = ["refund"]', 'job_types = ["refund", 7]'),
+        "subscriptions.refunds.job_types[1]: expected a string, got 7",
+        id="job-type-not-a-string",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'schema_versions = ["1"]'),
+        "subscriptions.refunds.decode.schema_version: required key is missing: "
+        "schema_versions lists the accepted versions, so the version must be decoded",
+        id="schema-versions-need-a-source",
+    ),
+    pytest.param(
+        after(
+            after(BASE, "[subscriptions.refunds]", 'schema_versions = ["1"]'),
+            "[subscriptions.refunds.decode]",
+            'schema_version = "value:2"',
+        ),
+        "subscriptions.refunds.decode.schema_version: the constant '2' is not one of "
+        "schema_versions",
+        id="schema-version-constant-not-accepted",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds]", 'schema_versions = [" 1"]'),
+        "subscriptions.refunds.schema_versions[0]: the value has leading or trailing whitespace",
+        id="schema-version-text",
+    ),
+    pytest.param(
+        BASE.split("[subscriptions.refunds.decode]", maxsplit=1)[0],
+        "subscriptions.refunds.decode: required key is missing",
+        id="decode-required",
+    ),
+    pytest.param(
+        edit(BASE, 'tenant_id = "attribute:tenant_id"\n', ""),
+        "subscriptions.refunds.decode.tenant_id: required key is missing",
+        id="tenant-id-required",
+    ),
+    pytest.param(
+        edit(BASE, 'operation_id = "body:/refund_request_id"\n', ""),
+        "subscriptions.refunds.decode.operation_id: required key is missing",
+        id="operation-id-required",
+    ),
+    pytest.param(
+        edit(BASE, '"body:/refund_request_id"', '"value:r-1"'),
+        "subscriptions.refunds.decode.operation_id: a constant operation id would make every "
+        "delivery one operation; expected 'attribute:NAME' or 'body:/json/pointer'",
+        id="operation-id-constant",
+    ),
+    pytest.param(
+        edit(BASE, '"body:/refund_request_id"', '"message_id"'),
+        "subscriptions.refunds.decode.operation_id: 'message_id' needs "
+        "operation_id_from_message_id = true: a producer's resend gets a new message id and "
+        "would become a second operation",
+        id="message-id-without-opt-in",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds.decode]", "operation_id_from_message_id = true"),
+        "subscriptions.refunds.decode.operation_id_from_message_id: is true, but operation_id "
+        "is 'body:/refund_request_id', not 'message_id'",
+        id="opt-in-without-message-id",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds.decode]", 'operation_id_from_message_id = "yes"'),
+        "subscriptions.refunds.decode.operation_id_from_message_id: expected true or false, "
+        "got 'yes'",
+        id="boolean-type",
+    ),
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', '"message_id"'),
+        "subscriptions.refunds.decode.tenant_id: 'message_id' is a source for operation_id "
+        "only; expected 'attribute:NAME', 'body:/json/pointer' or 'value:TEXT'",
+        id="message-id-for-tenant",
+    ),
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', '"attribute:"'),
+        "subscriptions.refunds.decode.tenant_id: the attribute name is empty, in 'attribute:'",
+        id="attribute-name-empty",
+    ),
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', '"attribute:a\\u0000"'),
+        "subscriptions.refunds.decode.tenant_id: the attribute name contains a control "
+        "character or a lone surrogate, in 'attribute:a\\x00'",
+        id="attribute-name-control",
+    ),
+    pytest.param(
+        edit(BASE, '"body:/refund_request_id"', '"body:refund_request_id"'),
+        "subscriptions.refunds.decode.operation_id: a JSON pointer is empty or starts with '/', "
+        "in 'body:refund_request_id'",
+        id="pointer-without-slash",
+    ),
+    pytest.param(
+        edit(BASE, '"body:/refund_request_id"', '"body:/a~2b"'),
+        "subscriptions.refunds.decode.operation_id: in a JSON pointer '~' must be followed by "
+        "'0' or '1', in 'body:/a~2b'",
+        id="pointer-bad-escape",
+    ),
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', '"value: acme"'),
+        "subscriptions.refunds.decode.tenant_id: the constant has leading or trailing "
+        "whitespace, in 'value: acme'",
+        id="constant-whitespace",
+    ),
+    pytest.param(
+        edit(BASE, '"attribute:tenant_id"', "42"),
+        "subscriptions.refunds.decode.tenant_id: expected 'attribute:NAME', "
+        "'body:/json/pointer' or 'value:TEXT', got 42",
+        id="field-source-type",
+    ),
+    pytest.param(
+        edit(BASE, '"value:refund"', '"value:payout"'),
+        "subscriptions.refunds.decode.job_type: the constant 'payout' is not one of job_types",
+        id="job-type-constant-not-accepted",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds.decode]", 'payload = "json"'),
+        "subscriptions.refunds.decode.payload: expected 'body' or 'body:/json/pointer', got 'json'",
+        id="payload-source",
+    ),
+    pytest.param(
+        after(BASE, "[subscriptions.refunds.decode]", 'payload = "body:refund"'),
+        "subscriptions.refunds.decode.payload: a JSON pointer is empty or starts with '/', "
+        "in 'body:refund'",
+        id="payload-pointer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID)
+def test_each_invalid_file_names_the_key_and_the_problem(text: str, expected: str) -> None:
+    assert message(text) == f"bridge.toml: {expected}"
+
+
+def test_invalid_toml_names_the_file_and_the_position() -> None:
+    # The parser's own wording may change between Python versions; the frame may not.
+    assert re.fullmatch(
+        r"bridge\.toml: invalid TOML: .+ \(at line 1, column \d+\)", message("[bridge\n")
+    )
+
+
+def test_the_secret_is_not_repeated_in_the_error() -> None:
+    text = after(BASE, "[subscriptions.refunds]", 'database_url = "postgresql://u:hunter2@h/db"')
+    assert "hunter2" not in message(text)
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_text(edit(BASE, 'target_class = "C"', 'target_class = "X"'))
+    with pytest.raises(ConfigError, match=r"^.+bridge\.toml: jobs\.refund\.target_class: "):
+        load_config(path)
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match=r"absent\.toml: cannot be read: No such file"):
+        load_config(path)
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_bytes(b"[bridge]\nworker_id = '\xff'\n")
+    with pytest.raises(ConfigError, match=r"bridge\.toml: is not UTF-8 text \(byte 22\)"):
+        load_config(path)
+
+
+def test_configuration_is_immutable() -> None:
+    loaded = parse_config(BASE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.bridge.worker_threads = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        loaded.jobs["other"] = loaded.jobs["refund"]  # type: ignore[index]
+    assert isinstance(loaded, BridgeConfig)
+
+
+# -- the reference --------------------------------------------------------------------------
+
+
+def test_docs_are_the_generated_reference() -> None:
+    assert REFERENCE.read_text() == reference_markdown(), (
+        "docs/configuration.md is stale: regenerate it with "
+        "`python -m bridge.config > docs/configuration.md`"
+    )
+
+
+def test_the_reference_documents_every_key_with_its_default() -> None:
+    reference = reference_markdown()
+    for cls in (config.BridgeSettings, config.JobConfig, config.SubscriptionConfig):
+        for f in dataclasses.fields(cls):
+            if not f.metadata:
+                continue
+            entry = reference.split(f"### `{f.name}`\n\n", 1)[1].split("\n\n", 1)[0]
+            if isinstance(f.default, int | float) and not isinstance(f.default, bool):
+                assert f"`{f.default!r}`" in entry, f.name
+    assert "default `5` (class `D`: `1`)" in reference
+    assert "a producer that resends after\na timeout gets a new message id" in reference
