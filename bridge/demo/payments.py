@@ -1,0 +1,130 @@
+"""Class C example: charge a customer through a payment provider with idempotency keys.
+
+This is **dedupe, not fencing**. The provider cannot see fences; what keeps a charge single is
+the idempotency key (stable, tenant-scoped, opaque: derived from the operation, never from an
+attempt) and the provider's promise about repeated keys, for as long as it keeps them. The
+executor adds reconcile-before-retry: after an ambiguous attempt, and on every claim after the
+first, it calls :meth:`ChargeCustomer.lookup` before charging again.
+
+How the provider's answers map onto outcomes:
+
+========================================  ===============================================
+``charge``                                outcome
+========================================  ===============================================
+200 (new, or replayed under the key)      success, the charge id as detail
+409, the key's first request in flight    retry later: nothing new was applied
+400 / 422 and other 4xx                   terminal failure: retrying cannot succeed
+timeout, connection reset, 5xx            ambiguous: the executor looks the key up
+========================================  ===============================================
+
+``lookup`` answers applied (the charge id), not applied (404), or cannot tell (503, a timeout,
+a broken connection, a charge under the key that does not match this payload).
+
+Payload (JSON)::
+
+    {"amount": 1200, "currency": "eur", "reference": "order-1042"}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge.demo.provider import (
+    ChargeResult,
+    PaymentClient,
+    ProviderAmbiguous,
+    ProviderConflict,
+    ProviderError,
+    ProviderRejected,
+    ProviderServerError,
+    ProviderTimeout,
+)
+from bridge.handlers import (
+    Ambiguous,
+    Applied,
+    CannotTell,
+    Context,
+    IdempotentApiHandler,
+    NotApplied,
+    Quarantine,
+    RetryLater,
+    Success,
+    TerminalFailure,
+)
+
+JOB_TYPE = "charge_customer"
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeRequest:
+    amount: int
+    currency: str
+    reference: str | None
+
+    @classmethod
+    def of(cls, ctx: Context) -> ChargeRequest:
+        """Read the payload, or quarantine it: an amount is never guessed."""
+        data = ctx.json()
+        if not isinstance(data, dict):
+            raise Quarantine("invalid_payload", "the payload must be a JSON object")
+        amount, currency, reference = (data.get(k) for k in ("amount", "currency", "reference"))
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+            raise Quarantine("invalid_payload", "amount must be a positive integer (minor units)")
+        if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha():
+            raise Quarantine("invalid_payload", "currency must be a three-letter code")
+        if reference is not None and not isinstance(reference, str):
+            raise Quarantine("invalid_payload", "reference must be a string")
+        return cls(amount, currency.lower(), reference)
+
+    def body(self) -> dict[str, object]:
+        """The request body: the same bytes on every attempt, as the provider requires."""
+        body: dict[str, object] = {"amount": self.amount, "currency": self.currency}
+        if self.reference is not None:
+            body["reference"] = self.reference
+        return body
+
+    def matches(self, charge: ChargeResult) -> bool:
+        return (charge.amount, charge.currency.lower()) == (self.amount, self.currency)
+
+
+class ChargeCustomer(IdempotentApiHandler):
+    """Charge once per operation; look the key up whenever an earlier attempt may have acted."""
+
+    def __init__(self, client: PaymentClient) -> None:
+        self._client = client
+
+    def perform(self, ctx: Context, key: str) -> Success:
+        request = ChargeRequest.of(ctx)
+        try:
+            charge = self._client.charge(key, request.body())
+        except ProviderConflict as exc:
+            detail = "a request with this key is still in flight"
+            raise RetryLater("provider_in_progress", detail) from exc
+        except ProviderRejected as exc:
+            raise TerminalFailure(
+                exc.error_type or "provider_rejected", f"the provider answered {exc.status}"
+            ) from exc
+        except ProviderAmbiguous as exc:
+            raise Ambiguous(_ambiguous_code(exc)) from exc
+        return Success("charged", charge.id)
+
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        request = ChargeRequest.of(ctx)
+        try:
+            charge = self._client.lookup(key)
+        except ProviderError as exc:  # 503, 409 in flight, transport errors: no answer
+            raise CannotTell(type(exc).__name__) from exc
+        if charge is None:
+            return NotApplied()
+        if not request.matches(charge):
+            # Our key, another charge: a person must look; neither answer would be honest.
+            raise CannotTell("the charge under this key does not match the payload")
+        return Applied("charged", charge.id)
+
+
+def _ambiguous_code(exc: ProviderAmbiguous) -> str:
+    if isinstance(exc, ProviderTimeout):
+        return "provider_timeout"
+    if isinstance(exc, ProviderServerError):
+        return "provider_server_error"
+    return "provider_connection_error"
