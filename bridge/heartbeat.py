@@ -39,6 +39,8 @@ class InFlight:
     #: monotonic time after which the lease must be assumed lost
     trust_until: float
     started: float = field(default_factory=time.monotonic)
+    #: a renewal was refused; reported by the worker unless the run settled after all
+    renewal_refused: bool = False
 
 
 class Heartbeater:
@@ -112,8 +114,10 @@ class Heartbeater:
                 continue
             for e in entries:
                 if e.claim.ticket in lost:
+                    # Either a newer claim owns the row, or this run settled it a moment ago;
+                    # the worker tells the two apart when the run ends and reports only the first.
                     e.ctx.lease_lost.set()
-                    self._events.lease_lost(e.claim, "heartbeat")
+                    e.renewal_refused = True
                 else:
                     e.trust_until = sent_at + lease.total_seconds()
 

@@ -32,11 +32,12 @@ from bridge.heartbeat import Heartbeater
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
-from bridge.types import Claim, Key
+from bridge.types import Claim, Key, State
 
 log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
+CLAIM_BATCH_DEFAULT = 10
 POLL_INTERVAL_DEFAULT = 1.0
 _BACKOFF_MAX = 5.0
 
@@ -61,6 +62,7 @@ class WorkerPool:
         *,
         worker_id: str | None = None,
         threads: int = WORKER_THREADS_DEFAULT,
+        claim_batch: int = CLAIM_BATCH_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         events: WorkEvents | None = None,
     ) -> None:
@@ -73,8 +75,9 @@ class WorkerPool:
         self._registry = registry
         self._hasher = hasher
         self._threads = threads
+        self._claim_batch = claim_batch
         self._poll = poll_interval
-        self._work: queue.Queue[Claim | None] = queue.Queue()
+        self._work: queue.Queue[tuple[Claim, float] | None] = queue.Queue()
         self._cond = threading.Condition()
         self._idle = threads
         self._handoff: dict[Key, str] = {}
@@ -128,10 +131,10 @@ class WorkerPool:
         released = 0
         while True:
             try:
-                claim = self._work.get_nowait()
+                item = self._work.get_nowait()
             except queue.Empty:
                 break
-            if claim is not None and self._release(claim):
+            if item is not None and self._release(item[0]):
                 released += 1
         for _ in self._workers:
             self._work.put(None)
@@ -157,12 +160,13 @@ class WorkerPool:
             with self._cond:
                 while self._idle == 0 and not self._stopping.is_set():
                     self._cond.wait()
-                want = self._idle
+                want = min(self._idle, self._claim_batch)
                 handoff = dict(list(self._handoff.items())[:want])
                 for key in handoff:
                     del self._handoff[key]
             if self._stopping.is_set():
                 break
+            sent_at = time.monotonic()  # leases start no earlier than this, by our clock
             try:
                 claims = self._claim(want, handoff)
             except FenceBridgeError as exc:
@@ -181,7 +185,7 @@ class WorkerPool:
                     self._idle -= len(claims)
                 for claim in claims:
                     self._events.claimed(claim)
-                    self._work.put(claim)
+                    self._work.put((claim, sent_at))
                 continue
             with self._cond:
                 if not self._handoff and not self._stopping.is_set():
@@ -211,11 +215,12 @@ class WorkerPool:
 
     def _work_loop(self) -> None:
         while True:
-            claim = self._work.get()
-            if claim is None:
+            item = self._work.get()
+            if item is None:
                 return
+            claim, sent_at = item
             try:
-                self._run(claim)
+                self._run(claim, sent_at)
             except Exception:
                 # An executor bug must not kill the worker thread; the row's lease will lapse.
                 log.exception("executor failed unexpectedly")
@@ -224,7 +229,7 @@ class WorkerPool:
                     self._idle += 1
                     self._cond.notify_all()
 
-    def _run(self, claim: Claim) -> None:
+    def _run(self, claim: Claim, sent_at: float) -> None:
         spec = self._registry.get(claim.job_type)
         if spec is None or self._stopping.is_set():
             self._release(claim)
@@ -241,12 +246,15 @@ class WorkerPool:
             schema_version=claim.schema_version,
             idempotency_key=self._hasher.idempotency_key(claim.tenant_id, claim.operation_id),
         )
-        # The trust window starts no later than the claim statement was answered.
-        self.heartbeater.track(claim, ctx, spec.lease, time.monotonic())
+        # The trust window is measured from before the claim statement was sent: it errs early.
+        entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
+        run_events = _RunEvents(self._events)
         try:
-            execute(Run(self._store, claim, spec, ctx, self._events))
+            execute(Run(self._store, claim, spec, ctx, run_events))
         finally:
             self.heartbeater.untrack(claim)
+            if entry.renewal_refused and not run_events.concluded:
+                self._events.lease_lost(claim, "heartbeat")
 
     def _release(self, claim: Claim) -> bool:
         try:
@@ -256,3 +264,37 @@ class WorkerPool:
         except StoreUnavailable:
             return False  # its lease will lapse; the next claim takes it over
         return True
+
+
+class _RunEvents:
+    """Passes one run's events on and remembers whether the run concluded by itself.
+
+    A refused heartbeat is only worth reporting as a lost lease when the run did not settle or
+    report a loss of its own: a renewal that crosses the run's own settlement is refused too.
+    """
+
+    def __init__(self, events: WorkEvents) -> None:
+        self._events = events
+        self.concluded = False
+
+    def claimed(self, claim: Claim) -> None:
+        self._events.claimed(claim)
+
+    def settled(self, claim: Claim, state: State, code: str) -> None:
+        self.concluded = True
+        self._events.settled(claim, state, code)
+
+    def lease_lost(self, claim: Claim, action: str) -> None:
+        self.concluded = True
+        self._events.lease_lost(claim, action)
+
+    def fenced_out(self, claim: Claim) -> None:
+        self.concluded = True
+        self._events.fenced_out(claim)
+
+    def reconciled(self, claim: Claim, finding: str) -> None:
+        self._events.reconciled(claim, finding)
+
+    def settle_unknown(self, claim: Claim, action: str) -> None:
+        self.concluded = True
+        self._events.settle_unknown(claim, action)

@@ -7,7 +7,8 @@ a newer claim owns the operation, so nothing is settled and nothing is retried.
 
 An ambiguous outcome (a timeout on the write, say) becomes a retry under the next fence: the
 next claim's write carries a higher fence, so it supersedes whatever the ambiguous one did, and
-a write that *sets* state leaves the same result either way.
+a write that *sets* state leaves the same result either way. On the last attempt there is no
+next claim, so an ambiguous outcome is parked as ``unknown``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def execute(run: Run, handler: ConditionalWriteHandler) -> None:
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
         outcome = classify(exc)
-        if isinstance(outcome, Ambiguous):
+        # With no attempt left there is no next claim to supersede a write that may have
+        # landed: the outcome stays ambiguous and is parked as unknown.
+        if isinstance(outcome, Ambiguous) and run.claim.attempts < run.claim.max_attempts:
             outcome = RetryLater(outcome.code, outcome.detail)
         settle_outcome(run, outcome)
         return

@@ -92,7 +92,12 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
         if fenced(run, "quarantine", lambda: store.quarantine(ticket, code, detail)):
             run.events.settled(run.claim, State.QUARANTINED, code)
     elif isinstance(outcome, RetryLater):
-        delay = outcome.delay or backoff(run.spec.retry, run.claim.attempts)
+        # ``is None``: an explicit zero delay means "due now", not "use the backoff".
+        delay = (
+            outcome.delay
+            if outcome.delay is not None
+            else backoff(run.spec.retry, run.claim.attempts)
+        )
         states: list[State] = []
         if fenced(
             run, "retry", lambda: states.append(store.retry_later(ticket, delay, code, detail))

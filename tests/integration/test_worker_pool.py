@@ -1,0 +1,402 @@
+"""The worker pool on real PostgreSQL: draining, hand-off, progress heartbeats, stopping, sweeping.
+
+Leases here are real (the database clock): a stuck handler must lose its lease by time, a
+healthy one keep it by reporting progress. Tests wait by polling the database with a deadline;
+nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from bridge import sql
+from bridge.demo import balances, invoices, payments
+from bridge.demo.provider import PaymentClient, PaymentProvider
+from bridge.handlers import ConditionalWriteHandler, Context, RetryPolicy, Success, UnfencedHandler
+from bridge.identity import IdentityHasher
+from bridge.registry import Registry
+from bridge.store import PostgresStore
+from bridge.sweeper import Sweeper
+from bridge.types import Claim, Delivery, Key, State, Ticket
+from bridge.worker import WorkerPool
+
+Db = psycopg.Connection[Any]
+
+HASHER = IdentityHasher(b"worker-pool-tests-identity-secret")
+DEADLINE = 60.0
+POLL = 0.05
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for: {what}"
+        time.sleep(POLL)
+
+
+def delivery(
+    registry: Registry, job: str, operation: str, payload: object = None, *, tenant: str = "t1"
+) -> Delivery:
+    spec = registry[job]
+    return Delivery(
+        tenant_id=tenant,
+        operation_id=operation,
+        subscription="pool",
+        job_type=job,
+        target_class=spec.target_class,
+        payload=json.dumps(payload if payload is not None else {}).encode(),
+        max_attempts=spec.retry.max_attempts,
+    )
+
+
+def states(db: Db) -> dict[str, int]:
+    rows = db.execute("SELECT state, count(*) FROM work_item GROUP BY state").fetchall()
+    return {s: int(n) for s, n in rows}
+
+
+def row(db: Db, operation: str, tenant: str = "t1") -> dict[str, Any]:
+    cur = db.execute(
+        "SELECT state, fence, attempts, lease_owner, lease_expires_at, outcome_code"
+        "  FROM work_item WHERE tenant_id = %s AND operation_id = %s",
+        (tenant, operation),
+    )
+    found = cur.fetchone()
+    assert found is not None
+    return dict(zip([c.name for c in cur.description or ()], found, strict=True))
+
+
+def lapsed(db: Db, operation: str) -> bool:
+    found = db.execute(
+        "SELECT lease_expires_at < now() FROM work_item WHERE operation_id = %s", (operation,)
+    ).fetchone()
+    return bool(found and found[0])
+
+
+class Recorder:
+    """Every event the pool reports, in order: (event, operation, fence, detail)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.log: list[tuple[str, str, int, str]] = []
+
+    def _add(self, event: str, claim: Claim, detail: str) -> None:
+        with self._lock:
+            self.log.append((event, claim.operation_id, claim.fence, detail))
+
+    def of(self, event: str) -> list[tuple[str, int, str]]:
+        with self._lock:
+            return [(op, fence, detail) for e, op, fence, detail in self.log if e == event]
+
+    def claimed(self, claim: Claim) -> None:
+        self._add("claimed", claim, "takeover" if claim.takeover else "")
+
+    def settled(self, claim: Claim, state: State, code: str) -> None:
+        self._add("settled", claim, state.value)
+
+    def lease_lost(self, claim: Claim, action: str) -> None:
+        self._add("lease_lost", claim, action)
+
+    def fenced_out(self, claim: Claim) -> None:
+        self._add("fenced_out", claim, "")
+
+    def reconciled(self, claim: Claim, finding: str) -> None:
+        self._add("reconciled", claim, finding)
+
+    def settle_unknown(self, claim: Claim, action: str) -> None:
+        self._add("settle_unknown", claim, action)
+
+
+@pytest.fixture
+def pools(store: PostgresStore) -> Iterator[Callable[..., WorkerPool]]:
+    """Start worker pools on the test's store; every pool still running is stopped at the end."""
+    started: list[WorkerPool] = []
+
+    def start(registry: Registry, **options: Any) -> WorkerPool:
+        options.setdefault("poll_interval", POLL)
+        pool = WorkerPool(store, registry, HASHER, **options)
+        started.append(pool)
+        pool.start()
+        return pool
+
+    yield start
+    for pool in started:
+        pool.stop(deadline=5)
+
+
+class Notify(UnfencedHandler):
+    """A class D target in memory: records each call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+
+    def call(self, ctx: Context) -> None:
+        with self._lock:
+            self.calls.append((ctx.tenant_id, ctx.operation_id))
+
+
+class Quick(ConditionalWriteHandler):
+    """Succeeds at once, recording the order in which operations ran."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ran: list[str] = []
+
+    def handle(self, ctx: Context) -> None:
+        with self._lock:
+            self.ran.append(ctx.operation_id)
+
+
+class StuckOnce(ConditionalWriteHandler):
+    """Attempt 1 hangs without reporting progress until released; later attempts succeed."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+    def handle(self, ctx: Context) -> Success:
+        if ctx.attempt == 1:
+            self.started.set()
+            self.release.wait(DEADLINE)
+            self.returned.set()
+            return Success("late")
+        return Success("taken_over")
+
+
+# -- draining ------------------------------------------------------------------------------------
+
+
+def test_the_pool_drains_a_mixed_workload_of_every_target_class(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    invoices.install(db)
+    balances.install(db)
+    notify = Notify()
+    with PaymentProvider() as provider:
+        registry = Registry()
+        registry.register(invoices.JOB_TYPE, invoices.RefundInvoice())
+        registry.register(balances.JOB_TYPE, balances.SetBalance(store.pool.connection))
+        registry.register(
+            payments.JOB_TYPE, payments.ChargeCustomer(PaymentClient(provider.url, timeout=5))
+        )
+        registry.register("notify", notify, retry=RetryPolicy(max_attempts=1))
+        batch = []
+        for tenant in ("t1", "t2"):
+            for i in range(4):
+                invoices.add_invoice(db, tenant, f"inv-{i}", amount=100 + i)
+                balance = {"account_id": "a", "balance": i, "currency": "eur"}
+                work: dict[str, tuple[str, dict[str, object]]] = {
+                    invoices.JOB_TYPE: ("refund", {"invoice_id": f"inv-{i}"}),
+                    balances.JOB_TYPE: ("balance", balance),
+                    payments.JOB_TYPE: ("charge", {"amount": 100 + i, "currency": "eur"}),
+                    "notify": ("notify", {}),
+                }
+                for job, (name, payload) in work.items():
+                    batch.append(delivery(registry, job, f"{name}-{i}", payload, tenant=tenant))
+        store.ingest(batch)
+
+        pool = pools(registry, threads=4)
+        eventually(lambda: states(db) == {"succeeded": len(batch)}, "every row succeeded")
+        report = pool.stop(deadline=10)
+
+        assert len(provider.ledger()) == 8
+        assert len({c.idempotency_key for c in provider.ledger()}) == 8
+    assert report.abandoned == 0
+    counts = pool.counts.snapshot()
+    assert counts == {"claimed": len(batch), "settled.succeeded": len(batch)}
+    assert sorted(notify.calls) == sorted(
+        (t, f"notify-{i}") for t in ("t1", "t2") for i in range(4)
+    )
+    refunded = db.execute("SELECT count(*) FROM demo_invoice WHERE status = 'refunded'").fetchone()
+    assert refunded == (8,)
+    assert db.execute("SELECT count(*), max(writes) FROM demo_balance").fetchone() == (8, 1)
+
+
+def test_hand_off_keys_are_claimed_before_older_queued_rows(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    quick = Quick()
+    registry = Registry()
+    registry.register("quick", quick)
+    older = [f"old-{i}" for i in range(5)]
+    store.ingest([delivery(registry, "quick", op) for op in [*older, "fresh"]])
+
+    recorder = Recorder()
+    pool = WorkerPool(store, registry, HASHER, threads=1, poll_interval=POLL, events=recorder)
+    pool.hand_off([(Key("t1", "fresh"), "quick")])
+    pool.start()
+    try:
+        eventually(lambda: states(db) == {"succeeded": 6}, "every row succeeded")
+    finally:
+        pool.stop(deadline=10)
+
+    assert quick.ran == ["fresh", *older]
+    assert [op for op, _, _ in recorder.of("claimed")] == ["fresh", *older]
+
+
+# -- progress heartbeats -------------------------------------------------------------------------
+
+
+def test_a_stuck_handler_loses_its_lease_while_a_slow_one_reporting_progress_keeps_it(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    lease = timedelta(seconds=2.5)
+    stuck = StuckOnce()
+    taken_over = threading.Event()
+
+    class SlowButAlive(ConditionalWriteHandler):
+        """Reports progress at every step; runs for three leases and past the takeover."""
+
+        def handle(self, ctx: Context) -> Success:
+            end = time.monotonic() + 3 * lease.total_seconds()
+            while not (taken_over.is_set() and time.monotonic() >= end):
+                ctx.progress()
+                time.sleep(0.1)  # one step of work
+            return Success("slow_done")
+
+    registry = Registry()
+    registry.register("stuck", stuck, lease=lease)
+    registry.register("slow", SlowButAlive(), lease=lease)
+    store.ingest([delivery(registry, "stuck", "stuck"), delivery(registry, "slow", "slow")])
+    recorder = Recorder()
+
+    pool = pools(registry, threads=4, events=recorder)
+    eventually(lambda: row(db, "stuck")["state"] == "succeeded", "the stuck row is taken over")
+    taken_over.set()
+    eventually(lambda: row(db, "slow")["state"] == "succeeded", "the slow row completes")
+    assert not stuck.returned.is_set()
+    stuck.release.set()
+    eventually(lambda: bool(recorder.of("lease_lost")), "the stuck handler's late settle")
+
+    stuck_row, slow_row = row(db, "stuck"), row(db, "slow")
+    assert (stuck_row["fence"], stuck_row["attempts"]) == (2, 2)
+    assert stuck_row["outcome_code"] == "taken_over"
+    assert (slow_row["fence"], slow_row["attempts"]) == (1, 1), "never lost its lease"
+    assert slow_row["outcome_code"] == "slow_done"
+    # The stuck one's late settle was refused by the fence.
+    lost = recorder.of("lease_lost")
+    assert [e for e in lost if e[0] == "stuck"] == [("stuck", 1, "complete")]
+    # A renewal that overlaps the slow one's own completion is refused too (the row is settled
+    # by then); completing under fence 1 above proves its lease was never lost before that.
+    assert {e for e in lost if e[0] == "slow"} <= {("slow", 1, "heartbeat")}
+    assert sorted(recorder.of("settled")) == [("slow", 1, "succeeded"), ("stuck", 2, "succeeded")]
+    assert [e for e in recorder.of("claimed") if e[2] == "takeover"] == [("stuck", 2, "takeover")]
+    assert pool.counts["takeover"] == 1
+
+
+# -- stopping ------------------------------------------------------------------------------------
+
+
+def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_deadline(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    blocked = StuckOnce()
+    quick = Quick()
+    registry = Registry()
+    # Long enough that x cannot lapse (and be taken over) before stop() on a busy machine.
+    registry.register("blocked", blocked, lease=timedelta(seconds=3))
+    registry.register("quick", quick, lease=timedelta(seconds=1))
+    reached_y = threading.Event()
+
+    class HoldsY(Recorder):
+        """Holds the claim of ``y`` between claim and hand-over until the pool is stopping."""
+
+        def claimed(self, claim: Claim) -> None:
+            super().claimed(claim)
+            if claim.operation_id == "y":
+                reached_y.set()
+                # The pool's own stop flag: the one moment this test must observe.
+                eventually(first._stopping.is_set, "stop() to begin")
+
+    recorder = HoldsY()
+    store.ingest([delivery(registry, "blocked", "x")])
+    first = pools(registry, threads=2, events=recorder)
+    assert blocked.started.wait(DEADLINE)
+    store.ingest([delivery(registry, "quick", "y")])
+    first.wake()
+    assert reached_y.wait(DEADLINE)
+
+    report = first.stop(deadline=1.0)
+
+    # y was claimed but never started: back in the queue, the attempt not counted.
+    y = row(db, "y")
+    assert (y["state"], y["attempts"], y["fence"], y["lease_owner"]) == ("queued", 0, 1, None)
+    assert quick.ran == []
+    # x outlived the deadline: abandoned, told its lease is gone, nothing written for it.
+    assert report.abandoned == 1
+    x = row(db, "x")
+    assert (x["state"], x["fence"], x["attempts"]) == ("claimed", 1, 1)
+    assert x["lease_expires_at"] is not None
+    assert first.counts.snapshot() == {"claimed": 2}
+
+    # Once its lease lapses, the abandoned row belongs to whoever claims it next.
+    eventually(lambda: lapsed(db, "x"), "x's lease to lapse")
+    second = pools(registry, threads=2)
+    eventually(lambda: states(db) == {"succeeded": 2}, "a new pool drains both rows")
+    x = row(db, "x")
+    assert (x["fence"], x["attempts"], x["outcome_code"]) == (2, 2, "taken_over")
+    assert quick.ran == ["y"]
+    assert row(db, "y")["attempts"] == 1
+
+    # The abandoned handler finally returns: its settle carries fence 1 and is refused.
+    blocked.release.set()
+    eventually(lambda: first.counts["lease_lost"] == 1, "the abandoned handler's settle")
+    assert row(db, "x")["outcome_code"] == "taken_over"
+    assert "settled.succeeded" not in first.counts.snapshot()
+    assert second.counts["settled.succeeded"] == 2
+
+
+# -- the sweeper ---------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = datetime(2023, 1, 2, 3, 4, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def test_one_sweeper_is_active_at_a_time_across_processes(db_url: str, db: Db) -> None:
+    clock = Clock()
+    stores = [PostgresStore.connect(db_url, max_size=4, clock=clock) for _ in range(2)]
+    try:
+        a, b = (Sweeper(s, interval=POLL) for s in stores)
+        registry = Registry()
+        registry.register("quick", Quick(), retry=RetryPolicy(max_attempts=1))
+        ops = [f"op-{i}" for i in range(12)]
+        stores[0].ingest([delivery(registry, "quick", op) for op in ops])
+        claims = stores[0].claim("crashed", len(ops), timedelta(seconds=5))
+        assert len(claims) == len(ops)
+        clock.at += timedelta(seconds=10)  # every lease expired, no attempt left
+
+        # Another sweeper is mid-round: it holds the sweep lock until its transaction ends.
+        with psycopg.connect(db_url) as other, other.transaction():
+            assert other.execute(sql.statement("sweep_lock")).fetchone() == (True,)
+            assert (a.sweep_once(), b.sweep_once()) == ([], [])
+            assert states(db) == {"claimed": len(ops)}
+
+        for sweeper in (a, b):
+            sweeper.start()
+        try:
+            eventually(lambda: states(db) == {"unknown": len(ops)}, "every row parked")
+        finally:
+            for sweeper in (a, b):
+                sweeper.stop()
+        parked = a.parked + b.parked
+        assert sorted(parked, key=str) == sorted((Ticket("t1", op, 1) for op in ops), key=str), (
+            "each row parked exactly once, by one sweeper"
+        )
+    finally:
+        for s in stores:
+            s.close()
