@@ -2,20 +2,40 @@
 
 Settings come from flags or from ``FENCEBRIDGE_*`` environment variables; secrets (the
 database URL) only from the environment or a flag, never from the subscription file.
-Exit codes: 0 success, 1 a fencebridge error the message explains, 2 bad usage.
+Exit codes: 0 success, 1 a fencebridge error the message explains (for ``check``: a no-go;
+for ``purge``: another purge was running), 2 bad usage.
+
+The operator commands (status, inspect, redrive, sweep, purge, erase, check) never print
+payload bytes. Tenants and operations are shown as keyed hashes (``FENCEBRIDGE_IDENTITY_KEY``),
+the same ones logs and spans carry; only ``inspect``, given the raw identifiers by the
+operator, echoes them back.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import getpass
+import json
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from bridge.database import DATABASE_URL_ENV, connect, database_url
 from bridge.errors import FenceBridgeError
 from bridge.identity import IDENTITY_KEY_ENV
 from bridge.migrate import current_version, migrate
+from bridge.telemetry.logs import configure_logging
+
+if TYPE_CHECKING:
+    from bridge.check import Report
+    from bridge.identity import IdentityHasher
+    from bridge.operations import RedriveReport
+    from bridge.records import OperationHistory
+    from bridge.store import PostgresStore
+    from bridge.types import Key, Stats
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -37,13 +57,18 @@ def _run(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
     from bridge.identity import IdentityHasher  # noqa: PLC0415
     from bridge.runtime import open_bridge  # noqa: PLC0415
+    from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
 
     config = load_config(args.config)
     bridge = open_bridge(config, database_url(args.database_url), IdentityHasher.from_env())
+    telemetry = configure_telemetry()
+    if telemetry.metrics:
+        bridge.telemetry.observe(bridge.store)
     try:
         bridge.run_until_signalled()
     finally:
         bridge.store.close()
+        telemetry.shutdown()
     return 0
 
 
@@ -51,6 +76,474 @@ def _demo(args: argparse.Namespace) -> int:
     from bridge.demo import scenario  # noqa: PLC0415
 
     return scenario.run(keep=args.keep)
+
+
+# -- operator commands ---------------------------------------------------------------------------
+
+_STATES = ("queued", "claimed", "succeeded", "failed_terminal", "unknown", "quarantined")
+_DURATION = re.compile(r"([1-9][0-9]*)([dhm])")
+_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+
+
+def _duration(text: str) -> timedelta:
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 30d, 12h or 90m, got {text!r}"
+        )
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _span(age: timedelta) -> str:
+    """A purge age as the operator wrote it: 30d, 12h or 90m."""
+    minutes = int(age.total_seconds()) // 60
+    if minutes % (24 * 60) == 0:
+        return f"{minutes // (24 * 60)}d"
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"
+
+
+def _store(args: argparse.Namespace) -> PostgresStore:
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    return PostgresStore.connect(database_url(args.database_url), max_size=2)
+
+
+def _hasher() -> IdentityHasher:
+    from bridge.identity import IdentityHasher  # noqa: PLC0415
+
+    return IdentityHasher.from_env()
+
+
+def _at(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    minutes, _ = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h"
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {int(seconds) % 60}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    cells = [[str(c) for c in header], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def _status(args: argparse.Namespace) -> int:
+    hasher = _hasher()  # refuse before touching the database: status shows hashes only
+    store = _store(args)
+    try:
+        stats = store.stats()
+    finally:
+        store.close()
+    document = _status_document(stats, hasher)
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    rows = [
+        [c["subscription"], c["tenant"], *(c["states"][s] for s in _STATES)]
+        for c in document["counts"]
+    ]
+    rows.append(["total", "", *(document["totals"][s] for s in _STATES)])
+    print("\n".join(_table(["subscription", "tenant", *_STATES], rows)))
+    print()
+    print(f"stalled claims (lease expired, still claimed): {stats.stalled_claims}")
+    print(f"oldest unknown: {_age(stats.oldest_unknown_seconds)}")
+    rejected = stats.rejected
+    print(
+        f"rejected deliveries awaiting a person: {rejected.get('conflict', 0)} conflict, "
+        f"{rejected.get('quarantined', 0)} quarantined"
+    )
+    return 0
+
+
+def _status_document(stats: Stats, hasher: IdentityHasher) -> dict[str, Any]:
+    grouped: dict[tuple[str, str], dict[str, int]] = {}
+    for c in stats.counts:
+        key = (c.subscription, hasher.tenant(c.tenant_id))
+        grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
+    return {
+        "counts": [
+            {"subscription": sub, "tenant": tenant, "states": states}
+            for (sub, tenant), states in sorted(grouped.items())
+        ],
+        "totals": {s: sum(g[s] for g in grouped.values()) for s in _STATES},
+        "stalled_claims": stats.stalled_claims,
+        "oldest_unknown_seconds": stats.oldest_unknown_seconds,
+        "rejected": dict(stats.rejected),
+    }
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from bridge.types import Key  # noqa: PLC0415
+
+    key = Key(args.tenant, args.operation)
+    store = _store(args)
+    try:
+        history = store.history(key)
+    finally:
+        store.close()
+    document = _history_document(history)
+    hashes: list[str] = []
+    if os.environ.get(IDENTITY_KEY_ENV):
+        hasher = _hasher()
+        hashes = [hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)]
+        document["log_hashes"] = hashes
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        lines = _history_lines(history)
+        if hashes:
+            lines.insert(1, f"  log hashes     {' '.join(hashes)}")
+        print("\n".join(lines))
+    return 0 if history.found else 1
+
+
+def _history_document(history: OperationHistory) -> dict[str, Any]:
+    row = history.row
+    work: dict[str, Any] | None = None
+    if row is not None:
+        work = {
+            "subscription": row.subscription,
+            "job_type": row.job_type,
+            "target_class": row.target_class.value,
+            "schema_version": row.schema_version,
+            "state": row.state.value,
+            "fence": row.fence,
+            "attempts": row.attempts,
+            "max_attempts": row.max_attempts,
+            "lease_owner": row.lease_owner,
+            "lease_expires_at": _at(row.lease_expires_at),
+            "next_attempt_at": _at(row.next_attempt_at),
+            "intent_fence": row.intent_fence,
+            "outcome_code": row.outcome_code,
+            "outcome_detail": row.outcome_detail,
+            "payload_sha256": row.payload_hash.hex(),
+            "payload_bytes": row.payload_bytes,
+            "broker_message_id": row.broker_message_id,
+            "receive_count": row.receive_count,
+            "created_at": _at(row.created_at),
+            "claimed_at": _at(row.claimed_at),
+            "settled_at": _at(row.settled_at),
+            "updated_at": _at(row.updated_at),
+        }
+    return {
+        "tenant_id": history.key.tenant_id,
+        "operation_id": history.key.operation_id,
+        "work_row": work,
+        "redrives": [
+            {
+                "at": _at(r.at),
+                "actor": r.actor,
+                "reason": r.reason,
+                "from_state": r.from_state,
+                "to_state": r.to_state,
+                "fence": r.fence,
+                "attempts": r.attempts,
+            }
+            for r in history.redrives
+        ],
+        "rejected_deliveries": [
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "reason": r.reason,
+                "subscription": r.subscription,
+                "broker_message_id": r.broker_message_id,
+                "payload_sha256": r.payload_hash.hex() if r.payload_hash else None,
+                "created_at": _at(r.created_at),
+                "redriven_at": _at(r.redriven_at),
+                "redriven_by": r.redriven_by,
+                "redrive_reason": r.redrive_reason,
+                "redrive_outcome": r.redrive_outcome,
+            }
+            for r in history.rejected
+        ],
+    }
+
+
+def _history_lines(history: OperationHistory) -> list[str]:
+    key, row = history.key, history.row
+    lines = [f"operation {key.operation_id!r} of tenant {key.tenant_id!r}"]
+    if row is None:
+        lines.append("work row: none (never ingested, purged or erased)")
+    else:
+        lease = (
+            "-"
+            if row.lease_owner is None
+            else f"{row.lease_owner} until {_at(row.lease_expires_at)}"
+        )
+        outcome = row.outcome_code or "-"
+        if row.outcome_detail:
+            outcome += f" ({row.outcome_detail})"
+        payload = f"sha256 {row.payload_hash.hex()}, " + (
+            "gone" if row.payload_bytes is None else f"{row.payload_bytes} bytes"
+        )
+        intent = "-" if row.intent_fence is None else str(row.intent_fence)
+        lines += [
+            f"  subscription   {row.subscription}",
+            f"  job type       {row.job_type} (class {row.target_class.value})",
+            f"  state          {row.state.value}",
+            f"  outcome        {outcome}",
+            f"  fence          {row.fence} (intent recorded at fence: {intent})",
+            f"  attempts       {row.attempts} of {row.max_attempts}",
+            f"  lease          {lease}",
+            f"  next attempt   {_at(row.next_attempt_at)}",
+            f"  created        {_at(row.created_at)}",
+            f"  last claimed   {_at(row.claimed_at)}",
+            f"  settled        {_at(row.settled_at)}",
+            f"  updated        {_at(row.updated_at)}",
+            f"  payload        {payload}",
+        ]
+    lines.append(f"redrives: {len(history.redrives) or 'none'}")
+    lines += [
+        f"  {_at(r.at)}  {r.from_state} -> {r.to_state}  fence {r.fence}, attempts {r.attempts}"
+        f"  by {r.actor}: {r.reason}"
+        for r in history.redrives
+    ]
+    lines.append(f"rejected deliveries: {len(history.rejected) or 'none'}")
+    for r in history.rejected:
+        closed = (
+            "open"
+            if r.redriven_at is None
+            else (f"redriven {_at(r.redriven_at)} by {r.redriven_by} -> {r.redrive_outcome}")
+        )
+        lines.append(f"  #{r.id}  {_at(r.created_at)}  {r.kind}  {r.subscription}  {closed}")
+        lines.append(f"      {r.reason}")
+    lines.append(
+        "not shown: payload bytes, and earlier claims and heartbeats (the row keeps only the "
+        "latest claim; see the fence and attempt count)"
+    )
+    return lines
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    from bridge.config import load_config  # noqa: PLC0415
+    from bridge.operations import Redrive  # noqa: PLC0415
+    from bridge.types import Key, RedriveFilter, State  # noqa: PLC0415
+
+    if args.operation is not None and args.tenant is None:
+        raise _usage("--operation needs --tenant")
+    if args.confirm_not_called and args.operation is None:
+        raise _usage("--confirm-not-called applies to one operation: give --tenant and --operation")
+    states = tuple(State(s) for s in (args.state or ["unknown", "quarantined"]))
+    selection = RedriveFilter(
+        states=states,
+        subscription=args.subscription,
+        tenant_id=args.tenant,
+        job_type=args.job_type,
+        keys=(Key(args.tenant, args.operation),) if args.operation is not None else None,
+        limit=args.limit,
+    )
+    config = load_config(args.config)
+    hasher = _hasher()
+    store = _store(args)
+    try:
+        report = Redrive(
+            store,
+            config,
+            hasher,
+            actor=args.actor or _os_user(),
+            reason=args.reason,
+            dry_run=args.dry_run,
+            extra_attempts=args.extra_attempts,
+            confirm_not_called=args.confirm_not_called,
+        ).run(selection, deliveries=State.QUARANTINED in states)
+    finally:
+        store.close()
+    print("\n".join(_redrive_lines(report, hasher)))
+    return 0
+
+
+def _redrive_lines(report: RedriveReport, hasher: IdentityHasher) -> list[str]:
+    def who(key: Key | None) -> str:
+        if key is None:
+            return "-"
+        return f"{hasher.tenant(key.tenant_id)} {hasher.operation(key.tenant_id, key.operation_id)}"
+
+    verb = "would go" if report.dry_run else "->"
+    rows: list[list[object]] = []
+    for r in report.rows:
+        result = f"{verb} {r.to.value}" if r.to is not None else "stays"
+        rows.append(
+            [
+                r.row.state.value,
+                r.row.target_class.value,
+                r.row.job_type,
+                who(r.row.key),
+                result,
+                r.note,
+            ]
+        )
+    for d in report.deliveries:
+        if d.decision is None or d.decision.value == "quarantined":
+            result = "stays"
+        else:
+            result = f"{verb} {d.decision.value}"
+        note = (
+            d.note
+            if d.decision is None or d.decision.value != "quarantined"
+            else (f"still quarantined: {d.note}")
+        )
+        rows.append(
+            [f"delivery #{d.delivery.id}", "", d.delivery.subscription, who(d.key), result, note]
+        )
+    lines = _table(["parked", "class", "job / subscription", "operation", "result", "why"], rows)
+    if not rows:
+        lines = ["nothing parked matches"]
+    summary = f"redrive: {report.moved} moved, {report.left} left parked"
+    if report.dry_run:
+        summary += " (dry run: nothing was written)"
+    return [*lines, summary]
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    store = _store(args)
+    try:
+        parked = store.sweep(args.limit, exclusive=True)
+    finally:
+        store.close()
+    print(f"parked {len(parked)} expired last attempt(s) as unknown")
+    if parked and os.environ.get(IDENTITY_KEY_ENV):
+        hasher = _hasher()
+        for t in parked:
+            print(
+                f"  {hasher.tenant(t.tenant_id)} {hasher.operation(t.tenant_id, t.operation_id)}"
+                f"  fence {t.fence}"
+            )
+    return 0
+
+
+def _purge(args: argparse.Namespace) -> int:
+    from bridge.operations import purge  # noqa: PLC0415
+
+    older_than: timedelta | None = args.older_than
+    if older_than is None:
+        from bridge.config import load_config  # noqa: PLC0415
+
+        plan = load_config(args.config).retention
+        if plan is None:
+            raise _usage(f"{args.config} has no [retention] table; pass --older-than")
+        older_than = timedelta(days=plan.purge_after_days)
+    store = _store(args)
+    try:
+        if args.dry_run:
+            counts = store.purge_preview(older_than)
+            print(
+                f"would purge {counts.work_rows} work row(s), {counts.rejected_deliveries} "
+                f"rejected deliveries and {counts.payloads} payload(s) older than "
+                f"{_span(older_than)}"
+            )
+            return 0
+        report = purge(store, older_than, batch_size=args.batch_size)
+    finally:
+        store.close()
+    removed = report.removed
+    print(
+        f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
+        f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)} in "
+        f"{report.batches} batch(es)"
+    )
+    if report.locked_out:
+        print("fencebridge purge: another purge is running; this one stopped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    hasher = _hasher()
+    tenant_hash = hasher.tenant(args.tenant)
+    store = _store(args)
+    try:
+        counts = store.erase_tenant(
+            args.tenant,
+            tenant_hash=tenant_hash,
+            actor=args.actor or _os_user(),
+            reason=args.reason,
+            dry_run=args.dry_run,
+        )
+    finally:
+        store.close()
+    verb = "would erase" if args.dry_run else "erased"
+    print(
+        f"{verb} tenant {tenant_hash}: {counts.work_rows} work row(s), {counts.payloads} "
+        f"payload(s), {counts.rejected_deliveries} rejected deliveries, "
+        f"{counts.redrive_audits} redrive audit row(s)"
+    )
+    print("dry run: nothing was written" if args.dry_run else "recorded in erasure_audit")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from bridge.check import evaluate, read_database  # noqa: PLC0415
+    from bridge.config import load_config  # noqa: PLC0415
+    from bridge.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"NO-GO: the configuration is refused: {exc}")
+        return 1
+    with connect(database_url(args.database_url)) as conn:
+        facts = read_database(conn)
+    report = evaluate(config, facts)
+    print("\n".join(_check_lines(report)))
+    return 0 if report.go else 1
+
+
+def _check_lines(report: Report) -> list[str]:
+    rows = [
+        [
+            f.job_type,
+            f.control.number,
+            f.control.title,
+            "go" if f.verdict.go else "NO-GO",
+            f.verdict.evidence,
+        ]
+        for f in report.findings
+    ]
+    lines = _table(["job type", "#", "control", "verdict", "evidence"], rows)
+    jobs = sorted({f.job_type for f in report.findings})
+    if report.go:
+        lines.append(f"GO: all 9 controls hold for {len(jobs)} job type(s)")
+    else:
+        failed: dict[str, list[str]] = {}
+        for f in report.no_go:
+            failed.setdefault(f.job_type, []).append(str(f.control.number))
+        which = "; ".join(f"{j}: {', '.join(n)}" for j, n in failed.items())
+        lines.append(f"NO-GO: {len(report.no_go)} control(s) fail ({which})")
+    return lines
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _usage(message: str) -> _UsageError:
+    return _UsageError(message)
 
 
 def _add_database_flag(parser: argparse.ArgumentParser) -> None:
@@ -92,18 +585,128 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep", action="store_true", help="keep everything running afterwards")
     p.set_defaults(run=_demo)
+    _add_operator_commands(commands)
     return parser
+
+
+def _add_operator_commands(commands: Any) -> None:
+    key_note = f"Tenants and operations are shown as keyed hashes: ${IDENTITY_KEY_ENV} must be set."
+
+    p = commands.add_parser(
+        "status",
+        help="counts by state per subscription and tenant hash; stalled claims; oldest unknown",
+        description=key_note,
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON document instead")
+    _add_database_flag(p)
+    p.set_defaults(run=_status)
+
+    p = commands.add_parser(
+        "inspect",
+        help="one operation's history: its row, its redrives, its rejected deliveries",
+        description="Never prints payload bytes: their size and sha256 only.",
+    )
+    p.add_argument("tenant", help="the tenant id")
+    p.add_argument("operation", help="the operation id")
+    p.add_argument("--json", action="store_true", help="print a JSON document instead")
+    _add_database_flag(p)
+    p.set_defaults(run=_inspect)
+
+    p = commands.add_parser(
+        "redrive",
+        help="send parked work back, reconciling unknown rows first (audited)",
+        description=(
+            "unknown class C rows are looked up by idempotency key first (applied -> succeeded, "
+            "not applied -> queued, cannot tell -> stays); unknown class D rows with a "
+            "recorded intent stay unless --confirm-not-called; class A/B unknown and "
+            "quarantined rows go back to the queue; quarantined deliveries are decoded again "
+            f"with the current rules. {key_note}"
+        ),
+    )
+    p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
+    p.add_argument("--reason", required=True, help="why: recorded in the audit")
+    p.add_argument("--actor", help="who: recorded in the audit (default: the OS user)")
+    p.add_argument("--dry-run", action="store_true", help="show what would happen; write nothing")
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=["unknown", "quarantined"],
+        help="parked state to redrive (repeatable; default both; quarantined includes "
+        "quarantined deliveries)",
+    )
+    p.add_argument("--subscription", help="only this subscription")
+    p.add_argument("--tenant", help="only this tenant")
+    p.add_argument("--operation", help="only this operation (with --tenant)")
+    p.add_argument("--job-type", help="only this job type")
+    p.add_argument(
+        "--limit", type=_positive, default=100, help="most rows (and deliveries) per run"
+    )
+    p.add_argument(
+        "--extra-attempts",
+        type=_positive,
+        default=1,
+        help="attempts granted to each row (default 1)",
+    )
+    p.add_argument(
+        "--confirm-not-called",
+        action="store_true",
+        help="class D: the target's owner confirmed the recorded call did not happen; clears "
+        "the intent of the one operation named by --tenant and --operation",
+    )
+    _add_database_flag(p)
+    p.set_defaults(run=_redrive)
+
+    p = commands.add_parser(
+        "sweep", help="park expired last attempts as unknown now (one sweeper at a time)"
+    )
+    p.add_argument("--limit", type=_positive, default=1000, help="most rows parked by this sweep")
+    _add_database_flag(p)
+    p.set_defaults(run=_sweep)
+
+    p = commands.add_parser(
+        "purge",
+        help="delete finished rows and their payloads by age, in batches (never unknown or "
+        "quarantined)",
+    )
+    age = p.add_mutually_exclusive_group(required=True)
+    age.add_argument("--older-than", type=_duration, help="age since settlement: 90d, 36h, 30m")
+    age.add_argument("--config", help="take the age from [retention] purge_after_days")
+    p.add_argument("--batch-size", type=_positive, default=500, help="rows per batch transaction")
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    _add_database_flag(p)
+    p.set_defaults(run=_purge)
+
+    p = commands.add_parser(
+        "erase",
+        help="erase one tenant: work rows, payloads, rejected deliveries, audit rows (audited)",
+        description=f"The erasure is recorded with the tenant's keyed hash. {key_note}",
+    )
+    p.add_argument("--tenant", required=True, help="the tenant id to erase")
+    p.add_argument("--reason", required=True, help="why (the request reference): recorded")
+    p.add_argument("--actor", help="who: recorded (default: the OS user)")
+    p.add_argument("--dry-run", action="store_true", help="count what would go; erase nothing")
+    _add_database_flag(p)
+    p.set_defaults(run=_erase)
+
+    p = commands.add_parser(
+        "check",
+        help="the nine go/no-go controls per job type; exits 1 on any no-go",
+        description="All required, never a score: one no-go makes the answer no-go.",
+    )
+    p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
+    _add_database_flag(p)
+    p.set_defaults(run=_check)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     run: Command = args.run
     try:
         return run(args)
+    except _UsageError as exc:
+        parser.error(f"{args.command}: {exc}")
     except FenceBridgeError as exc:
         print(f"fencebridge {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -17,11 +17,14 @@ wait for the next poll.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from bridge.decode import RawDelivery
 from bridge.store import PostgresStore
+from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
 
 log = logging.getLogger(__name__)
@@ -55,10 +58,14 @@ class Inbox:
         decoder: Decoder,
         *,
         hand_off: HandOff | None = None,
+        system: str = "unknown",
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._store = store
         self._decoder = decoder
         self._hand_off = hand_off
+        self._system = system
+        self._telemetry = telemetry
 
     def decode(self, raw: RawDelivery) -> Delivery | Rejection:
         try:
@@ -76,9 +83,19 @@ class Inbox:
         """Decode and store a batch in one transaction. Raises if nothing may be acked."""
         if not batch:
             return []
-        decoded = [self.decode(raw) for raw in batch]
-        results = self._store.ingest(decoded)
+        tel = self._telemetry
+        subscription = batch[0].subscription
+        with ExitStack() as spans:
+            span = (
+                spans.enter_context(tel.receive(self._system, subscription, batch)) if tel else None
+            )
+            if tel:
+                spans.enter_context(tel.inbox_write(subscription))
+            decoded = [self.decode(raw) for raw in batch]
+            results = self._store.ingest(decoded)
         written = [Written(r, d, res) for r, d, res in zip(batch, decoded, results, strict=True)]
+        if tel and span is not None:
+            tel.decided(span, written)
         if self._hand_off is not None:
             fresh = [
                 (w.decoded.key, w.decoded.job_type)
@@ -88,3 +105,10 @@ class Inbox:
             if fresh:
                 self._hand_off(fresh)
         return written
+
+    def acked(self, subscription: str, received_at: float, count: int = 1) -> None:
+        """A consumer acknowledged ``count`` deliveries received at ``received_at`` (monotonic)."""
+        if self._telemetry is not None:
+            seconds = time.monotonic() - received_at
+            for _ in range(count):
+                self._telemetry.acked(subscription, seconds)

@@ -30,9 +30,12 @@ from bridge.migrate import require_current
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
+from bridge.telemetry import Telemetry, names
 from bridge.worker import StopReport, WorkerPool
 
 log = logging.getLogger(__name__)
+
+MESSAGING_SYSTEMS = {"sqs": names.SYSTEM_SQS, "pubsub": names.SYSTEM_PUBSUB}
 
 
 def resolve_handler(path: str, *, job_type: str) -> Handler:
@@ -83,8 +86,10 @@ class Bridge:
         *,
         registry: Registry | None = None,
         events: WorkEvents | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         settings = config.bridge
+        self.telemetry = telemetry or Telemetry(hasher)
         self.config = config
         self.store = store
         self.registry = registry or build_registry(config)
@@ -97,6 +102,7 @@ class Bridge:
             claim_batch=settings.claim_batch,
             poll_interval=settings.poll_interval_seconds,
             events=events,
+            telemetry=self.telemetry,
         )
         self.sweeper = Sweeper(store, interval=settings.sweep_interval_seconds)
         self.consumers: list[sources.Consumer] = []

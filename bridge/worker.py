@@ -21,6 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -32,6 +33,7 @@ from bridge.heartbeat import Heartbeater
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
+from bridge.telemetry import Telemetry
 from bridge.types import Claim, Key, State
 
 log = logging.getLogger(__name__)
@@ -65,12 +67,16 @@ class WorkerPool:
         claim_batch: int = CLAIM_BATCH_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         events: WorkEvents | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("a worker pool needs at least one thread")
         self.worker_id = worker_id or default_worker_id()
         self.counts = EventCounter()
-        self._events: WorkEvents = FanOut(self.counts, events) if events else self.counts
+        receivers: list[WorkEvents] = [self.counts]
+        receivers += [r for r in (events, telemetry) if r is not None]
+        self._events: WorkEvents = FanOut(*receivers) if len(receivers) > 1 else self.counts
+        self._telemetry = telemetry
         self._store = store
         self._registry = registry
         self._hasher = hasher
@@ -249,12 +255,17 @@ class WorkerPool:
         # The trust window is measured from before the claim statement was sent: it errs early.
         entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
         run_events = _RunEvents(self._events)
-        try:
-            execute(Run(self._store, claim, spec, ctx, run_events))
-        finally:
-            self.heartbeater.untrack(claim)
-            if entry.renewal_refused and not run_events.concluded:
-                self._events.lease_lost(claim, "heartbeat")
+        with ExitStack() as span:
+            if self._telemetry is not None:
+                span.enter_context(self._telemetry.process(claim))
+            try:
+                execute(Run(self._store, claim, spec, ctx, run_events))
+            finally:
+                self.heartbeater.untrack(claim)
+                if entry.renewal_refused and not run_events.concluded:
+                    self._events.lease_lost(claim, "heartbeat")
+        if self._telemetry is not None:
+            self._telemetry.run_finished(claim, time.monotonic() - sent_at)
 
     def _release(self, claim: Claim) -> bool:
         try:

@@ -35,6 +35,7 @@ from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
+from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def to_raw(subscription: str, message: dict[str, Any]) -> RawDelivery:
         attributes=attributes,
         receive_count=count,
         ordering_key=system.get("MessageGroupId"),
-        trace_context=attributes.get("traceparent"),
+        trace_context=producer_traceparent(attributes, system.get("AWSTraceHeader")),
     )
 
 
@@ -170,6 +171,9 @@ class SqsConsumer:
                 QueueUrl=self._queue_url,
                 MaxNumberOfMessages=self._batch,
                 WaitTimeSeconds=self._wait,
+                # The visibility this consumer is configured for, not the queue's default: an
+                # after_outcome hold extends every third of it, and must start from it.
+                VisibilityTimeout=self._visibility,
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
             )
@@ -211,7 +215,8 @@ class SqsConsumer:
         for w in written:
             self._count(f"decision.{w.decision.value}")
         if self._ack_mode == "after_inbox":
-            self._delete([m["ReceiptHandle"] for m in messages])
+            deleted = self._delete([m["ReceiptHandle"] for m in messages])
+            self._inbox.acked(self.subscription, received_at, deleted)
             return
         now_done: list[str] = []
         for message, w in zip(messages, written, strict=True):
@@ -224,7 +229,9 @@ class SqsConsumer:
                 now_done.append(message["ReceiptHandle"])
         self._delete(now_done)
 
-    def _delete(self, handles: Sequence[str]) -> None:
+    def _delete(self, handles: Sequence[str]) -> int:
+        """Delete in batches of ten; returns how many the broker confirmed."""
+        confirmed = 0
         for chunk in _chunks(handles, 10):
             entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
             try:
@@ -236,6 +243,7 @@ class SqsConsumer:
                 self._count("delete_failed", len(chunk))
                 log.warning("%s: delete failed (%s)", self.subscription, _describe(exc))
                 continue
+            confirmed += len(response.get("Successful", []))
             self._count("deleted", len(response.get("Successful", [])))
             failed = response.get("Failed", [])
             if failed:
@@ -246,6 +254,7 @@ class SqsConsumer:
                     len(failed),
                     ",".join(sorted({f.get("Code", "?") for f in failed})),
                 )
+        return confirmed
 
     # -- after_outcome ----------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from opentelemetry import trace
+
 from bridge.errors import LeaseLost
 from bridge.executors.settlement import (
     Run,
@@ -34,6 +36,7 @@ from bridge.handlers import (
     Success,
     classify,
 )
+from bridge.telemetry import names
 
 
 class Finding(StrEnum):
@@ -42,8 +45,22 @@ class Finding(StrEnum):
     CANNOT_TELL = "cannot_tell"
 
 
+_tracer = trace.get_tracer(names.INSTRUMENTATION_NAME)
+
+
 def reconcile(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | None]:
     """Ask the provider whether this operation's key was applied. Never raises."""
+    with _tracer.start_as_current_span(
+        names.SPAN_RECONCILE.format(job_type=run.claim.job_type),
+        attributes={names.JOB_TYPE: run.claim.job_type, names.FENCE: run.claim.fence},
+    ) as span:
+        finding, success = _lookup(run, handler)
+        span.set_attribute(names.FINDING, finding.value)
+    run.events.reconciled(run.claim, finding.value)
+    return finding, success
+
+
+def _lookup(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | None]:
     try:
         found = handler.lookup(run.ctx, run.ctx.idempotency_key)
     except Exception:  # noqa: BLE001  (a lookup that fails cannot tell)
@@ -55,7 +72,6 @@ def reconcile(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success
             finding, success = Finding.NOT_APPLIED, None
         else:
             finding, success = Finding.CANNOT_TELL, None
-    run.events.reconciled(run.claim, finding.value)
     return finding, success
 
 

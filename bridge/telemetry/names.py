@@ -1,0 +1,79 @@
+"""Every span name, attribute key and metric name fencebridge emits, in one place.
+
+Messaging attributes follow the OpenTelemetry messaging semantic conventions (still marked
+"development" upstream: when they move, only this module changes). Tenant and operation
+identifiers appear only as keyed hashes (see :mod:`bridge.identity`), never raw, and no payload
+byte is ever an attribute, an event or a label.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INSTRUMENTATION_NAME: Final = "fencebridge"
+
+# -- span names (format with the subscription or job type) --------------------------------------
+SPAN_RECEIVE: Final = "receive {subscription}"
+SPAN_INBOX_WRITE: Final = "inbox write {subscription}"
+SPAN_PROCESS: Final = "process {subscription}"
+SPAN_RECONCILE: Final = "reconcile {job_type}"
+
+# -- messaging semantic conventions ---------------------------------------------------------------
+MESSAGING_SYSTEM: Final = "messaging.system"
+MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
+MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
+MESSAGING_DESTINATION: Final = "messaging.destination.name"
+MESSAGING_SUBSCRIPTION: Final = "messaging.destination.subscription.name"
+MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
+MESSAGING_BATCH_COUNT: Final = "messaging.batch.message_count"
+DB_SYSTEM: Final = "db.system.name"
+
+SYSTEM_SQS: Final = "aws_sqs"
+SYSTEM_PUBSUB: Final = "gcp_pubsub"
+
+# -- fencebridge attributes ------------------------------------------------------------------------
+TENANT_HASH: Final = "fencebridge.tenant.hash"
+OPERATION_HASH: Final = "fencebridge.operation.hash"
+JOB_TYPE: Final = "fencebridge.job_type"
+TARGET_CLASS: Final = "fencebridge.target_class"
+ATTEMPT: Final = "fencebridge.attempt"
+FENCE: Final = "fencebridge.fence"
+TAKEOVER: Final = "fencebridge.takeover"
+OUTCOME: Final = "fencebridge.outcome"
+OUTCOME_CODE: Final = "fencebridge.outcome.code"
+DECISION: Final = "fencebridge.decision"
+REASON: Final = "fencebridge.reason"
+FINDING: Final = "fencebridge.reconcile.finding"
+ACTION: Final = "fencebridge.action"
+
+# -- span events -----------------------------------------------------------------------------------
+EVENT_DECISION: Final = "dedupe decision"
+EVENT_LEASE_LOST: Final = "lease lost"
+EVENT_FENCED_OUT: Final = "stale write fenced out"
+EVENT_RECONCILED: Final = "reconciled"
+EVENT_PARKED_UNKNOWN: Final = "parked unknown"
+EVENT_SETTLE_UNKNOWN: Final = "settlement outcome unknown"
+
+# -- metrics ---------------------------------------------------------------------------------------
+METRIC_DELIVERIES: Final = "fencebridge.deliveries"
+METRIC_COMPLETIONS: Final = "fencebridge.completions"
+METRIC_TAKEOVERS: Final = "fencebridge.takeovers"
+METRIC_LEASE_LOST: Final = "fencebridge.lease_lost"
+METRIC_FENCED_OUT: Final = "fencebridge.fenced_out"
+METRIC_RECONCILIATIONS: Final = "fencebridge.reconciliations"
+METRIC_INBOX_COMMIT: Final = "fencebridge.inbox.commit.duration"
+METRIC_RECEIVE_TO_ACK: Final = "fencebridge.receive_to_ack.duration"
+METRIC_CLAIM_TO_SETTLE: Final = "fencebridge.claim_to_settle.duration"
+METRIC_STALLED: Final = "fencebridge.claims.stalled"
+METRIC_OLDEST_UNKNOWN: Final = "fencebridge.unknown.oldest_age"
+METRIC_QUARANTINED: Final = "fencebridge.quarantined"
+METRIC_QUEUE_DEPTH: Final = "fencebridge.queue.depth"
+
+# metric label keys (never identifiers)
+LABEL_SUBSCRIPTION: Final = "subscription"
+LABEL_JOB_TYPE: Final = "job_type"
+LABEL_DECISION: Final = "decision"
+LABEL_OUTCOME: Final = "outcome"
+LABEL_FINDING: Final = "finding"
+LABEL_ACTION: Final = "action"
+LABEL_KIND: Final = "kind"

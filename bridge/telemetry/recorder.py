@@ -1,0 +1,306 @@
+"""Spans, metrics and decision logs for the inbox and the worker tier.
+
+:class:`Telemetry` is handed to the inbox (receive and inbox-write spans, dedupe decisions) and
+to the worker pool (a process span per claim, plus :class:`~bridge.events.WorkEvents` for
+every decision a run makes). It uses the global OpenTelemetry providers unless given its own,
+so with nothing configured every call is a cheap no-op.
+
+Nothing raw leaves through here: tenants and operations are keyed hashes, labels carry only
+subscription, job type, decision, outcome and finding names, and payloads are never read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from bridge.identity import IdentityHasher
+from bridge.telemetry import names as n
+from bridge.telemetry.propagation import link_to
+from bridge.types import Claim, Decision, State, Stats
+
+if TYPE_CHECKING:
+    from bridge.decode import RawDelivery
+    from bridge.inbox import Written
+    from bridge.store import PostgresStore
+
+decisions_log = logging.getLogger("fencebridge.decisions")
+
+STATS_REFRESH_SECONDS_DEFAULT = 15.0
+
+
+class Telemetry:
+    """One per process; thread-safe."""
+
+    def __init__(
+        self,
+        hasher: IdentityHasher,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self._hasher = hasher
+        self._tracer = trace.get_tracer(n.INSTRUMENTATION_NAME, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(n.INSTRUMENTATION_NAME, meter_provider=meter_provider)
+        self._deliveries = meter.create_counter(
+            n.METRIC_DELIVERIES, unit="{delivery}", description="Deliveries by inbox decision"
+        )
+        self._completions = meter.create_counter(
+            n.METRIC_COMPLETIONS, unit="{operation}", description="Settlements by outcome state"
+        )
+        self._takeovers = meter.create_counter(
+            n.METRIC_TAKEOVERS, unit="{claim}", description="Claims of an expired lease"
+        )
+        self._lease_lost = meter.create_counter(
+            n.METRIC_LEASE_LOST, unit="{claim}", description="Writes refused: fence not current"
+        )
+        self._fenced_out = meter.create_counter(
+            n.METRIC_FENCED_OUT, unit="{write}", description="Target writes refused by the fence"
+        )
+        self._reconciliations = meter.create_counter(
+            n.METRIC_RECONCILIATIONS, unit="{lookup}", description="Lookups before acting"
+        )
+        self._commit = meter.create_histogram(
+            n.METRIC_INBOX_COMMIT, unit="s", description="Inbox transaction, decode to COMMIT"
+        )
+        self._receive_to_ack = meter.create_histogram(
+            n.METRIC_RECEIVE_TO_ACK, unit="s", description="Broker receive to acknowledgement"
+        )
+        self._claim_to_settle = meter.create_histogram(
+            n.METRIC_CLAIM_TO_SETTLE, unit="s", description="Claim to settlement of one run"
+        )
+        self._meter = meter
+        self._stats: Stats | None = None
+        self._stats_lock = threading.Lock()
+
+    # -- inbox -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def receive(
+        self, system: str, subscription: str, batch: Sequence[RawDelivery]
+    ) -> Iterator[trace.Span]:
+        """The consumer span of one received batch, linked to each producer's span."""
+        links = [link for raw in batch if (link := link_to(raw.trace_context)) is not None]
+        with self._tracer.start_as_current_span(
+            n.SPAN_RECEIVE.format(subscription=subscription),
+            kind=trace.SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                n.MESSAGING_SYSTEM: system,
+                n.MESSAGING_OPERATION_TYPE: "receive",
+                n.MESSAGING_OPERATION_NAME: "receive",
+                n.MESSAGING_SUBSCRIPTION: subscription,
+                n.MESSAGING_BATCH_COUNT: len(batch),
+            },
+        ) as span:
+            yield span
+
+    @contextmanager
+    def inbox_write(self, subscription: str) -> Iterator[trace.Span]:
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span(
+            n.SPAN_INBOX_WRITE.format(subscription=subscription),
+            attributes={n.DB_SYSTEM: "postgresql", n.MESSAGING_SUBSCRIPTION: subscription},
+        ) as span:
+            yield span
+        self._commit.record(time.perf_counter() - started, {n.LABEL_SUBSCRIPTION: subscription})
+
+    def decided(self, span: trace.Span, written: Iterable[Written]) -> None:
+        """One span event, one count and (when it needs a person) one log line per delivery."""
+        for w in written:
+            subscription = w.raw.subscription
+            attributes: dict[str, str] = {n.DECISION: w.decision.value}
+            if w.raw.message_id:
+                attributes[n.MESSAGING_MESSAGE_ID] = w.raw.message_id
+            if w.result.key is not None:
+                attributes[n.TENANT_HASH] = self._hasher.tenant(w.result.key.tenant_id)
+                attributes[n.OPERATION_HASH] = self._hasher.operation(
+                    w.result.key.tenant_id, w.result.key.operation_id
+                )
+            reason = getattr(w.decoded, "reason", None)
+            if w.decision is Decision.QUARANTINED and reason:
+                attributes[n.REASON] = reason.split(":", 1)[0]
+            span.add_event(n.EVENT_DECISION, attributes)
+            self._deliveries.add(
+                1, {n.LABEL_SUBSCRIPTION: subscription, n.LABEL_DECISION: w.decision.value}
+            )
+            if w.decision in (Decision.CONFLICT, Decision.QUARANTINED):
+                decisions_log.warning(
+                    "%s delivery recorded for the producer team",
+                    w.decision.value,
+                    extra={"fencebridge": {n.MESSAGING_SUBSCRIPTION: subscription, **attributes}},
+                )
+
+    def acked(self, subscription: str, seconds: float) -> None:
+        """A consumer acknowledged a delivery ``seconds`` after receiving it."""
+        self._receive_to_ack.record(seconds, {n.LABEL_SUBSCRIPTION: subscription})
+
+    # -- worker tier -------------------------------------------------------------------------------
+
+    def _claim_attributes(self, claim: Claim) -> dict[str, str | int | bool]:
+        attributes: dict[str, str | int | bool] = {
+            n.MESSAGING_OPERATION_TYPE: "process",
+            n.MESSAGING_OPERATION_NAME: "process",
+            n.MESSAGING_SUBSCRIPTION: claim.subscription,
+            n.JOB_TYPE: claim.job_type,
+            n.TARGET_CLASS: claim.target_class.value,
+            n.ATTEMPT: claim.attempts,
+            n.FENCE: claim.fence,
+            n.TAKEOVER: claim.takeover,
+            n.TENANT_HASH: self._hasher.tenant(claim.tenant_id),
+            n.OPERATION_HASH: self._hasher.operation(claim.tenant_id, claim.operation_id),
+        }
+        if claim.broker_message_id:
+            attributes[n.MESSAGING_MESSAGE_ID] = claim.broker_message_id
+        return attributes
+
+    @contextmanager
+    def process(self, claim: Claim) -> Iterator[trace.Span]:
+        """The span of one run: claim → execute → settle, linked to the producer's span."""
+        link = link_to(claim.trace_context)
+        with self._tracer.start_as_current_span(
+            n.SPAN_PROCESS.format(subscription=claim.subscription),
+            kind=trace.SpanKind.CONSUMER,
+            links=[link] if link else [],
+            attributes=self._claim_attributes(claim),
+        ) as span:
+            yield span
+
+    def _labels(self, claim: Claim, **more: str) -> dict[str, str]:
+        return {n.LABEL_JOB_TYPE: claim.job_type, **more}
+
+    def _log(self, message: str, claim: Claim, **fields: str) -> None:
+        decisions_log.warning(
+            message,
+            extra={
+                "fencebridge": {
+                    n.JOB_TYPE: claim.job_type,
+                    n.TENANT_HASH: self._hasher.tenant(claim.tenant_id),
+                    n.OPERATION_HASH: self._hasher.operation(claim.tenant_id, claim.operation_id),
+                    n.FENCE: str(claim.fence),
+                    **fields,
+                }
+            },
+        )
+
+    # WorkEvents
+
+    def claimed(self, claim: Claim) -> None:
+        if claim.takeover:
+            self._takeovers.add(1, self._labels(claim))
+
+    def run_finished(self, claim: Claim, seconds: float) -> None:
+        """A run concluded (settled, or learned it lost the row) ``seconds`` after its claim."""
+        self._claim_to_settle.record(seconds, self._labels(claim))
+
+    def settled(self, claim: Claim, state: State, code: str) -> None:
+        span = trace.get_current_span()
+        span.set_attribute(n.OUTCOME, state.value)
+        span.set_attribute(n.OUTCOME_CODE, code)
+        if state is State.UNKNOWN:
+            span.add_event(n.EVENT_PARKED_UNKNOWN, {n.OUTCOME_CODE: code})
+            self._log("operation parked as unknown: reconcile before any retry", claim)
+        self._completions.add(1, self._labels(claim, **{n.LABEL_OUTCOME: state.value}))
+
+    def lease_lost(self, claim: Claim, action: str) -> None:
+        trace.get_current_span().add_event(n.EVENT_LEASE_LOST, {n.ACTION: action})
+        self._lease_lost.add(1, self._labels(claim, **{n.LABEL_ACTION: action}))
+        self._log("lease lost: the fence refused this claim's write", claim, **{n.ACTION: action})
+
+    def fenced_out(self, claim: Claim) -> None:
+        trace.get_current_span().add_event(n.EVENT_FENCED_OUT)
+        self._fenced_out.add(1, self._labels(claim))
+        self._log("stale write fenced out by the target", claim)
+
+    def reconciled(self, claim: Claim, finding: str) -> None:
+        trace.get_current_span().add_event(n.EVENT_RECONCILED, {n.FINDING: finding})
+        self._reconciliations.add(1, self._labels(claim, **{n.LABEL_FINDING: finding}))
+
+    def settle_unknown(self, claim: Claim, action: str) -> None:
+        trace.get_current_span().add_event(n.EVENT_SETTLE_UNKNOWN, {n.ACTION: action})
+        self._log(
+            "settlement outcome unknown (database unavailable); the lease will lapse",
+            claim,
+            **{n.ACTION: action},
+        )
+
+    # -- gauges read from the database ----------------------------------------------------------
+
+    def observe(
+        self, store: PostgresStore, interval: float = STATS_REFRESH_SECONDS_DEFAULT
+    ) -> None:
+        """Register the database gauges, refreshed by a background thread every ``interval``."""
+
+        def refresh() -> None:
+            while True:
+                try:
+                    stats = store.stats()
+                except Exception:  # noqa: BLE001  (a gauge must not take the process down)
+                    stats = None
+                with self._stats_lock:
+                    self._stats = stats
+                time.sleep(interval)
+
+        threading.Thread(target=refresh, name="fencebridge-stats", daemon=True).start()
+        self._meter.create_observable_gauge(
+            n.METRIC_STALLED,
+            [self._observe_stalled],
+            unit="{claim}",
+            description="Claimed rows whose lease expired",
+        )
+        self._meter.create_observable_gauge(
+            n.METRIC_OLDEST_UNKNOWN,
+            [self._observe_oldest_unknown],
+            unit="s",
+            description="Age of the oldest row parked as unknown",
+        )
+        self._meter.create_observable_gauge(
+            n.METRIC_QUARANTINED,
+            [self._observe_quarantined],
+            unit="{record}",
+            description="Quarantined work rows and deliveries",
+        )
+        self._meter.create_observable_gauge(
+            n.METRIC_QUEUE_DEPTH,
+            [self._observe_depth],
+            unit="{operation}",
+            description="Queued rows per subscription",
+        )
+
+    def _snapshot(self) -> Stats | None:
+        with self._stats_lock:
+            return self._stats
+
+    def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._snapshot()
+        return [Observation(stats.stalled_claims)] if stats else []
+
+    def _observe_oldest_unknown(self, _options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._snapshot()
+        return [Observation(stats.oldest_unknown_seconds or 0.0)] if stats else []
+
+    def _observe_quarantined(self, _options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._snapshot()
+        if not stats:
+            return []
+        return [
+            Observation(stats.total(State.QUARANTINED), {n.LABEL_KIND: "work_row"}),
+            Observation(stats.rejected.get("quarantined", 0), {n.LABEL_KIND: "delivery"}),
+        ]
+
+    def _observe_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
+        stats = self._snapshot()
+        if not stats:
+            return []
+        depth: dict[str, int] = {}
+        for count in stats.counts:
+            if count.state is State.QUEUED:
+                depth[count.subscription] = depth.get(count.subscription, 0) + count.count
+        return [Observation(v, {n.LABEL_SUBSCRIPTION: k}) for k, v in sorted(depth.items())]
