@@ -609,6 +609,17 @@ class JobConfig:
             "Longest retry delay; at least `backoff_initial_seconds`.", _Number(0, 86400)
         ),
     )
+    owner: str | None = field(
+        default=None,
+        metadata=_key(
+            """
+            Who owns this job type's parked and failed rows (`unknown`, `quarantined`,
+            `failed_terminal`): a team or on-call rotation, named where alerts are routed.
+            `fencebridge check` reports no-go for a job type without one.
+            """,
+            _IDENTIFIER_TEXT,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -880,12 +891,43 @@ class SubscriptionConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionConfig:
+    """How long finished work is kept and who answers for deleting it. Optional for running
+    the bridge; `fencebridge check` reports no-go without it. `fencebridge purge --config`
+    reads the age from here; rows parked as `unknown` or `quarantined` are never purged.
+    """
+
+    purge_after_days: int = field(
+        metadata=_key(
+            """
+            Age (since settlement) after which succeeded and failed rows, their payloads and
+            resolved rejected deliveries are purged. A delivery redelivered after its row was
+            purged is a new operation, so this must be longer than the broker can redeliver
+            (SQS keeps messages up to 14 days, Pub/Sub topic retention up to 31);
+            `fencebridge check` enforces it per job type.
+            """,
+            _Integer(1, 36500),
+        )
+    )
+    erasure_owner: str = field(
+        metadata=_key(
+            """
+            Who owns retention and erasure requests for work rows and payloads (a team or
+            role): the owner of `fencebridge erase --tenant` and of this plan.
+            """,
+            _IDENTIFIER_TEXT,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BridgeConfig:
     """The whole file: process settings, job types and subscriptions, checked together."""
 
     bridge: BridgeSettings = field(default_factory=BridgeSettings)
     jobs: Mapping[str, JobConfig]
     subscriptions: Mapping[str, SubscriptionConfig]
+    retention: RetentionConfig | None = None
     #: the file it was read from, for messages about it
     file: str = "<config>"
 
@@ -954,15 +996,20 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
         name: _subscription(name, raw, at.child("subscriptions").child(name), jobs)
         for name, raw in _named_tables(document, "subscriptions", "subscription", at).items()
     }
+    retention = None
+    if "retention" in document:
+        raw = document["retention"]
+        retention = RetentionConfig(**_read_table(RetentionConfig, raw, at.child("retention")))
     return BridgeConfig(
         bridge=settings,
         jobs=types.MappingProxyType(jobs),
         subscriptions=types.MappingProxyType(subscriptions),
+        retention=retention,
         file=file,
     )
 
 
-_TOP_LEVEL: Final = ["bridge", "jobs", "subscriptions"]
+_TOP_LEVEL: Final = ["bridge", "jobs", "subscriptions", "retention"]
 
 
 def _refuse_secrets(node: object, at: _At) -> None:
@@ -1074,12 +1121,14 @@ _SECTIONS: Final[tuple[tuple[str, type[Any]], ...]] = (
     ("[subscriptions.<name>]", SubscriptionConfig),
     ("subscriptions.<name>.flow_control", FlowControl),
     ("[subscriptions.<name>.decode]", DecodeConfig),
+    ("[retention]", RetentionConfig),
 )
 
 _INTRO: Final = f"""\
 fencebridge reads one TOML file: process settings in `[bridge]`, one `[jobs.<name>]` table per
 job type and one `[subscriptions.<name>]` table per broker subscription, each with its
-`[subscriptions.<name>.decode]` rules. `docs/examples/bridge.toml` is a complete example.
+`[subscriptions.<name>.decode]` rules, and the retention plan in `[retention]`.
+`docs/examples/bridge.toml` is a complete example.
 
 The file is checked whole before anything starts. Every error names the file, the dotted key
 and what is wrong; unknown keys are errors, so a typo cannot fall back to a default. Secrets

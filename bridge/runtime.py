@@ -46,7 +46,10 @@ def resolve_handler(path: str, *, job_type: str) -> Handler:
         target = getattr(module, attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"jobs.{job_type}.handler: cannot import {path!r}: {exc}") from exc
-    handler = target() if isinstance(target, type) else target
+    try:
+        handler = target() if isinstance(target, type) else target
+    except TypeError as exc:  # abstract methods left unimplemented, or required arguments
+        raise ConfigError(f"jobs.{job_type}.handler: cannot create {path!r}: {exc}") from exc
     if not isinstance(handler, Handler):
         raise ConfigError(
             f"jobs.{job_type}.handler: {path!r} is not a fencebridge handler "

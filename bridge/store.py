@@ -44,6 +44,16 @@ from psycopg_pool import ConnectionPool
 from bridge import sql
 from bridge.database import Connection, open_pool, translate_errors
 from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.records import (
+    ErasureCounts,
+    OperationHistory,
+    ParkedRow,
+    PurgeCounts,
+    QuarantinedDelivery,
+    RedriveRecord,
+    RejectedRecord,
+    WorkRecord,
+)
 from bridge.types import (
     Claim,
     Decision,
@@ -470,6 +480,310 @@ class PostgresStore:
             oldest_unknown_seconds=float(oldest) if oldest is not None else None,
             rejected={"conflict": int(conflicts), "quarantined": int(quarantined)},
         )
+
+    # -- operator commands -------------------------------------------------------------------
+
+    def history(self, key: Key) -> OperationHistory:
+        """The work row, its redrives and its rejected deliveries, in one read-only snapshot."""
+        params = {"tenant_id": key.tenant_id, "operation_id": key.operation_id}
+        with self._connection("inspect") as conn, conn.transaction():
+            conn.execute(sql.statement("inspect_snapshot"))
+            row = conn.execute(sql.statement("inspect_row"), params).fetchone()
+            audits = conn.execute(sql.statement("inspect_audit"), params).fetchall()
+            rejected = conn.execute(sql.statement("inspect_rejected"), params).fetchall()
+        return OperationHistory(
+            key=key,
+            row=_work_record(row) if row is not None else None,
+            redrives=tuple(
+                RedriveRecord(
+                    at=at,
+                    actor=actor,
+                    reason=reason,
+                    from_state=f,
+                    to_state=to,
+                    fence=fe,
+                    attempts=att,
+                )
+                for at, actor, reason, f, to, fe, att in audits
+            ),
+            rejected=tuple(_rejected_record(r) for r in rejected),
+        )
+
+    def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
+        """The parked rows a redrive with this selection would consider, oldest first."""
+        with self._connection("redrive") as conn:
+            rows = conn.execute(
+                sql.statement("redrive_candidates"), _selection_params(selection)
+            ).fetchall()
+        return [_parked_row(r) for r in rows]
+
+    def quarantined_deliveries(self, selection: RedriveFilter) -> list[QuarantinedDelivery]:
+        """Quarantined deliveries not yet redriven that match the selection, oldest first."""
+        with self._connection("redrive") as conn:
+            rows = conn.execute(
+                sql.statement("rejected_candidates"), _selection_params(selection)
+            ).fetchall()
+        return [
+            QuarantinedDelivery(
+                id=int(i),
+                subscription=s,
+                broker_message_id=m,
+                tenant_id=t,
+                operation_id=o,
+                job_type=j,
+                reason=reason,
+                body=bytes(body) if body is not None else None,
+            )
+            for i, s, m, t, o, j, reason, body in rows
+        ]
+
+    def redrive_applied(
+        self,
+        row: ParkedRow,
+        *,
+        outcome_code: str,
+        outcome_detail: str | None,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> bool:
+        """Unknown class C row whose lookup found the effect: succeeded, audited.
+
+        False when the row is no longer unknown under the fence the lookup was made for.
+        """
+        params = {
+            "tenant_id": row.key.tenant_id,
+            "operation_id": row.key.operation_id,
+            "fence": row.fence,
+            "outcome_code": outcome_code,
+            "outcome_detail": outcome_detail,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+            moved = conn.execute(sql.statement("redrive_applied"), params).fetchone()
+        return moved is not None
+
+    def redrive_unfenced(
+        self,
+        row: ParkedRow,
+        *,
+        actor: str,
+        reason: str,
+        extra_attempts: int = 1,
+        dry_run: bool = False,
+    ) -> bool:
+        """Unknown class D row confirmed not called: queued with its intent cleared, audited.
+
+        False when the row is no longer unknown under the fence the operator confirmed.
+        """
+        if extra_attempts < 1:
+            raise ValueError("a redrive must grant at least one attempt")
+        params = {
+            "tenant_id": row.key.tenant_id,
+            "operation_id": row.key.operation_id,
+            "fence": row.fence,
+            "extra_attempts": extra_attempts,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+            moved = conn.execute(sql.statement("redrive_unfenced"), params).fetchone()
+        return moved is not None
+
+    def close_rejected(
+        self,
+        rejected_id: int,
+        *,
+        outcome: Decision,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> bool:
+        """Mark a quarantined delivery redriven with what the inbox made of it; False if it
+        was already closed."""
+        if outcome not in (Decision.NEW, Decision.REPLAY, Decision.CONFLICT):
+            raise ValueError("only a delivery that reached the inbox can be closed")
+        params = {
+            "id": rejected_id,
+            "outcome": outcome.value,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+            closed = conn.execute(sql.statement("rejected_redriven"), params).fetchone()
+        return closed is not None
+
+    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
+        """Remove one bounded batch of finished work older than ``older_than``.
+
+        Returns None, having removed nothing, when another purge holds the purge lock.
+        """
+        if limit < 1:
+            raise ValueError("a purge batch must remove at least one row")
+        params = {"older_than": older_than, "limit": limit, "now": self._now()}
+        with self._connection("purge") as conn, conn.transaction():
+            got = conn.execute(sql.statement("purge_lock")).fetchone()
+            if not got or not got[0]:
+                return None
+            row = conn.execute(sql.statement("purge"), params).fetchone()
+        assert row is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+
+    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
+        """What a purge with this age would remove right now."""
+        with self._connection("purge") as conn:
+            row = conn.execute(
+                sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
+            ).fetchone()
+        assert row is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+
+    def erase_tenant(
+        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
+    ) -> ErasureCounts:
+        """Delete every row, payload, rejected delivery and audit row of one tenant and record
+        the erasure by the tenant's hash, in one transaction (rolled back on a dry run)."""
+        if not tenant_id or not tenant_hash or not actor or not reason:
+            raise ValueError("an erasure needs a tenant, its hash, an actor and a reason")
+        params = {
+            "tenant_id": tenant_id,
+            "tenant_hash": tenant_hash,
+            "actor": actor,
+            "reason": reason,
+        }
+        with self._connection("erase") as conn, conn.transaction(force_rollback=dry_run):
+            row = conn.execute(sql.statement("erase_tenant"), params).fetchone()
+        assert row is not None
+        return ErasureCounts(*(int(n) for n in row))
+
+
+def _selection_params(selection: RedriveFilter) -> dict[str, Any]:
+    keys = selection.keys
+    return {
+        "states": [s.value for s in selection.states],
+        "subscription": selection.subscription,
+        "tenant_id": selection.tenant_id,
+        "job_type": selection.job_type,
+        "key_tenant_id": [k.tenant_id for k in keys] if keys is not None else None,
+        "key_operation_id": [k.operation_id for k in keys] if keys is not None else None,
+        "limit": selection.limit,
+    }
+
+
+def _work_record(row: tuple[Any, ...]) -> WorkRecord:
+    (
+        subscription,
+        job_type,
+        target_class,
+        schema_version,
+        state,
+        fence,
+        attempts,
+        max_attempts,
+        lease_owner,
+        lease_expires_at,
+        next_attempt_at,
+        intent_fence,
+        outcome_code,
+        outcome_detail,
+        payload_hash,
+        broker_message_id,
+        receive_count,
+        ordering_key,
+        created_at,
+        claimed_at,
+        settled_at,
+        updated_at,
+        payload_bytes,
+    ) = row
+    return WorkRecord(
+        subscription=subscription,
+        job_type=job_type,
+        target_class=TargetClass(target_class),
+        schema_version=schema_version,
+        state=State(state),
+        fence=int(fence),
+        attempts=int(attempts),
+        max_attempts=int(max_attempts),
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        next_attempt_at=next_attempt_at,
+        intent_fence=intent_fence,
+        outcome_code=outcome_code,
+        outcome_detail=outcome_detail,
+        payload_hash=bytes(payload_hash),
+        broker_message_id=broker_message_id,
+        receive_count=receive_count,
+        ordering_key=ordering_key,
+        created_at=created_at,
+        claimed_at=claimed_at,
+        settled_at=settled_at,
+        updated_at=updated_at,
+        payload_bytes=int(payload_bytes) if payload_bytes is not None else None,
+    )
+
+
+def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
+    (
+        rejected_id,
+        kind,
+        reason,
+        subscription,
+        broker_message_id,
+        payload_hash,
+        created_at,
+        redriven_at,
+        redriven_by,
+        redrive_reason,
+        redrive_outcome,
+    ) = row
+    return RejectedRecord(
+        id=int(rejected_id),
+        kind=kind,
+        reason=reason,
+        subscription=subscription,
+        broker_message_id=broker_message_id,
+        payload_hash=bytes(payload_hash) if payload_hash is not None else None,
+        created_at=created_at,
+        redriven_at=redriven_at,
+        redriven_by=redriven_by,
+        redrive_reason=redrive_reason,
+        redrive_outcome=redrive_outcome,
+    )
+
+
+def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
+    (
+        tenant_id,
+        operation_id,
+        state,
+        subscription,
+        job_type,
+        target_class,
+        schema_version,
+        fence,
+        attempts,
+        max_attempts,
+        intent_fence,
+        payload,
+    ) = row
+    return ParkedRow(
+        key=Key(tenant_id, operation_id),
+        state=State(state),
+        subscription=subscription,
+        job_type=job_type,
+        target_class=TargetClass(target_class),
+        schema_version=schema_version,
+        fence=int(fence),
+        attempts=int(attempts),
+        max_attempts=int(max_attempts),
+        intent_fence=intent_fence,
+        payload=bytes(payload) if payload is not None else None,
+    )
 
 
 def _lost(ticket: Ticket, action: str) -> LeaseLost:

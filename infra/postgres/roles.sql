@@ -29,7 +29,8 @@
 -- <prefix>_bridge    LOGIN, BYPASSRLS. The running bridge: owns nothing, may only read and
 --                    write rows (SELECT/INSERT/UPDATE/DELETE on the work tables, INSERT and
 --                    SELECT on the redrive audit, USAGE on work_item_seq, SELECT on the
---                    migration record so it can check the schema version).
+--                    migration record so it can check the schema version, EXECUTE on
+--                    fencebridge_erase_tenant, the audited erasure of one tenant).
 --
 --     The bridge serves every tenant, so the row-level security policies of
 --     bridge/sql/migrations/0001_work_store.sql must not apply to it. A table's owner is exempt
@@ -115,9 +116,11 @@ DECLARE
     -- integration test fails until it does). Sequences owned by a column, such as
     -- work_item_seq and the identity sequences, follow their table's owner.
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
-                                    'redrive_audit', 'tenant_role', 'fencebridge_migration'];
+                                    'redrive_audit', 'tenant_role', 'fencebridge_migration',
+                                    'erasure_audit'];
     -- Functions the migrations create, by signature.
-    functions constant text[] := ARRAY['work_item_identity_immutable()'];
+    functions constant text[] := ARRAY['work_item_identity_immutable()',
+                                       'fencebridge_erase_tenant(text, text, text, text)'];
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -157,6 +160,15 @@ BEGIN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, migrator);
         END IF;
     END LOOP;
+    -- `fencebridge erase` runs with the bridge's credentials; the function (SECURITY DEFINER)
+    -- is the one way it can remove redrive audit rows, and it records the erasure.
+    fn := to_regprocedure(format('%I.%s', target_schema,
+                                 'fencebridge_erase_tenant(text, text, text, text)'));
+    IF fn IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I', fn,
+                       prefix || '_operator', prefix || '_tenant');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+    END IF;
 
     FOR g IN
         SELECT *
@@ -172,6 +184,7 @@ BEGIN
                        ('redrive_audit', 'operator', 'SELECT'),
                        ('tenant_role', 'operator', 'SELECT'),
                        ('fencebridge_migration', 'operator', 'SELECT'),
+                       ('erasure_audit', 'operator', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),

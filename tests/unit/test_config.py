@@ -178,7 +178,7 @@ INVALID = [
     pytest.param(
         after(BASE, "[jobs.refund]", "colour = 1"),
         "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
-        "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds",
+        "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, owner",
         id="unknown-key",
     ),
     pytest.param(

@@ -1,4 +1,5 @@
--- Batch heartbeat: extends each lease whose fence is still current; returns the keys extended.
+-- Batch heartbeat: extends each lease whose fence is still current; returns the keys extended
+-- with their fence (a caller may hold a stale and a current ticket for the same row).
 UPDATE work_item w
    SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
        updated_at = coalesce(%(now)s::timestamptz, now())
@@ -8,4 +9,4 @@ UPDATE work_item w
    AND w.operation_id = t.operation_id
    AND w.fence = t.fence
    AND w.state = 'claimed'
-RETURNING w.tenant_id, w.operation_id, w.lease_expires_at
+RETURNING w.tenant_id, w.operation_id, w.lease_expires_at, w.fence

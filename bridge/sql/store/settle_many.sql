@@ -1,4 +1,5 @@
--- Batch settlement: each row moves only while its fence is still current; returns the keys moved.
+-- Batch settlement: each row moves only while its fence is still current; returns the keys moved
+-- with the fence they moved under.
 UPDATE work_item w
    SET state = t.state,
        outcome_code = t.outcome_code,
@@ -14,4 +15,4 @@ UPDATE work_item w
    AND w.operation_id = t.operation_id
    AND w.fence = t.fence
    AND w.state = 'claimed'
-RETURNING w.tenant_id, w.operation_id
+RETURNING w.tenant_id, w.operation_id, w.fence

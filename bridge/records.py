@@ -1,0 +1,151 @@
+"""What the operator commands read back from the store: histories, parked work, counts.
+
+These are read models for people (``fencebridge inspect``, ``redrive``, ``purge``, ``erase``),
+kept apart from the protocol's own types in :mod:`bridge.types`. None of them carries payload
+bytes except :class:`ParkedRow` and :class:`QuarantinedDelivery`, which a redrive needs to
+reconcile or re-decode; nothing here is ever printed whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from bridge.types import Key, State, TargetClass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkRecord:
+    """One work row as an operator sees it: its whole lifecycle, the payload by size only."""
+
+    subscription: str
+    job_type: str
+    target_class: TargetClass
+    schema_version: str | None
+    state: State
+    fence: int
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    next_attempt_at: datetime
+    intent_fence: int | None
+    outcome_code: str | None
+    outcome_detail: str | None
+    payload_hash: bytes
+    broker_message_id: str | None
+    receive_count: int | None
+    ordering_key: str | None
+    created_at: datetime
+    claimed_at: datetime | None
+    settled_at: datetime | None
+    updated_at: datetime
+    #: size of the stored payload; None once it is gone
+    payload_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedriveRecord:
+    """One audited redrive of an operation."""
+
+    at: datetime
+    actor: str
+    reason: str
+    from_state: str
+    to_state: str
+    fence: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RejectedRecord:
+    """A delivery recorded under the operation's key that did not become work."""
+
+    id: int
+    kind: str
+    reason: str
+    subscription: str
+    broker_message_id: str | None
+    payload_hash: bytes | None
+    created_at: datetime
+    redriven_at: datetime | None
+    redriven_by: str | None
+    redrive_reason: str | None
+    redrive_outcome: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OperationHistory:
+    """Everything the store keeps about one operation, read in one snapshot."""
+
+    key: Key
+    row: WorkRecord | None
+    redrives: tuple[RedriveRecord, ...]
+    rejected: tuple[RejectedRecord, ...]
+
+    @property
+    def found(self) -> bool:
+        return self.row is not None or bool(self.rejected) or bool(self.redrives)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParkedRow:
+    """A row parked as unknown or quarantined, with what deciding its redrive needs."""
+
+    key: Key
+    state: State
+    subscription: str
+    job_type: str
+    target_class: TargetClass
+    schema_version: str | None
+    fence: int
+    attempts: int
+    max_attempts: int
+    intent_fence: int | None
+    #: the approved payload; read only for unknown class C rows (their lookup needs it)
+    payload: bytes | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuarantinedDelivery:
+    """A delivery quarantined at the inbox and not yet redriven, with its raw body."""
+
+    id: int
+    subscription: str
+    broker_message_id: str | None
+    tenant_id: str | None
+    operation_id: str | None
+    job_type: str | None
+    reason: str
+    #: the raw body as received; None if it was not kept
+    body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCounts:
+    """What one purge batch (or a whole purge) removed."""
+
+    work_rows: int = 0
+    rejected_deliveries: int = 0
+    payloads: int = 0
+
+    def __add__(self, other: PurgeCounts) -> PurgeCounts:
+        return PurgeCounts(
+            self.work_rows + other.work_rows,
+            self.rejected_deliveries + other.rejected_deliveries,
+            self.payloads + other.payloads,
+        )
+
+    @property
+    def empty(self) -> bool:
+        return not (self.work_rows or self.rejected_deliveries or self.payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureCounts:
+    """What erasing one tenant removed."""
+
+    work_rows: int
+    payloads: int
+    rejected_deliveries: int
+    redrive_audits: int

@@ -1,0 +1,210 @@
+"""``fencebridge check`` as an operator runs it: the nine controls per job type, all required.
+
+Each configuration below differs from a passing one in one respect, and the check must answer
+no-go for exactly the job type and the control that respect belongs to, with its evidence, and
+exit 1. The handlers are real classes the CLI process imports; none is ever instantiated.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.database import DATABASE_URL_ENV, Connection
+from bridge.handlers import (
+    Applied,
+    CannotTell,
+    Context,
+    IdempotentApiHandler,
+    NotApplied,
+    SameDatabaseHandler,
+    Success,
+    UnfencedHandler,
+)
+from tests.support.postgres import create_database, drop_database, unique_name
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = "tests.acceptance.test_cli_check"
+ROW = re.compile(r"^(\S+)\s+(\d)\s+(.+?)\s{2,}(go|NO-GO)\s{2,}(.*)$")
+
+
+class Charge(IdempotentApiHandler):
+    def perform(self, ctx: Context, key: str) -> Success:
+        return Success("charged", key)
+
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        if not ctx.payload:
+            raise CannotTell("no payload")
+        return NotApplied() if ctx.attempt < 2 else Applied("charged", key)
+
+
+class ChargeWithoutLookup(IdempotentApiHandler):  # lookup left abstract on purpose
+    def perform(self, ctx: Context, key: str) -> Success:
+        return Success("charged", key)
+
+
+class ChargeWithPlaceholderLookup(IdempotentApiHandler):
+    def perform(self, ctx: Context, key: str) -> Success:
+        return Success("charged", key)
+
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        """To do: ask the provider."""
+        raise NotImplementedError
+
+
+class Ledger(SameDatabaseHandler):
+    def handle(self, ctx: Context, tx: Connection) -> None:
+        tx.execute("SELECT 1")
+
+
+class Sms(UnfencedHandler):
+    def call(self, ctx: Context) -> None:
+        return None
+
+
+JOBS = {
+    "charge": f'handler = "{HERE}:Charge"\ntarget_class = "C"\nowner = "payments"',
+    "ledger": f'handler = "{HERE}:Ledger"\ntarget_class = "A"\nowner = "ledger"',
+    "sms": f'handler = "{HERE}:Sms"\ntarget_class = "D"\nowner = "messaging"',
+}
+RETENTION = '[retention]\npurge_after_days = 30\nerasure_owner = "privacy-office"'
+
+
+def config(*, jobs: dict[str, str] | None = None, retention: str | None = RETENTION) -> str:
+    jobs = {**JOBS, **(jobs or {})}
+    parts = [f"[jobs.{name}]\n{body}" for name, body in jobs.items()]
+    parts.append(
+        "[subscriptions.orders]\n"
+        'source = "sqs"\n'
+        'queue_url = "http://127.0.0.1:9/queue/orders"\n'
+        f"job_types = [{', '.join(repr(j).replace(chr(39), chr(34)) for j in jobs)}]\n"
+        "[subscriptions.orders.decode]\n"
+        'tenant_id = "attribute:tenant"\n'
+        'operation_id = "body:/id"\n'
+        'job_type = "attribute:type"\n'
+        'payload = "body:/data"'
+    )
+    if retention is not None:
+        parts.append(retention)
+    return "\n\n".join(parts) + "\n"
+
+
+@pytest.fixture
+def check(tmp_path: Path, db_url: str) -> Any:
+    def run(
+        text: str, url: str = db_url
+    ) -> tuple[int, dict[tuple[str, int], tuple[bool, str]], str]:
+        path = tmp_path / "bridge.toml"
+        path.write_text(text)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
+        env[DATABASE_URL_ENV] = url
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge", "check", "--config", str(path)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        rows = {}
+        for line in done.stdout.splitlines():
+            match = ROW.match(line)
+            if match:
+                rows[(match[1], int(match[2]))] = (match[4] == "go", match[5])
+        return done.returncode, rows, done.stdout
+
+    return run
+
+
+def no_go(rows: dict[tuple[str, int], tuple[bool, str]]) -> set[tuple[str, int]]:
+    return {key for key, (go, _) in rows.items() if not go}
+
+
+def test_a_complete_configuration_is_go_on_every_control(check: Any) -> None:
+    code, rows, out = check(config())
+    assert code == 0, out
+    assert set(rows) == {(job, n) for job in JOBS for n in range(1, 10)}
+    assert no_go(rows) == set()
+    assert out.splitlines()[-1] == "GO: all 9 controls hold for 3 job type(s)"
+    assert "primary key (tenant_id, operation_id)" in rows[("charge", 1)][1]
+    assert "dedupe, not fencing" in rows[("charge", 5)][1]
+    assert "Charge.lookup by idempotency key" in rows[("charge", 6)][1]
+    assert "max_attempts = 1" in rows[("sms", 6)][1]
+    assert "erasure owner privacy-office" in rows[("ledger", 9)][1]
+
+
+def test_a_class_c_handler_without_a_lookup_is_no_go(check: Any) -> None:
+    code, rows, out = check(
+        config(jobs={"charge": JOBS["charge"].replace(":Charge", ":ChargeWithoutLookup")})
+    )
+    assert code == 1
+    assert no_go(rows) == {("charge", 5), ("charge", 6)}
+    assert "lookup abstract" in rows[("charge", 5)][1]
+    assert "lookup is abstract" in rows[("charge", 6)][1]
+    assert out.splitlines()[-1] == "NO-GO: 2 control(s) fail (charge: 5, 6)"
+
+
+def test_a_class_c_lookup_that_only_raises_not_implemented_is_no_go(check: Any) -> None:
+    body = JOBS["charge"].replace(":Charge", ":ChargeWithPlaceholderLookup")
+    code, rows, _ = check(config(jobs={"charge": body}))
+    assert code == 1
+    assert no_go(rows) == {("charge", 6)}
+    assert "only raises NotImplementedError" in rows[("charge", 6)][1]
+
+
+def test_a_class_d_handler_allowed_a_second_attempt_is_no_go(check: Any) -> None:
+    # Declared as class B (so the file loads), but the handler is unfenced, with three attempts.
+    body = f'handler = "{HERE}:Sms"\ntarget_class = "B"\nmax_attempts = 3\nowner = "messaging"'
+    code, rows, _ = check(config(jobs={"sms": body}))
+    assert code == 1
+    assert no_go(rows) == {("sms", 5), ("sms", 6)}
+    assert "declared class B, but Sms is a class D handler" in rows[("sms", 5)][1]
+    assert "max_attempts = 3" in rows[("sms", 6)][1]
+
+
+def test_a_class_d_job_with_two_attempts_is_refused_as_no_go(check: Any) -> None:
+    body = JOBS["sms"] + "\nmax_attempts = 2"
+    code, rows, out = check(config(jobs={"sms": body}))
+    assert code == 1
+    assert rows == {}
+    assert out.startswith("NO-GO: the configuration is refused:")
+    assert "allows one attempt only" in out
+
+
+def test_an_owner_and_a_retention_plan_are_required(check: Any) -> None:
+    code, rows, _ = check(
+        config(jobs={"ledger": f'handler = "{HERE}:Ledger"\ntarget_class = "A"'}, retention=None)
+    )
+    assert code == 1
+    assert no_go(rows) == {("ledger", 7), ("charge", 9), ("ledger", 9), ("sms", 9)}
+    assert "no owner" in rows[("ledger", 7)][1]
+    assert "no [retention] table" in rows[("sms", 9)][1]
+
+
+def test_purging_within_the_redelivery_window_is_no_go(check: Any) -> None:
+    short = RETENTION.replace("30", "7")
+    code, rows, _ = check(config(retention=short))
+    assert code == 1
+    assert no_go(rows) == {("charge", 9), ("ledger", 9), ("sms", 9)}
+    assert "within orders's redelivery window (sqs: up to 14 d)" in rows[("sms", 9)][1]
+
+
+def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:
+    name = unique_name("fbt_check")
+    url = create_database(pg_admin_url, name)
+    try:
+        code, rows, _ = check(config(), url)
+    finally:
+        drop_database(pg_admin_url, name)
+    assert code == 1
+    failed = {n for _, n in no_go(rows)}
+    assert failed == {1, 2, 3, 4, 6, 7, 9}
+    assert "schema version 0" in rows[("charge", 1)][1]
