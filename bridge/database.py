@@ -79,7 +79,10 @@ def translate_errors(action: str) -> Iterator[None]:
     try:
         yield
     except PoolTimeout as exc:
-        raise StoreUnavailable(f"{action}: no database connection available ({exc})") from exc
+        raise StoreUnavailable(
+            f"{action}: database unavailable ({exc}: the server is unreachable or every pooled "
+            "connection is busy)"
+        ) from exc
     except psycopg.errors.UndefinedTable as exc:
         raise StoreError(
             f"{action}: the fencebridge schema is missing; run `fencebridge migrate` ({exc})"
@@ -89,8 +92,14 @@ def translate_errors(action: str) -> Iterator[None]:
         raise StoreUnavailable(f"{action}: transaction rolled back ({exc.sqlstate})") from exc
     except psycopg.OperationalError as exc:
         # The connection broke or the server went away. If it broke after the statement was
-        # sent, the client cannot know whether it was applied.
-        sent = not isinstance(exc, psycopg.errors.ConnectionTimeout) and "connect" not in action
+        # sent, the client cannot know whether it was applied. An error the server reported on
+        # a live connection (a cancelled statement, a lock timeout) means nothing was applied.
+        broke = exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+        sent = (
+            broke
+            and not isinstance(exc, psycopg.errors.ConnectionTimeout)
+            and "connect" not in action
+        )
         raise StoreUnavailable(
             f"{action}: database unavailable ({_first_line(exc)})", outcome_unknown=sent
         ) from exc

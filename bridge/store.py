@@ -314,7 +314,7 @@ class PostgresStore:
         self._settle(ticket, State.QUARANTINED, outcome_code, detail)
 
     def _settle(self, ticket: Ticket, state: State, code: str, detail: str | None) -> None:
-        with self._connection(f"settle {state.value}") as conn:
+        with self._connection(f"settle as {state.value}") as conn:
             row = conn.execute(
                 sql.statement("settle"),
                 {
@@ -326,7 +326,7 @@ class PostgresStore:
                 },
             ).fetchone()
         if row is None:
-            raise _lost(ticket, f"settle {state.value}")
+            raise _lost(ticket, f"settle as {state.value}")
 
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         """Settle many claims in one statement; returns the tickets whose fence was stale."""
