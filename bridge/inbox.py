@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 from bridge.decode import RawDelivery
@@ -89,13 +89,15 @@ class Inbox:
             span = (
                 spans.enter_context(tel.receive(self._system, subscription, batch)) if tel else None
             )
-            if tel:
-                spans.enter_context(tel.inbox_write(subscription))
-            decoded = [self.decode(raw) for raw in batch]
-            results = self._store.ingest(decoded)
-        written = [Written(r, d, res) for r, d, res in zip(batch, decoded, results, strict=True)]
-        if tel and span is not None:
-            tel.decided(span, written)
+            with tel.inbox_write(subscription) if tel else nullcontext():
+                decoded = [self.decode(raw) for raw in batch]
+                results = self._store.ingest(decoded)
+            written = [
+                Written(r, d, res) for r, d, res in zip(batch, decoded, results, strict=True)
+            ]
+            if tel and span is not None:
+                # While the receive span is still open: events on an ended span are dropped.
+                tel.decided(span, written)
         if self._hand_off is not None:
             fresh = [
                 (w.decoded.key, w.decoded.job_type)

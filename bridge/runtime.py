@@ -111,7 +111,11 @@ class Bridge:
         self.consumers: list[sources.Consumer] = []
         for name, sub in config.subscriptions.items():
             inbox = Inbox(
-                store, partial(decode, config.decode_rules(name)), hand_off=self.pool.hand_off
+                store,
+                partial(decode, config.decode_rules(name)),
+                hand_off=self.pool.hand_off,
+                system=MESSAGING_SYSTEMS.get(sub.source.value, sub.source.value),
+                telemetry=self.telemetry,
             )
             self.consumers.append(sources.factory(sub.source.value)(sub, inbox, store))
         self.health: HealthServer | None = None

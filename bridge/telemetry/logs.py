@@ -3,6 +3,9 @@
 Decision lines (logger ``fencebridge.decisions``) carry their structured fields under the
 ``fencebridge`` key of ``extra``: hashed tenant and operation, job type, fence, decision or
 action. Neither format ever receives a raw identifier or a payload from fencebridge's code.
+
+The broker and HTTP client libraries log whole requests and responses (message bodies and
+attributes) at DEBUG, so they are held at INFO even when fencebridge's own level is DEBUG.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 LOG_FORMAT_ENV = "FENCEBRIDGE_LOG_FORMAT"
 LOG_LEVEL_ENV = "FENCEBRIDGE_LOG_LEVEL"
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(fields)s"
+#: libraries whose DEBUG output is the wire itself, payloads and identifiers included
+WIRE_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "google", "grpc")
 
 
 class _Fields(logging.Filter):
@@ -53,3 +58,6 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel((level or os.environ.get(LOG_LEVEL_ENV) or "INFO").upper())
+    floor = max(root.level, logging.INFO)
+    for name in WIRE_LOGGERS:
+        logging.getLogger(name).setLevel(floor)

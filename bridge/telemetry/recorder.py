@@ -34,6 +34,26 @@ if TYPE_CHECKING:
 decisions_log = logging.getLogger("fencebridge.decisions")
 
 STATS_REFRESH_SECONDS_DEFAULT = 15.0
+#: bucket bounds for the duration histograms, in seconds (the SDK's default bounds are meant
+#: for milliseconds and would put every inbox commit in the first bucket)
+DURATION_BUCKETS_SECONDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 class Telemetry:
@@ -68,13 +88,22 @@ class Telemetry:
             n.METRIC_RECONCILIATIONS, unit="{lookup}", description="Lookups before acting"
         )
         self._commit = meter.create_histogram(
-            n.METRIC_INBOX_COMMIT, unit="s", description="Inbox transaction, decode to COMMIT"
+            n.METRIC_INBOX_COMMIT,
+            unit="s",
+            description="Inbox transaction, decode to COMMIT",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
         self._receive_to_ack = meter.create_histogram(
-            n.METRIC_RECEIVE_TO_ACK, unit="s", description="Broker receive to acknowledgement"
+            n.METRIC_RECEIVE_TO_ACK,
+            unit="s",
+            description="Broker receive to acknowledgement",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
         self._claim_to_settle = meter.create_histogram(
-            n.METRIC_CLAIM_TO_SETTLE, unit="s", description="Claim to settlement of one run"
+            n.METRIC_CLAIM_TO_SETTLE,
+            unit="s",
+            description="Claim to settlement of one run",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
         self._meter = meter
         self._stats: Stats | None = None
@@ -117,7 +146,10 @@ class Telemetry:
         for w in written:
             subscription = w.raw.subscription
             attributes: dict[str, str] = {n.DECISION: w.decision.value}
-            if w.raw.message_id:
+            operation_id = w.result.key.operation_id if w.result.key is not None else None
+            if w.raw.message_id and w.raw.message_id != operation_id:
+                # A subscription may take its operation ids from the broker's message ids:
+                # then the message id is a raw identifier and stays out.
                 attributes[n.MESSAGING_MESSAGE_ID] = w.raw.message_id
             if w.result.key is not None:
                 attributes[n.TENANT_HASH] = self._hasher.tenant(w.result.key.tenant_id)
@@ -157,7 +189,7 @@ class Telemetry:
             n.TENANT_HASH: self._hasher.tenant(claim.tenant_id),
             n.OPERATION_HASH: self._hasher.operation(claim.tenant_id, claim.operation_id),
         }
-        if claim.broker_message_id:
+        if claim.broker_message_id and claim.broker_message_id != claim.operation_id:
             attributes[n.MESSAGING_MESSAGE_ID] = claim.broker_message_id
         return attributes
 
@@ -207,6 +239,12 @@ class Telemetry:
         if state is State.UNKNOWN:
             span.add_event(n.EVENT_PARKED_UNKNOWN, {n.OUTCOME_CODE: code})
             self._log("operation parked as unknown: reconcile before any retry", claim)
+        elif state is State.QUARANTINED:
+            self._log(
+                "operation quarantined by its handler: for the producer team",
+                claim,
+                **{n.OUTCOME_CODE: code},
+            )
         self._completions.add(1, self._labels(claim, **{n.LABEL_OUTCOME: state.value}))
 
     def lease_lost(self, claim: Claim, action: str) -> None:
@@ -299,8 +337,10 @@ class Telemetry:
         stats = self._snapshot()
         if not stats:
             return []
+        # Every subscription with rows is reported, 0 when none is queued: a drained queue is a
+        # value, not a missing series.
         depth: dict[str, int] = {}
         for count in stats.counts:
-            if count.state is State.QUEUED:
-                depth[count.subscription] = depth.get(count.subscription, 0) + count.count
+            queued = count.count if count.state is State.QUEUED else 0
+            depth[count.subscription] = depth.get(count.subscription, 0) + queued
         return [Observation(v, {n.LABEL_SUBSCRIPTION: k}) for k, v in sorted(depth.items())]

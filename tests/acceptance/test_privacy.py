@@ -1,0 +1,386 @@
+"""No raw identifier and no payload byte leaves a running bridge: not in logs, spans or metrics.
+
+``fencebridge run`` runs as a real process with JSON logs at DEBUG, its traces and metrics
+exported over OTLP/HTTP to a collector this test runs, and its metrics served for Prometheus.
+Its deliveries carry distinctive tenant ids, operation ids and payload bytes through every path
+that writes something an operator reads: new work, a replay, a conflict, undecodable messages
+(one whose job type *is* a raw tenant id), a worker that loses its lease and is taken over, a
+class D call whose error quotes the tenant, operation and payload (parked unknown), a handler
+quarantine, and two tenants that use the same operation id.
+
+Everything the process emitted is then searched byte for byte (the log file, every OTLP request
+body, the Prometheus page) and field by field (every span and event attribute, every metric
+label) for the raw strings. The same material must carry the keyed hashes instead, which shows
+the search looked at real output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from bridge.handlers import Context, UnfencedHandler
+from bridge.identity import IdentityHasher
+from bridge.telemetry import names as n
+from tests.support.bridge_process import (
+    IDENTITY_KEY,
+    BridgeProcess,
+    Job,
+    SqsBridgeConfig,
+    bridge_env,
+    free_port,
+)
+from tests.support.handlers import create_tables
+from tests.support.sqs_server import SqsServer, sqs_server
+
+TENANT = "tenant-RAW-7f3a"
+OTHER_TENANT = "tenant-RAW-c81e"
+OPERATION = "op-RAW-91c2"
+PAYLOAD = "PAYLOAD-RAW-55d1"
+#: what must never appear anywhere (compared case-insensitively)
+RAW = (TENANT, OTHER_TENANT, OPERATION, PAYLOAD)
+DEADLINE = 90.0
+
+pytestmark = pytest.mark.slow
+
+
+class AmbiguousNotify(UnfencedHandler):
+    """Class D: the payload must be JSON; the target never answers, and the error says it all.
+
+    The exception quotes the raw tenant, operation and payload, as careless client code does:
+    fencebridge must classify it by type and never pass its text on.
+    """
+
+    def validate(self, ctx: Context) -> None:
+        ctx.json()  # a payload that is not JSON is quarantined
+
+    def call(self, ctx: Context) -> None:
+        raise TimeoutError(
+            f"no answer for tenant {ctx.tenant_id} operation {ctx.operation_id}: {ctx.payload!r}"
+        )
+
+
+JOBS = {
+    "steady": Job("tests.support.handlers:SteadyProgress", "B", lease_seconds=1.0),
+    "notify": Job("tests.acceptance.test_privacy:AmbiguousNotify", "D", max_attempts=1),
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    body: str
+    attributes: dict[str, str]
+
+
+def message(tenant: str | None, operation: str | None, job_type: str, body: object) -> Message:
+    attributes = {"job_type": job_type}
+    if tenant is not None:
+        attributes["tenant_id"] = tenant
+    if operation is not None:
+        attributes["operation_id"] = operation
+    return Message(body if isinstance(body, str) else json.dumps(body), attributes)
+
+
+#: at most ten, so the bridge receives them as one batch
+MESSAGES = (
+    message(TENANT, f"{OPERATION}-ok", "steady", {"note": PAYLOAD}),
+    message(TENANT, f"{OPERATION}-ok", "steady", {"note": PAYLOAD}),  # replay
+    message(TENANT, f"{OPERATION}-ok", "steady", {"note": f"{PAYLOAD}-changed"}),  # conflict
+    message(OTHER_TENANT, f"{OPERATION}-ok", "steady", {"note": PAYLOAD}),  # same id, new tenant
+    message(TENANT, f"{OPERATION}-stall", "steady", {"stall_on_attempt": 1, "note": PAYLOAD}),
+    message(TENANT, f"{OPERATION}-unknown", "notify", {"note": PAYLOAD}),
+    message(TENANT, f"{OPERATION}-unreadable", "notify", f"{PAYLOAD} is not JSON"),
+    message(TENANT, None, "steady", {"note": PAYLOAD}),  # no operation id: quarantined
+    message(TENANT, f"{OPERATION}-job", TENANT, {"note": PAYLOAD}),  # unknown job type
+)
+#: work rows by final state once the run is over
+FINAL_STATES = {"succeeded": 3, "unknown": 1, "quarantined": 1}
+
+
+# -- an OTLP/HTTP collector ----------------------------------------------------------------------
+
+
+@dataclass
+class Collector:
+    """Accepts OTLP/HTTP exports and keeps every request body, decompressed."""
+
+    server: ThreadingHTTPServer
+    requests: list[tuple[str, bytes]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def bodies(self, path: str) -> list[bytes]:
+        with self.lock:
+            return [body for p, body in self.requests if p == path]
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    received: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    class Receive(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            encoding = self.headers.get("Content-Encoding", "")
+            if encoding == "gzip":
+                body = gzip.decompress(body)
+            elif encoding == "deflate":
+                body = zlib.decompress(body)
+            with lock:
+                received.append((self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receive)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Collector(server, received, lock)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def sqs() -> Iterator[SqsServer]:
+    with sqs_server() as server:
+        yield server
+
+
+# -- reading what the process emitted ------------------------------------------------------------
+
+
+def any_value(value: AnyValue) -> list[str]:
+    """Every string inside an OTLP attribute value (arrays and maps included)."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [s for v in value.array_value.values for s in any_value(v)]
+    if kind == "kvlist_value":
+        return [s for kv in value.kvlist_value.values for s in key_value(kv)]
+    if kind == "bytes_value":
+        return [value.bytes_value.decode("utf-8", "replace")]
+    return [str(getattr(value, kind))] if kind else []
+
+
+def key_value(kv: KeyValue) -> list[str]:
+    return [kv.key, *any_value(kv.value)]
+
+
+@dataclass
+class Exported:
+    """Every string the OTLP exports held, and the spans and metrics by name."""
+
+    strings: list[str] = field(default_factory=list)
+    spans: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    metrics: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+
+def attributes(kvs: Any) -> dict[str, str]:
+    return {kv.key: " ".join(any_value(kv.value)) for kv in kvs}
+
+
+def read_exports(collector: Collector) -> Exported:
+    out = Exported()
+    for body in collector.bodies("/v1/traces"):
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            out.strings += [s for kv in resource.resource.attributes for s in key_value(kv)]
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    fields = attributes(span.attributes)
+                    out.strings += [span.name, *fields, *fields.values()]
+                    out.spans.setdefault(span.name, []).append(fields)
+                    for event in span.events:
+                        event_fields = attributes(event.attributes)
+                        out.strings += [event.name, *event_fields, *event_fields.values()]
+                        out.spans.setdefault(f"event:{event.name}", []).append(event_fields)
+                    for link in span.links:
+                        out.strings += [s for kv in link.attributes for s in key_value(kv)]
+    for body in collector.bodies("/v1/metrics"):
+        request = ExportMetricsServiceRequest.FromString(body)
+        for resource in request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    kind = metric.WhichOneof("data")
+                    points = getattr(metric, kind).data_points if kind else []
+                    for point in points:
+                        labels = attributes(point.attributes)
+                        out.strings += [metric.name, *labels, *labels.values()]
+                        out.metrics.setdefault(metric.name, []).append(labels)
+    return out
+
+
+def leaks(text: str) -> list[str]:
+    lowered = text.lower()
+    return [raw for raw in RAW if raw.lower() in lowered]
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for: {what}"
+        time.sleep(0.1)
+
+
+def states(url: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT state, count(*) FROM work_item GROUP BY state").fetchall()
+    return {str(state): int(count) for state, count in rows}
+
+
+def rejected(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM rejected_delivery").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def queue_empty(client: Any, queue_url: str) -> bool:
+    found = client.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return all(int(v) == 0 for v in found.values())
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Emitted:
+    log: str
+    exports: Exported
+    raw_exports: list[bytes]
+    prometheus: str
+
+
+@pytest.fixture
+def emitted(sqs: SqsServer, collector: Collector, db_url: str, tmp_path: Path) -> Emitted:
+    """Run the bridge over the messages to the end, then stop it: everything it emitted."""
+    create_tables(db_url)
+    client = sqs.client()
+    queue_url = sqs.create_queue("privacy", VisibilityTimeout="30")
+    for m in MESSAGES:
+        client.send_message(
+            QueueUrl=queue_url,
+            MessageBody=m.body,
+            MessageAttributes={
+                k: {"DataType": "String", "StringValue": v} for k, v in m.attributes.items()
+            },
+        )
+    prometheus_port = free_port()
+    env = bridge_env(
+        db_url,
+        extra={
+            "FENCEBRIDGE_LOG_FORMAT": "json",
+            "FENCEBRIDGE_LOG_LEVEL": "DEBUG",
+            "FENCEBRIDGE_PROMETHEUS_PORT": str(prometheus_port),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        },
+    )
+    config = SqsBridgeConfig(queue_url=queue_url, endpoint_url=sqs.endpoint, jobs=JOBS)
+    with BridgeProcess.start(config, tmp_path, env) as bridge:
+        bridge.wait_ready()
+        eventually(lambda: states(db_url) == FINAL_STATES, "every operation to settle or park")
+        eventually(lambda: rejected(db_url) == 3, "the conflict and both undecodable messages")
+        eventually(lambda: queue_empty(client, queue_url), "every delivery to be deleted")
+        url = f"http://127.0.0.1:{prometheus_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            prometheus = response.read().decode()
+        assert bridge.terminate() == 0, bridge.logs()  # flushes the exporters on the way out
+        log = bridge.logs()
+    raw_exports = collector.bodies("/v1/traces") + collector.bodies("/v1/metrics")
+    return Emitted(log, read_exports(collector), raw_exports, prometheus)
+
+
+def test_no_raw_identifier_or_payload_reaches_logs_spans_or_metrics(emitted: Emitted) -> None:
+    assert leaks(emitted.log) == [], "raw identifiers in the log"
+    for body in emitted.raw_exports:
+        assert leaks(body.decode("utf-8", "replace")) == [], "raw identifiers in an OTLP export"
+    for text in emitted.exports.strings:
+        assert leaks(text) == [], f"raw identifiers in an exported field: {text!r}"
+    assert leaks(emitted.prometheus) == [], "raw identifiers on the Prometheus page"
+
+    # The search looked at real output: the run's spans, events and metrics are all there,
+    # carrying hashes where identifiers would be.
+    hasher = IdentityHasher(IDENTITY_KEY.encode())
+    spans, metrics = emitted.exports.spans, emitted.exports.metrics
+    assert {"receive orders", "inbox write orders", "process orders"} <= set(spans)
+    for event in (n.EVENT_DECISION, n.EVENT_LEASE_LOST, n.EVENT_PARKED_UNKNOWN):
+        assert f"event:{event}" in spans, event
+    tenants = {s.get(n.TENANT_HASH) for s in spans["process orders"]}
+    assert tenants == {hasher.tenant(TENANT), hasher.tenant(OTHER_TENANT)}
+    operations = {s.get(n.OPERATION_HASH) for s in spans["process orders"]}
+    assert hasher.operation(TENANT, f"{OPERATION}-stall") in operations
+    for name in (n.METRIC_DELIVERIES, n.METRIC_COMPLETIONS, n.METRIC_LEASE_LOST):
+        assert name in metrics, name
+    decisions = {labels[n.LABEL_DECISION] for labels in metrics[n.METRIC_DELIVERIES]}
+    assert decisions == {"new", "replay", "conflict", "quarantined"}
+    assert "fencebridge_deliveries_total{" in emitted.prometheus
+
+
+def test_log_lines_are_json_with_hashed_identifiers_on_every_decision(emitted: Emitted) -> None:
+    lines = [json.loads(line) for line in emitted.log.splitlines() if line.strip()]
+    for entry in lines:
+        assert {"time", "level", "logger", "message"} <= set(entry), entry
+    decisions = [e for e in lines if e["logger"] == "fencebridge.decisions"]
+    hasher = IdentityHasher(IDENTITY_KEY.encode())
+
+    def hashes(tenant: str, operation: str) -> dict[str, str]:
+        return {
+            n.TENANT_HASH: hasher.tenant(tenant),
+            n.OPERATION_HASH: hasher.operation(tenant, operation),
+        }
+
+    def decided(decision: str) -> list[dict[str, Any]]:
+        return [e for e in decisions if e.get(n.DECISION) == decision]
+
+    def said(text: str) -> list[dict[str, Any]]:
+        return [e for e in decisions if text in e["message"]]
+
+    (conflict,) = decided("conflict")
+    assert hashes(TENANT, f"{OPERATION}-ok").items() <= conflict.items()
+    quarantined = decided("quarantined")
+    assert sorted(e[n.REASON] for e in quarantined) == ["missing_operation_id", "unknown_job_type"]
+    (job,) = [e for e in quarantined if e[n.REASON] == "unknown_job_type"]
+    assert hashes(TENANT, f"{OPERATION}-job").items() <= job.items()
+    (lost,) = said("lease lost")
+    assert hashes(TENANT, f"{OPERATION}-stall").items() <= lost.items()
+    assert lost[n.ACTION] == "handler"
+    (unknown,) = said("parked as unknown")
+    assert hashes(TENANT, f"{OPERATION}-unknown").items() <= unknown.items()
+    (unreadable,) = said("quarantined by its handler")
+    assert hashes(TENANT, f"{OPERATION}-unreadable").items() <= unreadable.items()
+    assert unreadable[n.OUTCOME_CODE] == "JSONDecodeError"
+    for entry in decisions:
+        assert entry["level"] == "warning"
+        assert n.JOB_TYPE in entry or n.DECISION in entry, entry
