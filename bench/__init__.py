@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that measure, never tests that assert. Results live in docs/benchmarks.md."""
