@@ -48,6 +48,7 @@ from bench.store import bench_database, load_average, log, machine_facts, server
 from bridge.config import parse_config
 from bridge.database import DATABASE_URL_ENV
 from bridge.decode import decode
+from bridge.demo.emulator import EMULATOR_ENV, PubSubEmulator, find_launcher
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -55,7 +56,6 @@ from bridge.runtime import build_registry
 from bridge.store import PostgresStore
 from bridge.worker import WorkerPool
 from consumers.pubsub import PubSubConsumer
-from tests.support.pubsub_emulator import EMULATOR_ENV, PubSubEmulator, find_launcher
 
 JOB = "noop"
 TENANT = "bench"

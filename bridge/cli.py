@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from bridge.demo import scenario  # noqa: PLC0415
 
-    return scenario.run(keep=args.keep)
+    return scenario.run(broker=args.broker, keep=args.keep)
 
 
 # -- operator commands ---------------------------------------------------------------------------
@@ -584,6 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the whole protocol on an embedded PostgreSQL, a local SQS and a payment provider",
     )
     p.add_argument("--keep", action="store_true", help="keep everything running afterwards")
+    p.add_argument(
+        "--broker",
+        choices=("sqs", "pubsub"),
+        default="sqs",
+        help="sqs: a local SQS server (moto); pubsub: Google's Pub/Sub emulator (needs Java)",
+    )
     p.set_defaults(run=_demo)
     _add_operator_commands(commands)
     return parser

@@ -1,6 +1,7 @@
 """``fencebridge demo``: the whole protocol on a laptop, with nothing to configure.
 
-It starts an embedded PostgreSQL, a local SQS server (moto) and the example payment provider,
+It starts an embedded PostgreSQL, a local broker (an SQS server from moto, or Google's Pub/Sub
+emulator with ``--broker pubsub``) and the example payment provider,
 then runs the bridge with the class C example handler and publishes a batch that holds the
 awkward cases: the same delivery twice, a changed payload under an existing operation id,
 messages the rules cannot decode, two tenants that use the same operation ids, a charge whose
@@ -24,11 +25,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bridge import embedded
 from bridge.config import parse_config
 from bridge.database import connect
+from bridge.demo.emulator import EMULATOR_HOST_ENV, PubSubEmulator, find_launcher
 from bridge.demo.payments import JOB_TYPE, ChargeCustomer
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.errors import ConfigError
@@ -63,11 +65,7 @@ backoff_initial_seconds = 0.2
 backoff_max_seconds = 1.0
 
 [subscriptions.payments]
-source = "sqs"
-queue_url = "{queue_url}"
-region = "us-east-1"
-endpoint_url = "{endpoint}"
-wait_seconds = 1
+{source}
 job_types = ["{job_type}"]
 
 [subscriptions.payments.decode]
@@ -76,6 +74,63 @@ operation_id = "attribute:operation_id"
 job_type = "value:{job_type}"
 payload = "body"
 """
+
+EMULATOR_HINT = (
+    "the Pub/Sub demo needs Google's Pub/Sub emulator and Java: install the Cloud CLI "
+    "component (`gcloud components install pubsub-emulator`, or the Debian package "
+    "google-cloud-cli-pubsub-emulator) and a Java 17 runtime, or set "
+    "FENCEBRIDGE_PUBSUB_EMULATOR to the emulator's launcher"
+)
+
+
+class DemoBroker(Protocol):
+    """**Protocol**: the local broker the demo publishes to."""
+
+    #: the consumer counter that says a delivery was acknowledged
+    acked_counter: str
+
+    def source(self) -> str:
+        """The subscription's source keys, as TOML lines."""
+        ...
+
+    def send(self, body: str, **attributes: str) -> None: ...
+
+
+@dataclass
+class LocalSqs:
+    client: Any
+    endpoint: str
+    queue_url: str
+    acked_counter: str = "deleted"
+
+    def source(self) -> str:
+        return (
+            f'source = "sqs"\nqueue_url = "{self.queue_url}"\nregion = "us-east-1"\n'
+            f'endpoint_url = "{self.endpoint}"\nwait_seconds = 1'
+        )
+
+    def send(self, body: str, **attributes: str) -> None:
+        self.client.send_message(
+            QueueUrl=self.queue_url,
+            MessageBody=body,
+            MessageAttributes={
+                k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()
+            },
+        )
+
+
+@dataclass
+class LocalPubSub:
+    emulator: PubSubEmulator
+    topic: str
+    subscription: str
+    acked_counter: str = "acked"
+
+    def source(self) -> str:
+        return f'source = "pubsub"\nsubscription = "{self.subscription}"'
+
+    def send(self, body: str, **attributes: str) -> None:
+        self.emulator.publish(self.topic, body.encode(), **attributes)
 
 
 class StallingCharge(ChargeCustomer):
@@ -105,23 +160,13 @@ class Published:
     operations: int = 0
 
 
-def _send(sqs: Any, queue_url: str, body: bytes | str, **attributes: str) -> None:
-    sqs.send_message(
-        QueueUrl=queue_url,
-        MessageBody=body if isinstance(body, str) else body.decode(),
-        MessageAttributes={
-            k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()
-        },
-    )
-
-
-def publish(sqs: Any, queue_url: str) -> Published:
+def publish(broker: DemoBroker) -> Published:
     """The demo batch; returns how many deliveries were sent and how many operations exist."""
     sent = Published()
 
     def charge(tenant: str, op: str, amount: int, reference: str | None = None) -> None:
         body = {"amount": amount, "currency": "eur", "reference": reference or op}
-        _send(sqs, queue_url, json.dumps(body), tenant_id=tenant, operation_id=op)
+        broker.send(json.dumps(body), tenant_id=tenant, operation_id=op)
         sent.deliveries += 1
 
     for tenant in TENANTS:  # the same operation ids in both tenants: different operations
@@ -131,88 +176,100 @@ def publish(sqs: Any, queue_url: str) -> Published:
     for i in (2, 4, 6):  # redelivered or resent: replays
         charge("acme", f"order-{i}", 1000 + i)
     charge("globex", "order-5", 99_999)  # same operation id, changed amount: conflict
-    _send(sqs, queue_url, '{"amount": 1, "currency": "eur"}', operation_id="no-tenant")
-    _send(sqs, queue_url, "this is not JSON", tenant_id="acme", operation_id="order-x")
+    broker.send('{"amount": 1, "currency": "eur"}', operation_id="no-tenant")
+    broker.send("this is not JSON", tenant_id="acme", operation_id="order-x")
     sent.deliveries += 2
     charge("acme", "order-stall", 4200, STALL_REFERENCE)  # charges, then stalls past the lease
     sent.operations += 1
     return sent
 
 
-def _queue_empty(sqs: Any, queue_url: str) -> bool:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return all(int(v) == 0 for v in attributes.values())
-
-
 @dataclass
 class Services:
-    """What the demo runs beside the bridge: a database, a queue and a payment provider."""
+    """What the demo runs beside the bridge: a database, a broker and a payment provider."""
 
-    workdir: Path
     database: embedded.EmbeddedPostgres
-    sqs_endpoint: str
+    broker: DemoBroker
     provider: PaymentProvider
-    stop: Callable[[], None]
 
 
-@contextmanager
-def services() -> Iterator[Services]:
-    try:
-        from moto.server import ThreadedMotoServer  # noqa: PLC0415
-    except ImportError as exc:
-        raise ConfigError(
-            "the demo needs a local SQS server: pip install 'fencebridge[demo]'"
-        ) from exc
-    for noisy in ("werkzeug", "pgserver", "botocore", "urllib3", "bridge"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    workdir = Path(tempfile.mkdtemp(prefix="fencebridge-demo-"))
-    credentials = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"}
-    saved = {k: os.environ.get(k) for k in credentials}
-    os.environ.update(credentials)
-    stack = ExitStack()
-    try:
-        database = embedded.start(workdir / "postgres")
-        stack.callback(database.stop)
-        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        moto.start()
-        stack.callback(moto.stop)
-        host, port = moto.get_host_and_port()
-        provider = PaymentProvider()
-        provider.start()
-        stack.callback(provider.stop)
-        yield Services(workdir, database, f"http://{host}:{port}", provider, stack.close)
-    finally:
-        stack.close()
+def _env(stack: ExitStack, **values: str) -> None:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+
+    def restore() -> None:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    stack.callback(restore)
 
 
-def run(*, keep: bool = False, out: Callable[[str], None] = print) -> int:
+def _start_sqs(stack: ExitStack) -> LocalSqs:
+    try:
+        import boto3  # noqa: PLC0415
+        from moto.server import ThreadedMotoServer  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            "the demo needs a local SQS server: pip install 'fencebridge[demo]'"
+        ) from exc
+    # moto accepts any credentials; boto3 only needs some to sign with.
+    _env(stack, AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo")  # noqa: S106
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    stack.callback(moto.stop)
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("sqs", region_name="us-east-1", endpoint_url=endpoint)
+    queue_url = client.create_queue(QueueName="payments", Attributes={"VisibilityTimeout": "10"})[
+        "QueueUrl"
+    ]
+    return LocalSqs(client, endpoint, queue_url)
+
+
+def _start_pubsub(stack: ExitStack) -> LocalPubSub:
+    launcher, why = find_launcher()
+    if launcher is None:
+        raise ConfigError(f"{EMULATOR_HINT} ({why})")
+    emulator = PubSubEmulator(launcher)
+    emulator.start()
+    stack.callback(emulator.stop)
+    # The consumer builds its client from the environment, as the library expects.
+    _env(stack, **{EMULATOR_HOST_ENV: emulator.host})
+    topic, subscription = emulator.create(
+        "payments", ack_deadline=10, enable_exactly_once_delivery=True
+    )
+    return LocalPubSub(emulator, topic, subscription)
+
+
+@contextmanager
+def services(broker: str) -> Iterator[Services]:
+    for noisy in ("werkzeug", "pgserver", "botocore", "urllib3", "google", "bridge"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The summary reports every decision; the operator's log lines would only interleave.
+    logging.getLogger("fencebridge").setLevel(logging.ERROR)
+    workdir = Path(tempfile.mkdtemp(prefix="fencebridge-demo-"))
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, True)
+        local = _start_pubsub(stack) if broker == "pubsub" else _start_sqs(stack)
+        database = embedded.start(workdir / "postgres")
+        stack.callback(database.stop)
+        provider = PaymentProvider()
+        provider.start()
+        stack.callback(provider.stop)
+        yield Services(database, local, provider)
+
+
+def run(*, broker: str = "sqs", keep: bool = False, out: Callable[[str], None] = print) -> int:
     """Run the demo; 0 when every operation was charged exactly once."""
-    import boto3  # noqa: PLC0415
-
-    out("starting: embedded PostgreSQL, local SQS, payment provider ...")
-    with services() as svc, ExitStack() as stack:
+    out(f"starting: embedded PostgreSQL, local {BROKER_NAMES[broker]}, payment provider ...")
+    with services(broker) as svc, ExitStack() as stack:
         with connect(svc.database.url) as conn:
             migrate(conn)
-        sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=svc.sqs_endpoint)
-        queue_url = sqs.create_queue(QueueName="payments", Attributes={"VisibilityTimeout": "10"})[
-            "QueueUrl"
-        ]
         config = parse_config(
-            CONFIG.format(
-                job_type=JOB_TYPE,
-                lease=LEASE_SECONDS,
-                queue_url=queue_url,
-                endpoint=svc.sqs_endpoint,
-            ),
+            CONFIG.format(job_type=JOB_TYPE, lease=LEASE_SECONDS, source=svc.broker.source()),
             file="demo.toml",
         )
         hasher = IdentityHasher.ephemeral()
@@ -227,11 +284,11 @@ def run(*, keep: bool = False, out: Callable[[str], None] = print) -> int:
         svc.provider.set_fault(
             FaultKind.APPLY_THEN_TIMEOUT, key=hasher.idempotency_key("globex", "order-7")
         )
-        published = publish(sqs, queue_url)
+        published = publish(svc.broker)
         out(f"published {published.deliveries} deliveries for {published.operations} operations")
         bridge.start()
         stack.callback(bridge.stop, 5)
-        done = _watch(Watched(bridge, store, sqs, queue_url, handler, taken_over), out)
+        done = _watch(Watched(bridge, store, svc.broker, published, handler, taken_over), out)
         summary = _summary(bridge, store, svc.provider, published)
         out("")
         for line in summary.lines:
@@ -239,7 +296,7 @@ def run(*, keep: bool = False, out: Callable[[str], None] = print) -> int:
         if keep:
             out("")
             out(f"database   {svc.database.url}")
-            out(f"sqs        {svc.sqs_endpoint}  queue {queue_url}")
+            out(f"broker     {svc.broker.source()!r}")
             out(f"provider   {svc.provider.url}  (ledger: GET /_ledger)")
             out("running; press Ctrl-C to stop")
             with suppress(KeyboardInterrupt):
@@ -247,12 +304,15 @@ def run(*, keep: bool = False, out: Callable[[str], None] = print) -> int:
         return 0 if done and summary.ok else 1
 
 
+BROKER_NAMES = {"sqs": "SQS (moto)", "pubsub": "Pub/Sub emulator"}
+
+
 @dataclass
 class Watched:
     bridge: Bridge
     store: PostgresStore
-    sqs: Any
-    queue_url: str
+    broker: DemoBroker
+    published: Published
     handler: StallingCharge
     taken_over: threading.Event
 
@@ -286,12 +346,9 @@ def _watch(w: Watched, out: Callable[[str], None]) -> bool:
             out(line)
             last_line = now
         settled = stats.total(State.QUEUED) + stats.total(State.CLAIMED) == 0
-        if (
-            settled
-            and taken_over.is_set()
-            and counts["lease_lost"]
-            and _queue_empty(w.sqs, w.queue_url)
-        ):
+        fenced = taken_over.is_set() and counts["lease_lost"] > 0
+        acked = consumer.get(w.broker.acked_counter, 0) >= w.published.deliveries
+        if settled and fenced and acked:
             if tty:
                 sys.stdout.write("\n")
             else:
