@@ -246,7 +246,7 @@ def _start_pubsub(stack: ExitStack) -> LocalPubSub:
 
 @contextmanager
 def services(broker: str) -> Iterator[Services]:
-    for noisy in ("werkzeug", "pgserver", "botocore", "urllib3", "google", "bridge"):
+    for noisy in ("werkzeug", "pgserver", "botocore", "urllib3", "google", "bridge", "consumers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # The summary reports every decision; the operator's log lines would only interleave.
     logging.getLogger("fencebridge").setLevel(logging.ERROR)
