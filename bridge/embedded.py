@@ -5,6 +5,7 @@ Nothing here is used when a real database URL is configured.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -23,9 +24,13 @@ class EmbeddedPostgres:
     url: str
     data_dir: Path
     _server: Any
+    #: the data directory was made by :func:`start` and goes with the server
+    _owns_dir: bool = False
 
     def stop(self) -> None:
         self._server.cleanup()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def start(data_dir: Path | None = None) -> EmbeddedPostgres:
@@ -45,7 +50,9 @@ def start(data_dir: Path | None = None) -> EmbeddedPostgres:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         server = pgserver.get_server(directory, cleanup_mode="stop")  # type: ignore[attr-defined]
-    return EmbeddedPostgres(url=server.get_uri(), data_dir=directory, _server=server)
+    return EmbeddedPostgres(
+        url=server.get_uri(), data_dir=directory, _server=server, _owns_dir=data_dir is None
+    )
 
 
 def binaries() -> Path:
