@@ -67,6 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         bridge.run_until_signalled()
     finally:
+        bridge.telemetry.stop_observing()
         bridge.store.close()
         telemetry.shutdown()
     return 0

@@ -108,6 +108,7 @@ class Telemetry:
         self._meter = meter
         self._stats: Stats | None = None
         self._stats_lock = threading.Lock()
+        self._observing: threading.Event | None = None
 
     # -- inbox -------------------------------------------------------------------------------------
 
@@ -274,17 +275,25 @@ class Telemetry:
     def observe(
         self, store: PostgresStore, interval: float = STATS_REFRESH_SECONDS_DEFAULT
     ) -> None:
-        """Register the database gauges, refreshed by a background thread every ``interval``."""
+        """Register the database gauges, refreshed by a background thread every ``interval``.
+
+        Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.
+        """
+        with self._stats_lock:
+            if self._observing is not None:
+                return
+            self._observing = threading.Event()
+        stop = self._observing
 
         def refresh() -> None:
-            while True:
+            while not stop.is_set():
                 try:
                     stats = store.stats()
                 except Exception:  # noqa: BLE001  (a gauge must not take the process down)
                     stats = None
                 with self._stats_lock:
                     self._stats = stats
-                time.sleep(interval)
+                stop.wait(interval)
 
         threading.Thread(target=refresh, name="fencebridge-stats", daemon=True).start()
         self._meter.create_observable_gauge(
@@ -311,6 +320,11 @@ class Telemetry:
             unit="{operation}",
             description="Queued rows per subscription",
         )
+
+    def stop_observing(self) -> None:
+        with self._stats_lock:
+            if self._observing is not None:
+                self._observing.set()
 
     def _snapshot(self) -> Stats | None:
         with self._stats_lock:

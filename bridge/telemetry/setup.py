@@ -77,7 +77,10 @@ def configure_telemetry() -> TelemetrySetup:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(int(port), addr=os.environ.get(PROMETHEUS_HOST_ENV, "127.0.0.1"))
+        server, _thread = start_http_server(
+            int(port), addr=os.environ.get(PROMETHEUS_HOST_ENV, "127.0.0.1")
+        )
+        shutdowns.append(server.shutdown)
         readers.append(PrometheusMetricReader())
     if readers:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
