@@ -34,7 +34,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge.errors import LeaseLost
-from bridge.types import TargetClass
+from bridge.identity import IdentityHasher
+from bridge.types import Claim, TargetClass
 
 if TYPE_CHECKING:
     from bridge.database import Connection
@@ -178,6 +179,22 @@ class Context:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     _progress: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_progress: Callable[[], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_claim(cls, claim: Claim, hasher: IdentityHasher) -> Context:
+        """The context of one run of ``claim``: its fence, attempt, payload and key."""
+        return cls(
+            tenant_id=claim.tenant_id,
+            operation_id=claim.operation_id,
+            job_type=claim.job_type,
+            subscription=claim.subscription,
+            attempt=claim.attempts,
+            max_attempts=claim.max_attempts,
+            fence=claim.fence,
+            payload=claim.payload or b"",
+            schema_version=claim.schema_version,
+            idempotency_key=hasher.idempotency_key(claim.tenant_id, claim.operation_id),
+        )
 
     def progress(self) -> None:
         """Report that the work is advancing (renews the lease at the next heartbeat)."""

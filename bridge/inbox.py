@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from bridge.decode import RawDelivery
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
-from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
+from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T", bound="HeldDelivery")
 
 Decoder = Callable[[RawDelivery], Delivery | Rejection]
 HandOff = Callable[[Sequence[tuple[Key, str]]], None]
@@ -114,3 +117,57 @@ class Inbox:
             seconds = time.monotonic() - received_at
             for _ in range(count):
                 self._telemetry.acked(subscription, seconds)
+
+
+class HeldDelivery(Protocol):
+    """A delivery an ``after_outcome`` consumer keeps in flight until its row's outcome."""
+
+    @property
+    def key(self) -> Key: ...
+
+    @property
+    def received_at(self) -> float:
+        """Monotonic time of the receive."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Triage(Generic[T]):
+    """What to do with each held delivery this round."""
+
+    #: the row is terminal or parked: acknowledge
+    done: list[T]
+    #: the row is queued or its claim's lease is live: extend the broker's deadline
+    extend: list[T]
+    #: the claim stalled, the row is gone, or the hold reached its limit: let the broker redeliver
+    let_go: list[T]
+
+
+def triage_held(
+    store: PostgresStore, held: Sequence[T], *, extension: float, limit: float
+) -> Triage[T]:
+    """Sort held deliveries by their work rows, for ``after_outcome`` consumers.
+
+    A delivery is extended only while its row waits in the queue or its claim's lease is being
+    renewed by handler progress; a stalled claim gets no more broker time, so the broker
+    redelivers it (a replay). ``limit`` caps the total hold from the receive, counting the
+    ``extension`` about to be granted.
+    """
+    rows = store.watch(list({h.key for h in held}))
+    triage: Triage[T] = Triage([], [], [])
+    now = time.monotonic()
+    for h in held:
+        row = rows.get(h.key)
+        if row is None:
+            triage.let_go.append(h)
+            continue
+        state, lease_live = row
+        if state.terminal or state.parked:
+            triage.done.append(h)
+        elif now - h.received_at + extension >= limit:
+            triage.let_go.append(h)
+        elif state is State.QUEUED or lease_live:
+            triage.extend.append(h)
+        else:
+            triage.let_go.append(h)
+    return triage

@@ -240,18 +240,7 @@ class WorkerPool:
         if spec is None or self._stopping.is_set():
             self._release(claim)
             return
-        ctx = Context(
-            tenant_id=claim.tenant_id,
-            operation_id=claim.operation_id,
-            job_type=claim.job_type,
-            subscription=claim.subscription,
-            attempt=claim.attempts,
-            max_attempts=claim.max_attempts,
-            fence=claim.fence,
-            payload=claim.payload or b"",
-            schema_version=claim.schema_version,
-            idempotency_key=self._hasher.idempotency_key(claim.tenant_id, claim.operation_id),
-        )
+        ctx = Context.for_claim(claim, self._hasher)
         # The trust window is measured from before the claim statement was sent: it errs early.
         entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
         run_events = _RunEvents(self._events)

@@ -60,7 +60,7 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.errors import ConfigError
-from bridge.inbox import Inbox
+from bridge.inbox import Inbox, triage_held
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -558,23 +558,8 @@ class PubSubConsumer:
             held = list(self._held.values())
         if not held:
             return
-        rows = self._store.watch(list({h.key for h in held}))
-        done, extend, let_go = [], [], []
-        now = time.monotonic()
-        for h in held:
-            row = rows.get(h.key)
-            if row is None:
-                let_go.append(h)
-                continue
-            state, lease_live = row
-            if state.terminal or state.parked:
-                done.append(h)
-            elif now - h.received_at + self._ack_deadline > self._max_lease:
-                let_go.append(h)  # held as long as allowed: the redelivery replays
-            elif state.value == "queued" or lease_live:
-                extend.append(h)
-            else:
-                let_go.append(h)  # claimed but stalled: no more broker time for it
+        triage = triage_held(self._store, held, extension=self._ack_deadline, limit=self._max_lease)
+        done, extend, let_go = triage.done, triage.extend, triage.let_go
         if let_go:
             self._forget(let_go)
             self._count("let_go", len(let_go))

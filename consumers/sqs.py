@@ -33,7 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
-from bridge.inbox import Inbox
+from bridge.inbox import Inbox, triage_held
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -279,23 +279,13 @@ class SqsConsumer:
             held = list(self._held.values())
         if not held:
             return
-        rows = self._store.watch(list({h.key for h in held}))
-        done, extend, let_go = [], [], []
-        now = time.monotonic()
-        for h in held:
-            row = rows.get(h.key)
-            if row is None:
-                let_go.append(h)
-                continue
-            state, lease_live = row
-            if state.terminal or state.parked:
-                done.append(h)
-            elif now - h.received_at + self._visibility >= MAX_VISIBILITY_SECONDS - 60:
-                let_go.append(h)
-            elif state.value == "queued" or lease_live:
-                extend.append(h)
-            else:
-                let_go.append(h)  # claimed but stalled: no more broker time for it
+        triage = triage_held(
+            self._store,
+            held,
+            extension=self._visibility,
+            limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
+        )
+        done, extend, let_go = triage.done, triage.extend, triage.let_go
         if done:
             self._forget(done)
             self._delete([h.receipt_handle for h in done])

@@ -60,18 +60,7 @@ EXPECT_SECONDS = 60.0
 
 def context_for(claim: Claim, hasher: IdentityHasher) -> Context:
     """The context a worker builds for a claim (as :class:`bridge.worker.WorkerPool` does)."""
-    return Context(
-        tenant_id=claim.tenant_id,
-        operation_id=claim.operation_id,
-        job_type=claim.job_type,
-        subscription=claim.subscription,
-        attempt=claim.attempts,
-        max_attempts=claim.max_attempts,
-        fence=claim.fence,
-        payload=claim.payload or b"",
-        schema_version=claim.schema_version,
-        idempotency_key=hasher.idempotency_key(claim.tenant_id, claim.operation_id),
-    )
+    return Context.for_claim(claim, hasher)
 
 
 # -- the process --------------------------------------------------------------------------------
