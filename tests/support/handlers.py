@@ -5,8 +5,8 @@ everything a handler needs comes from the environment or from the payload it is 
 
 * :class:`RecordEffect` (class A) appends one row to ``test_effect`` in the bridge's own
   database, inside the fenced transaction: the effect commits with the settlement or not at all,
-  so ``test_effect`` holds exactly one row per operation that succeeded, in the order the rows
-  were claimed.
+  so ``test_effect`` holds exactly one row per operation that succeeded, numbered in the order
+  the handlers wrote them.
 * :class:`SteadyProgress` (class B) works for a while, calling ``ctx.progress()`` as it goes,
   then writes its target record with the fence in the write's condition. The target is the
   database named by ``FENCEBRIDGE_TEST_TARGET_URL`` (else the bridge's own database). A payload
