@@ -144,8 +144,15 @@ class Telemetry:
 
     def decided(self, span: trace.Span, written: Iterable[Written]) -> None:
         """One span event, one count and (when it needs a person) one log line per delivery."""
+        recording = span.is_recording()
         for w in written:
             subscription = w.raw.subscription
+            self._deliveries.add(
+                1, {n.LABEL_SUBSCRIPTION: subscription, n.LABEL_DECISION: w.decision.value}
+            )
+            needs_person = w.decision in (Decision.CONFLICT, Decision.QUARANTINED)
+            if not (recording or needs_person):
+                continue
             attributes: dict[str, str] = {n.DECISION: w.decision.value}
             operation_id = w.result.key.operation_id if w.result.key is not None else None
             if w.raw.message_id and w.raw.message_id != operation_id:
@@ -160,11 +167,9 @@ class Telemetry:
             reason = getattr(w.decoded, "reason", None)
             if w.decision is Decision.QUARANTINED and reason:
                 attributes[n.REASON] = reason.split(":", 1)[0]
-            span.add_event(n.EVENT_DECISION, attributes)
-            self._deliveries.add(
-                1, {n.LABEL_SUBSCRIPTION: subscription, n.LABEL_DECISION: w.decision.value}
-            )
-            if w.decision in (Decision.CONFLICT, Decision.QUARANTINED):
+            if recording:
+                span.add_event(n.EVENT_DECISION, attributes)
+            if needs_person:
                 decisions_log.warning(
                     "%s delivery recorded for the producer team",
                     w.decision.value,
@@ -202,8 +207,9 @@ class Telemetry:
             n.SPAN_PROCESS.format(subscription=claim.subscription),
             kind=trace.SpanKind.CONSUMER,
             links=[link] if link else [],
-            attributes=self._claim_attributes(claim),
         ) as span:
+            if span.is_recording():  # keyed hashes cost a few HMACs; skip them when unused
+                span.set_attributes(self._claim_attributes(claim))
             yield span
 
     def _labels(self, claim: Claim, **more: str) -> dict[str, str]:
