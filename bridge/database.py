@@ -36,8 +36,11 @@ def database_url(explicit: str | None = None) -> str:
         )
     try:
         conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"{DATABASE_URL_ENV} is not a valid libpq URL: {exc}") from exc
+    except psycopg.ProgrammingError:
+        # The parser's message quotes the URL, password included: it must not reach a log.
+        raise ConfigError(
+            f"{DATABASE_URL_ENV} is not a valid libpq URL (postgresql://user@host:5432/dbname)"
+        ) from None
     return url
 
 

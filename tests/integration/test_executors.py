@@ -58,6 +58,7 @@ from bridge.types import (
     TargetClass,
     Ticket,
 )
+from tests.support.clock import Clock
 from tests.support.worker_process import context_for
 
 Db = psycopg.Connection[Any]
@@ -73,24 +74,11 @@ QUEUED, SUCCEEDED, FAILED = State.QUEUED, State.SUCCEEDED, State.FAILED_TERMINAL
 UNKNOWN, QUARANTINED = State.UNKNOWN, State.QUARANTINED
 
 
-class Clock:
-    """The store's clock for a test: time moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.at = START
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, by: timedelta) -> None:
-        self.at += by
-
-
 class Bench:
     """A registry, a clocked store and the steps of a worker, one call each."""
 
     def __init__(self, store: PostgresStore, db: Db) -> None:
-        self.clock = Clock()
+        self.clock = Clock(START)
         self.store = PostgresStore(store.pool, clock=self.clock)
         self.db = db
         self.hasher = IdentityHasher(b"executor-tests-identity-secret")

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
-import psycopg
+import threading
+from datetime import timedelta
 
+import psycopg
+import pytest
+
+from bridge.errors import LeaseLost
 from bridge.store import PostgresStore
-from bridge.types import Decision, Delivery, Key, Rejection, State, TargetClass
+from bridge.types import (
+    Decision,
+    Delivery,
+    IngestResult,
+    Key,
+    Rejection,
+    State,
+    TargetClass,
+    Ticket,
+    payload_digest,
+)
+
+LEASE = timedelta(seconds=30)
 
 
 def delivery(tenant: str, op: str, payload: bytes = b'{"amount": 5}', **kw: object) -> Delivery:
@@ -55,7 +72,7 @@ def test_two_tenants_with_the_same_operation_id_are_two_operations(
 ) -> None:
     result = store.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
     assert [r.decision for r in result] == [Decision.NEW, Decision.NEW]
-    claims = store.claim("w", 10, lease=__import__("datetime").timedelta(seconds=30))
+    claims = store.claim("w", 10, lease=LEASE)
     assert {c.key for c in claims} == {Key("t1", "op-1"), Key("t2", "op-1")}
     assert {c.key: c.payload for c in claims} == {Key("t1", "op-1"): b"x", Key("t2", "op-1"): b"y"}
 
@@ -80,3 +97,106 @@ def test_rejections_are_recorded_with_reason_and_body(
         "JOIN payload p USING (payload_ref)"
     ).fetchone()
     assert row == ("quarantined", "missing tenant_id", "m-9", b"{}")
+
+
+def test_replay_reports_the_current_state_and_schedules_nothing(
+    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    store.ingest([delivery("t1", "op-1")])
+    (claim,) = store.claim("w", 1, LEASE)
+    assert [r.state for r in store.ingest([delivery("t1", "op-1")])] == [State.CLAIMED]
+    store.complete(claim.ticket)
+    before = db.execute("SELECT * FROM work_item").fetchall()
+    replay = store.ingest([delivery("t1", "op-1")])
+    assert replay == [IngestResult(Decision.REPLAY, Key("t1", "op-1"), State.SUCCEEDED)]
+    assert db.execute("SELECT * FROM work_item").fetchall() == before
+    assert store.claim("w", 10, LEASE) == []
+    assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM payload").fetchone() == (1,)
+
+
+def test_conflict_on_a_settled_operation_changes_nothing(
+    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    store.ingest([delivery("t1", "op-1", b"one")])
+    (claim,) = store.claim("w", 1, LEASE)
+    store.fail_terminal(claim.ticket, "declined")
+    before = db.execute("SELECT * FROM work_item").fetchall()
+    conflict = store.ingest([delivery("t1", "op-1", b"two")])
+    assert conflict == [IngestResult(Decision.CONFLICT, Key("t1", "op-1"), State.FAILED_TERMINAL)]
+    assert db.execute("SELECT * FROM work_item").fetchall() == before
+    stored = db.execute("SELECT payload_hash FROM rejected_delivery").fetchone()
+    assert stored == (payload_digest(b"two"),)  # the evidence is the hash, not the payload
+
+
+def test_a_replay_after_a_conflict_is_still_a_replay(store: PostgresStore) -> None:
+    store.ingest([delivery("t1", "op-1", b"one")])
+    assert store.ingest([delivery("t1", "op-1", b"two")])[0].decision is Decision.CONFLICT
+    assert store.ingest([delivery("t1", "op-1", b"one")])[0].decision is Decision.REPLAY
+
+
+def test_tenants_with_colliding_operation_ids_never_touch_each_other(
+    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    def rows() -> dict[str, tuple[object, ...]]:
+        found = db.execute(
+            "SELECT tenant_id, state, fence, attempts, outcome_code, payload_hash"
+            " FROM work_item WHERE operation_id = 'op-1'"
+        ).fetchall()
+        return {str(r[0]): r[1:] for r in found}
+
+    store.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
+    t2_queued = rows()["t2"]
+
+    # A claim of one tenant's key leaves the other's row queued.
+    (c1,) = store.claim_keys("w1", [Key("t1", "op-1")], LEASE)
+    assert rows()["t2"] == t2_queued
+    # Same operation id, same fence number, other tenant: the ticket does not fit.
+    with pytest.raises(LeaseLost):
+        store.complete(Ticket("t2", "op-1", c1.fence))
+    assert rows()["t2"] == t2_queued
+
+    (c2,) = store.claim_keys("w2", [Key("t2", "op-1")], LEASE)
+    assert c2.fence == c1.fence == 1
+    store.complete(c1.ticket)
+    assert rows()["t1"][0] == "succeeded"
+    t2_claimed = rows()["t2"]
+    assert t2_claimed[:3] == ("claimed", 1, 1)
+
+    # One tenant's conflict is recorded against that tenant only; the other's payload is the
+    # conflicting one here, so the same bytes are a replay for t2.
+    result = store.ingest([delivery("t1", "op-1", b"y"), delivery("t2", "op-1", b"y")])
+    assert [r.decision for r in result] == [Decision.CONFLICT, Decision.REPLAY]
+    assert [r.state for r in result] == [State.SUCCEEDED, State.CLAIMED]
+    assert rows()["t2"] == t2_claimed
+    rejected = db.execute("SELECT tenant_id, operation_id FROM rejected_delivery").fetchall()
+    assert rejected == [("t1", "op-1")]
+
+    store.park_unknown(c2.ticket, "timeout")
+    assert rows()["t1"][0] == "succeeded"
+    assert rows()["t2"][0] == "unknown"
+
+
+def test_concurrent_batches_with_the_same_keys_create_each_operation_once(
+    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    batch = [delivery(f"t{i % 2}", f"op-{i}") for i in range(40)]
+    barrier = threading.Barrier(4)
+    results: list[list[IngestResult]] = []
+
+    def ingest(order: list[Delivery]) -> None:
+        barrier.wait()
+        results.append(store.ingest(order))
+
+    threads = [threading.Thread(target=ingest, args=(batch[::step],)) for step in (1, -1, 1, -1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    news = [r.key for rs in results for r in rs if r.decision is Decision.NEW]
+    replays = [r.key for rs in results for r in rs if r.decision is Decision.REPLAY]
+    assert len(results) == 4
+    assert sorted(news, key=repr) == sorted((d.key for d in batch), key=repr)
+    assert len(replays) == 3 * len(batch)
+    assert db.execute("SELECT count(*), count(DISTINCT seq) FROM work_item").fetchone() == (40, 40)
+    assert db.execute("SELECT count(*) FROM payload").fetchone() == (40,)

@@ -25,6 +25,7 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.targets.dynamodb import fenced_put, fenced_update
 from bridge.types import Claim, Delivery, Key, TargetClass
+from tests.support.clock import Clock
 from tests.support.worker_process import context_for
 
 REGION = "eu-west-1"
@@ -153,18 +154,10 @@ class SetBalanceInDynamo(ConditionalWriteHandler):
         return Success("balance_set")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.at = datetime(2024, 2, 3, 4, 5, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 @pytest.fixture
 def stale_and_current(store: PostgresStore, table: Any) -> tuple[PostgresStore, Claim, Claim]:
     """One operation claimed, its lease lapsed, claimed again: (store, stale, current)."""
-    clock = Clock()
+    clock = Clock(datetime(2024, 2, 3, 4, 5, tzinfo=UTC))
     clocked = PostgresStore(store.pool, clock=clock)
     clocked.ingest(
         [

@@ -9,7 +9,7 @@ WITH expired AS (
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
        AND attempts < max_attempts
        AND (%(job_types)s::text[] IS NULL OR job_type = ANY (%(job_types)s::text[]))
-     ORDER BY lease_expires_at
+     ORDER BY lease_expires_at, seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),

@@ -7,7 +7,7 @@ WITH exhausted AS (
      WHERE state = 'claimed'
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
        AND attempts >= max_attempts
-     ORDER BY lease_expires_at
+     ORDER BY lease_expires_at, seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 )
