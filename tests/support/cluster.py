@@ -70,6 +70,7 @@ class Cluster:
         self.log = base / "postgres.log"
         self._bin = embedded.binaries()
         self._as_user = _unprivileged_user(self._bin)
+        self._setpriv = shutil.which("setpriv")
         self._postmaster: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -83,18 +84,20 @@ class Cluster:
                 os.chown(path, uid, gid)
         with self.log.open("ab") as log:
             subprocess.run(
-                [
-                    str(self._bin / "initdb"),
-                    "-D",
-                    str(self.data),
-                    "-U",
-                    SUPERUSER,
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                    "--no-instructions",
-                ],
+                self._command(
+                    [
+                        str(self._bin / "initdb"),
+                        "-D",
+                        str(self.data),
+                        "-U",
+                        SUPERUSER,
+                        "--auth=trust",
+                        "--encoding=UTF8",
+                        "--locale=C",
+                        "--no-sync",
+                        "--no-instructions",
+                    ]
+                ),
                 check=True,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -108,16 +111,22 @@ class Cluster:
             return
         with self.log.open("ab") as log:
             self._postmaster = subprocess.Popen(
-                [
-                    str(self._bin / "postgres"),
-                    "-D",
-                    str(self.data),
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.sockets),
-                    *(arg for name, value in SETTINGS.items() for arg in ("-c", f"{name}={value}")),
-                ],
+                self._command(
+                    [
+                        str(self._bin / "postgres"),
+                        "-D",
+                        str(self.data),
+                        "-p",
+                        str(self.port),
+                        "-k",
+                        str(self.sockets),
+                        *(
+                            arg
+                            for name, value in SETTINGS.items()
+                            for arg in ("-c", f"{name}={value}")
+                        ),
+                    ]
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -201,8 +210,21 @@ class Cluster:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _command(self, args: list[str]) -> list[str]:
+        """``args``, run as the unprivileged user when the tests run as root.
+
+        The switch is made by ``setpriv`` after exec rather than by Popen's ``user=``: that
+        forces a plain fork() of the test process, which runs the fork handlers of libraries
+        already loaded (gRPC's event engine breaks in the child), while a spawn without it
+        uses vfork and runs none.
+        """
+        if self._as_user is None or self._setpriv is None:
+            return args
+        uid, gid = self._as_user
+        return [self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *args]
+
     def _user_kwargs(self) -> dict[str, Any]:
-        if self._as_user is None:
+        if self._as_user is None or self._setpriv is not None:
             return {}
         uid, gid = self._as_user
         return {"user": uid, "group": gid, "extra_groups": []}
