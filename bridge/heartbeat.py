@@ -103,6 +103,8 @@ class Heartbeater:
             if entry.ctx.take_progress():
                 due[entry.lease].append(entry)
         for lease, entries in due.items():
+            # Key order, as the completer settles: multi-row writes lock rows in one order.
+            entries.sort(key=lambda e: (e.claim.tenant_id, e.claim.operation_id))
             sent_at = time.monotonic()
             try:
                 lost = set(self._store.heartbeat_many([e.claim.ticket for e in entries], lease))

@@ -348,6 +348,58 @@ class PostgresStore:
         moved = {(Key(t, o), int(f)) for t, o, f in rows}
         return [s.ticket for s in settlements if (s.ticket.key, s.ticket.fence) not in moved]
 
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        limit: int,
+        lease: timedelta,
+        *,
+        job_types: Sequence[str] | None = None,
+        per_statement: int | None = None,
+    ) -> tuple[list[Ticket], list[Claim]]:
+        """:meth:`settle_many`, then :meth:`claim`, in one transaction and one round trip.
+
+        Each part is exactly the method it names (the stale tickets are returned, the other rows
+        settle; up to ``limit`` claimable rows are claimed, by claims of at most
+        ``per_statement`` rows each); they share one commit, so a worker tier that frees workers
+        by settling can refill them for the cost of one WAL flush.
+        """
+        if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
+            raise ValueError("settle_and_claim moves rows to a settled state only")
+        step = per_statement or limit
+        limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
+        now = self._now()
+        with self._connection("settle and claim") as conn:
+            with conn.pipeline(), conn.transaction():
+                settled = conn.execute(
+                    sql.statement("settle_many"),
+                    {
+                        **_tickets_params([s.ticket for s in settlements]),
+                        "state": [s.state.value for s in settlements],
+                        "outcome_code": [s.outcome_code for s in settlements],
+                        "outcome_detail": [s.outcome_detail for s in settlements],
+                        "now": now,
+                    },
+                )
+                claimed = [
+                    conn.execute(
+                        sql.statement("claim"),
+                        {
+                            "worker": worker,
+                            "limit": n,
+                            "lease": lease,
+                            "job_types": list(job_types) if job_types is not None else None,
+                            "now": now,
+                        },
+                    )
+                    for n in limits
+                ]
+            moved = {(Key(t, o), int(f)) for t, o, f in settled.fetchall()}
+            rows = [r for cur in claimed for r in cur.fetchall()]
+        stale = [s.ticket for s in settlements if (s.ticket.key, s.ticket.fence) not in moved]
+        return stale, [_claim(r) for r in rows]
+
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""
         return self.settle_many([Settlement(t, State.SUCCEEDED, outcome_code) for t in tickets])

@@ -9,6 +9,11 @@ Stopping: the claimer stops first; claims that never reached a handler are relea
 attempt is not counted); running handlers get until the deadline to finish. Past it they are
 abandoned: their context reports the lease as lost, and nothing is written for them, so their
 rows come back through lease expiry and the next claim reconciles.
+
+Final settlements of concurrent runs are written together: runs hand them to a
+:class:`~bridge.executors.completer.BatchCompleter` and the claimer writes what has gathered,
+in the same transaction as the claim that refills the workers they free (one commit for both,
+each row under its own fence). A run waits for its own answer, so it ends as it would have.
 """
 
 from __future__ import annotations
@@ -28,19 +33,22 @@ from datetime import timedelta
 from bridge.errors import FenceBridgeError, LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
+from bridge.executors.completer import Batch, BatchCompleter, RunSettler
 from bridge.handlers import Context
 from bridge.heartbeat import Heartbeater
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
-from bridge.types import Claim, Key, State
+from bridge.types import Claim, Key, State, TargetClass
 
 log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
 CLAIM_BATCH_DEFAULT = 10
 POLL_INTERVAL_DEFAULT = 1.0
+#: how long settlements wait for the other running handlers to finish, to share their commit
+SETTLE_LINGER_DEFAULT = 0.002
 _BACKOFF_MAX = 5.0
 
 
@@ -66,6 +74,7 @@ class WorkerPool:
         threads: int = WORKER_THREADS_DEFAULT,
         claim_batch: int = CLAIM_BATCH_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
+        settle_linger: float = SETTLE_LINGER_DEFAULT,
         events: WorkEvents | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
@@ -83,6 +92,7 @@ class WorkerPool:
         self._threads = threads
         self._claim_batch = claim_batch
         self._poll = poll_interval
+        self._settle_linger = settle_linger
         self._work: queue.Queue[tuple[Claim, float] | None] = queue.Queue()
         self._cond = threading.Condition()
         self._idle = threads
@@ -90,6 +100,7 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._healthy = threading.Event()
         self._healthy.set()
+        self._completer = BatchCompleter(store, on_pending=self.wake)
         self.heartbeater = Heartbeater(
             store,
             self._events,
@@ -146,6 +157,8 @@ class WorkerPool:
             self._work.put(None)
         for t in self._workers:
             t.join(timeout=max(end - time.monotonic(), 0))
+        # Settlements of runs that outlive the claimer (or the deadline) are written alone.
+        self._completer.close()
         abandoned = self.heartbeater.inflight()
         for entry in abandoned:
             entry.ctx.lease_lost.set()
@@ -161,28 +174,45 @@ class WorkerPool:
     # -- claimer ----------------------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
+        try:
+            self._claim_and_settle()
+        finally:
+            # From here on, every run writes its own settlement (none is left waiting).
+            self._completer.close()
+
+    def _claim_and_settle(self) -> None:
         failures = 0
         while not self._stopping.is_set():
             with self._cond:
-                while self._idle == 0 and not self._stopping.is_set():
+                while (
+                    self._idle == 0 and not self._completer.pending and not self._stopping.is_set()
+                ):
                     self._cond.wait()
-                want = min(self._idle, self._claim_batch)
+                if self._stopping.is_set():
+                    break
+                self._gather_settlements()
+                settling = self._completer.take()
+                if settling is not None:
+                    # Their workers are free once this write ends: claim for them with it.
+                    self._idle += len(settling)
+                    want = self._idle  # in claims of claim_batch rows, one transaction
+                else:
+                    want = min(self._idle, self._claim_batch)
                 handoff = dict(list(self._handoff.items())[:want])
                 for key in handoff:
                     del self._handoff[key]
-            if self._stopping.is_set():
-                break
             sent_at = time.monotonic()  # leases start no earlier than this, by our clock
             try:
-                claims = self._claim(want, handoff)
+                claims = self._claim(want, handoff, settling)
             except FenceBridgeError as exc:
                 failures += 1
                 self._healthy.clear()
                 pause = min(_BACKOFF_MAX, 0.1 * 2**failures)
                 log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
-                with self._cond:
-                    # Hand-off keys stay claimable by the general claim; nothing is lost.
-                    self._cond.wait(timeout=pause)
+                # Hand-off keys stay claimable by the general claim; nothing is lost. Waiting on
+                # the stop event, not the condition: new hand-offs and settlements must not cut
+                # the pause short while the database is failing.
+                self._stopping.wait(pause)
                 continue
             failures = 0
             self._healthy.set()
@@ -194,11 +224,37 @@ class WorkerPool:
                     self._work.put((claim, sent_at))
                 continue
             with self._cond:
-                if not self._handoff and not self._stopping.is_set():
+                if (
+                    not self._handoff
+                    and not self._completer.pending
+                    and not self._stopping.is_set()
+                ):
                     self._cond.wait(timeout=self._poll)
 
-    def _claim(self, want: int, handoff: dict[Key, str]) -> list[Claim]:
+    def _gather_settlements(self) -> None:
+        """Give the runs still going a moment to join the settlements already waiting.
+
+        Without it every transaction would carry only the settlements that arrived during the
+        previous one. Bounded by ``settle_linger``; called holding the condition.
+        """
+        if self._settle_linger <= 0:
+            return
+        deadline = time.monotonic() + self._settle_linger
+        while not self._stopping.is_set():
+            pending = self._completer.pending
+            if pending == 0 or pending >= self._threads - self._idle:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(timeout=left)
+
+    def _claim(self, want: int, handoff: dict[Key, str], settling: Batch | None) -> list[Claim]:
+        """Claim up to ``want`` rows; write ``settling`` first, with the first claim if it can."""
         claims: list[Claim] = []
+        if handoff and settling is not None:
+            settling.write(self._store)
+            settling = None
         by_lease: dict[timedelta, list[Key]] = defaultdict(list)
         for key, job_type in handoff.items():
             by_lease[self._registry[job_type].lease].append(key)
@@ -212,9 +268,22 @@ class WorkerPool:
             for lease, job_types in groups.items():
                 if room <= 0:
                     break
-                got = self._store.claim(self.worker_id, room, lease, job_types=job_types)
+                if settling is not None:
+                    got = settling.write_and_claim(
+                        self._store,
+                        self.worker_id,
+                        room,
+                        lease,
+                        job_types=job_types,
+                        per_statement=self._claim_batch,
+                    )
+                    settling = None
+                else:
+                    got = self._store.claim(self.worker_id, room, lease, job_types=job_types)
                 claims += got
                 room -= len(got)
+        if settling is not None:
+            settling.write(self._store)
         return claims
 
     # -- workers ----------------------------------------------------------------------------------
@@ -225,17 +294,19 @@ class WorkerPool:
             if item is None:
                 return
             claim, sent_at = item
+            settler = self._completer.for_run()
             try:
-                self._run(claim, sent_at)
+                self._run(claim, sent_at, settler)
             except Exception:
                 # An executor bug must not kill the worker thread; the row's lease will lapse.
                 log.exception("executor failed unexpectedly")
             finally:
-                with self._cond:
-                    self._idle += 1
-                    self._cond.notify_all()
+                if not settler.taken:  # else the claimer counted this worker free already
+                    with self._cond:
+                        self._idle += 1
+                        self._cond.notify_all()
 
-    def _run(self, claim: Claim, sent_at: float) -> None:
+    def _run(self, claim: Claim, sent_at: float, settler: RunSettler) -> None:
         spec = self._registry.get(claim.job_type)
         if spec is None or self._stopping.is_set():
             self._release(claim)
@@ -248,7 +319,9 @@ class WorkerPool:
             if self._telemetry is not None:
                 span.enter_context(self._telemetry.process(claim))
             try:
-                execute(Run(self._store, claim, spec, ctx, run_events))
+                # Class A settles inside its own transaction; none of its writes is batched.
+                batched = settler if spec.target_class is not TargetClass.A else None
+                execute(Run(self._store, claim, spec, ctx, run_events, batched))
             finally:
                 self.heartbeater.untrack(claim)
                 if entry.renewal_refused and not run_events.concluded:

@@ -4,6 +4,10 @@ Every write here carries the claim's fence. A write the database refuses (``Leas
 reported and dropped, never retried: the row belongs to a newer claim or is already settled. A
 write whose fate is unknown (the connection broke) is reported too and left alone: if it did not
 commit, the lease runs out and the next claim, with ``attempts > 1``, reconciles first.
+
+Final settlements (succeeded, failed_terminal, unknown, quarantined) go through the run's
+:class:`~bridge.executors.completer.BatchCompleter` when it has one, and are answered per claim
+exactly as a single write would be.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from datetime import timedelta
 
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import WorkEvents
+from bridge.executors.completer import RunSettler
 from bridge.handlers import (
     Ambiguous,
     Context,
@@ -26,7 +31,7 @@ from bridge.handlers import (
     TerminalFailure,
 )
 from bridge.registry import JobSpec
-from bridge.store import PostgresStore
+from bridge.store import PostgresStore, Settlement
 from bridge.types import Claim, State
 
 
@@ -39,6 +44,8 @@ class Run:
     spec: JobSpec
     ctx: Context
     events: WorkEvents
+    #: batches this run's final settlement with other runs'; None writes it alone
+    completer: RunSettler | None = None
 
 
 def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> timedelta:
@@ -72,10 +79,29 @@ def fenced(run: Run, action: str, write: Callable[[], object]) -> bool:
     return True
 
 
+def write_settlement(run: Run, state: State, code: str, detail: str | None) -> None:
+    """The one fenced write that moves the row to a final or parked state."""
+    if run.completer is not None:
+        run.completer.settle(Settlement(run.claim.ticket, state, code, detail))
+        return
+    ticket, store = run.claim.ticket, run.store
+    match state:
+        case State.SUCCEEDED:
+            store.complete(ticket, code, detail)
+        case State.FAILED_TERMINAL:
+            store.fail_terminal(ticket, code, detail)
+        case State.UNKNOWN:
+            store.park_unknown(ticket, code, detail)
+        case State.QUARANTINED:
+            store.quarantine(ticket, code, detail)
+        case _:  # pragma: no cover - queued and claimed are not settlements
+            raise ValueError(f"{state.value} is not a settlement")
+
+
 def settle_success(run: Run, success: Success) -> None:
-    ticket = run.claim.ticket
-    if fenced(run, "complete", lambda: run.store.complete(ticket, success.code, success.detail)):
-        run.events.settled(run.claim, State.SUCCEEDED, success.code)
+    code, detail = success.code, success.detail
+    if fenced(run, "complete", lambda: write_settlement(run, State.SUCCEEDED, code, detail)):
+        run.events.settled(run.claim, State.SUCCEEDED, code)
 
 
 def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
@@ -86,10 +112,12 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
     """
     store, ticket, code, detail = run.store, run.claim.ticket, outcome.code, outcome.detail
     if isinstance(outcome, TerminalFailure):
-        if fenced(run, "fail", lambda: store.fail_terminal(ticket, code, detail)):
+        if fenced(run, "fail", lambda: write_settlement(run, State.FAILED_TERMINAL, code, detail)):
             run.events.settled(run.claim, State.FAILED_TERMINAL, code)
     elif isinstance(outcome, Quarantine):
-        if fenced(run, "quarantine", lambda: store.quarantine(ticket, code, detail)):
+        if fenced(
+            run, "quarantine", lambda: write_settlement(run, State.QUARANTINED, code, detail)
+        ):
             run.events.settled(run.claim, State.QUARANTINED, code)
     elif isinstance(outcome, RetryLater):
         # ``is None``: an explicit zero delay means "due now", not "use the backoff".
@@ -110,6 +138,5 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
 
 
 def park_unknown(run: Run, code: str, detail: str | None) -> None:
-    ticket = run.claim.ticket
-    if fenced(run, "park unknown", lambda: run.store.park_unknown(ticket, code, detail)):
+    if fenced(run, "park unknown", lambda: write_settlement(run, State.UNKNOWN, code, detail)):
         run.events.settled(run.claim, State.UNKNOWN, code)

@@ -27,6 +27,7 @@ from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
 from bridge.types import Claim, Delivery, Key, State, Ticket
 from bridge.worker import WorkerPool
+from tests.support.clock import Clock
 
 Db = psycopg.Connection[Any]
 
@@ -359,16 +360,8 @@ def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_
 # -- the sweeper ---------------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.at = datetime(2023, 1, 2, 3, 4, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 def test_one_sweeper_is_active_at_a_time_across_processes(db_url: str, db: Db) -> None:
-    clock = Clock()
+    clock = Clock(datetime(2023, 1, 2, 3, 4, tzinfo=UTC))
     stores = [PostgresStore.connect(db_url, max_size=4, clock=clock) for _ in range(2)]
     try:
         a, b = (Sweeper(s, interval=POLL) for s in stores)

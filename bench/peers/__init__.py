@@ -1,0 +1,145 @@
+"""One drain of one system, run in a process of its own by :mod:`bench.workers`.
+
+Every module here (and ``bench.workers --drain``) does the same thing for its system: install
+its schema in the empty database it is given, queue the jobs with the system's own batch API,
+``VACUUM ANALYZE`` and ``CHECKPOINT``, then drain the queue with a no-op handler at the
+requested concurrency and print one :class:`Drain` as a JSON line on stdout.
+
+The figures come from the database clock and the system's own records, read the same way for
+all three: the moment each job was picked (claimed) and the moment it was settled (completed),
+each the ``now()`` of the statement's transaction that did it. The rate is the job count over
+the time from the first pick to the last settlement; the latency is settlement minus pick, per
+job. The peers are imported only here, so they stay out of the project's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psycopg
+
+#: a job's payload: about 100 bytes of JSON, the same for every system
+PAYLOAD = {"amount": 1250, "currency": "EUR", "note": "x" * 48, "ref": "bench-0000000000"}
+ENQUEUE_BATCH = 1000
+
+#: pick-to-settle percentiles, first pick and last settlement, from per-job timestamp pairs
+#: given as a query yielding (picked, settled)
+SUMMARY = """
+WITH t AS ({pairs})
+SELECT count(*),
+       extract(epoch FROM max(settled) - min(picked)),
+       1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM settled - picked)),
+       1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM settled - picked))
+  FROM t
+"""
+
+
+@dataclass
+class Drain:
+    """What one drain measured. Times in seconds, latencies in milliseconds."""
+
+    system: str
+    concurrency: int
+    jobs: int
+    #: jobs the system recorded as settled successfully
+    settled: int
+    #: first pick to last settlement, by the database clock
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    #: this process, from starting the workers until they returned (startup and shutdown too)
+    wall_seconds: float
+    #: client CPU (this process, every thread) while draining
+    cpu_seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+def summarize(
+    conn: psycopg.Connection[Any],
+    pairs: str,
+    *,
+    system: str,
+    concurrency: int,
+    jobs: int,
+    wall: float,
+    cpu: float,
+) -> Drain:
+    row = conn.execute(SUMMARY.format(pairs=pairs).encode()).fetchone()
+    assert row is not None
+    settled, seconds, p50, p99 = row
+    return Drain(
+        system=system,
+        concurrency=concurrency,
+        jobs=jobs,
+        settled=int(settled),
+        seconds=float(seconds or 0.0),
+        p50_ms=float(p50 or 0.0),
+        p99_ms=float(p99 or 0.0),
+        wall_seconds=wall,
+        cpu_seconds=cpu,
+    )
+
+
+def settle_database(url: str) -> None:
+    """Fresh statistics and a checkpoint before the drain, as for every system."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+
+
+def emit(drain: Drain) -> None:
+    print(json.dumps(asdict(drain)), flush=True)
+
+
+def parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--database-url", required=True, help="an empty database")
+    parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, help="rows per dequeue, where the system has one")
+    return parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def cpu() -> float:
+    """This process's CPU time so far, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(
+    args: argparse.Namespace,
+    pairs: str,
+    *,
+    system: str,
+    prepare: Callable[[], None],
+    drain: Callable[[], None],
+) -> int:
+    """One drain as every peer module runs it: prepare, settle, time the drain, emit the result."""
+    prepare()
+    settle_database(args.database_url)
+    started, cpu_started = time.perf_counter(), cpu()
+    drain()
+    wall, used = time.perf_counter() - started, cpu() - cpu_started
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        emit(
+            summarize(
+                conn,
+                pairs,
+                system=system,
+                concurrency=args.concurrency,
+                jobs=args.jobs,
+                wall=wall,
+                cpu=used,
+            )
+        )
+    return 0

@@ -1,0 +1,211 @@
+"""Batched settlement: the fenced settlements of concurrent runs share one statement.
+
+Written alone, each settlement costs a round trip and a commit (a WAL flush), and with many
+workers most of a run's time is that wait. A :class:`BatchCompleter` collects the settlements
+that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
+:class:`Batch` and writes it with :meth:`~bridge.store.PostgresStore.settle_many`, or, when it
+is about to claim work for the workers this batch frees, with
+:meth:`~bridge.store.PostgresStore.settle_and_claim`: one statement pair, one commit, for the
+lot. While one batch is written the next gathers, so batches grow with the load; the pool
+also lets a batch wait a moment (``settle_linger``, 2 ms) for the handlers still running,
+never longer.
+
+Nothing about ownership changes. Every row moves only while its own fence is still current
+(``WHERE fence = t.fence AND state = 'claimed'``, inside the write): a stale ticket in a batch
+is refused alone and its run gets :class:`~bridge.errors.LeaseLost`, exactly as a single write
+would have raised it, while the other rows commit. A run waits for its own answer before it
+reports and ends, so its events, span and claim-to-settle time mean what they meant. A batch
+whose write fails gives every run in it that error (for
+:class:`~bridge.errors.StoreUnavailable`: the outcome is not known and the leases will lapse).
+Only final settlements (succeeded, failed_terminal, unknown, quarantined) come here, never a
+retry, an intent or a release, and nothing of class A: its success settles inside its own
+transaction and the pool gives its runs no settler. Nothing here retries anything. Once closed,
+the completer writes each settlement alone, in the caller's thread, as before batching.
+
+Rows are sent in key order, as the heartbeater sends its renewals, so the two multi-row writes
+take the rows they share in the same order. Should PostgreSQL still have to break a deadlock,
+it rolls one statement back: a renewal is tried again at the next beat, a batch answers its
+runs with :class:`~bridge.errors.StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from bridge.errors import LeaseLost
+from bridge.store import PostgresStore, Settlement
+from bridge.types import Claim, Ticket
+
+#: the most settlements one batch writes; a pool never has more runs settling than threads
+MAX_BATCH_DEFAULT = 100
+
+
+class RunSettler:
+    """One run's way to the completer; remembers whether a writer took its settlement.
+
+    A worker whose settlement a writer took is free as soon as that write ends, whatever its
+    answer: the writer counts it as idle then (and may claim its next row in the same
+    transaction), so the worker must not count itself again.
+    """
+
+    def __init__(self, completer: BatchCompleter) -> None:
+        self._completer = completer
+        self.taken = False
+
+    def settle(self, settlement: Settlement) -> None:
+        self._completer.settle(settlement, self)
+
+
+@dataclass(eq=False)
+class _Pending:
+    settlement: Settlement
+    run: RunSettler | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _key_order(p: _Pending) -> tuple[str, str]:
+    return p.settlement.ticket.tenant_id, p.settlement.ticket.operation_id
+
+
+class Batch:
+    """Settlements taken for one write; every one of them is answered exactly once."""
+
+    def __init__(self, pending: list[_Pending]) -> None:
+        pending.sort(key=_key_order)
+        self._pending = pending
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    @property
+    def settlements(self) -> list[Settlement]:
+        return [p.settlement for p in self._pending]
+
+    def write(self, store: PostgresStore) -> None:
+        """Settle the batch in one statement and answer every run."""
+        try:
+            stale = store.settle_many(self.settlements)
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        self.answer(stale)
+
+    def write_and_claim(
+        self,
+        store: PostgresStore,
+        worker: str,
+        limit: int,
+        lease: timedelta,
+        *,
+        job_types: Sequence[str] | None,
+        per_statement: int | None = None,
+    ) -> list[Claim]:
+        """Settle the batch and claim up to ``limit`` rows in one transaction; answer every run."""
+        try:
+            stale, claims = store.settle_and_claim(
+                self.settlements,
+                worker,
+                limit,
+                lease,
+                job_types=job_types,
+                per_statement=per_statement,
+            )
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        self.answer(stale)
+        return claims
+
+    def answer(self, stale: Iterable[Ticket]) -> None:
+        """The write committed: the stale tickets lost their rows, the others settled."""
+        refused = set(stale)
+        for p in self._pending:
+            s = p.settlement
+            if s.ticket in refused:
+                p.error = LeaseLost(
+                    s.ticket.tenant_id,
+                    s.ticket.operation_id,
+                    s.ticket.fence,
+                    f"settle as {s.state.value}",
+                )
+            p.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """The write failed as a whole: every run gets the error."""
+        for p in self._pending:
+            p.error = exc
+            p.done.set()
+
+
+class BatchCompleter:
+    """Collects settlements for a writer to take in batches; thread-safe."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        on_pending: Callable[[], None] | None = None,
+        max_batch: int = MAX_BATCH_DEFAULT,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("a batch holds at least one settlement")
+        self._store = store
+        self._on_pending = on_pending
+        self._max_batch = max_batch
+        self._lock = threading.Lock()
+        self._pending: list[_Pending] = []
+        self._closed = False
+
+    def for_run(self) -> RunSettler:
+        return RunSettler(self)
+
+    def settle(self, settlement: Settlement, run: RunSettler | None = None) -> None:
+        """Have one settlement written with the next batch, and wait for its answer.
+
+        Raises :class:`~bridge.errors.LeaseLost` when its fence is no longer current, and the
+        batch's error when the batch's write failed as a whole.
+        """
+        pending = _Pending(settlement, run)
+        with self._lock:
+            queued = not self._closed
+            if queued:
+                self._pending.append(pending)
+        if not queued:
+            Batch([pending]).write(self._store)
+        else:
+            if self._on_pending is not None:
+                self._on_pending()
+            pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def take(self) -> Batch | None:
+        """The settlements gathered so far (up to the batch size), for one write."""
+        with self._lock:
+            if not self._pending:
+                return None
+            taken = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            for p in taken:
+                if p.run is not None:
+                    p.run.taken = True
+        return Batch(taken)
+
+    def close(self) -> None:
+        """Write what is pending, now, in this thread; from now on each settlement writes alone."""
+        with self._lock:
+            self._closed = True
+        while (batch := self.take()) is not None:
+            try:
+                batch.write(self._store)
+            except Exception:  # noqa: BLE001, S112  (each run was answered with the error)
+                continue

@@ -1,0 +1,338 @@
+"""Batched settlement on real PostgreSQL: many runs' fenced settlements in one write.
+
+What batching must not change: each row moves only under its own current fence; a stale ticket
+in a batch is refused alone and reported to its own run as a lost lease, while the rest of the
+batch commits; a batch that fails as a whole fails every run in it; class A never goes through
+it. The store's clock is injected, so leases expire without sleeping; tests wait on events and
+the completer's own pending count, never on time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from bridge.database import Connection, open_pool
+from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.events import EventCounter
+from bridge.executors import Run, execute
+from bridge.executors.completer import BatchCompleter
+from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandler, TerminalFailure
+from bridge.identity import IdentityHasher
+from bridge.registry import Registry
+from bridge.store import PostgresStore, Settlement
+from bridge.types import Claim, Delivery, State, TargetClass, Ticket
+from bridge.worker import WorkerPool
+
+Db = psycopg.Connection[Any]
+
+HASHER = IdentityHasher(b"batch-settlement-tests-identity-secret")
+START = datetime(2024, 3, 4, 5, 6, tzinfo=UTC)
+SHORT, LONG = timedelta(seconds=10), timedelta(hours=1)
+DEADLINE = 60.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = START
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def clocked(store: PostgresStore) -> tuple[PostgresStore, Clock]:
+    clock = Clock()
+    return PostgresStore(store.pool, clock=clock), clock
+
+
+def eventually(check: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for: {what}"
+        time.sleep(0.01)
+
+
+def deliveries(
+    operations: Sequence[str], job: str = "job", target: TargetClass = TargetClass.B
+) -> list[Delivery]:
+    return [
+        Delivery(
+            tenant_id="t1",
+            operation_id=op,
+            subscription="batch",
+            job_type=job,
+            target_class=target,
+            payload=json.dumps({"op": op}).encode(),
+        )
+        for op in operations
+    ]
+
+
+def state_of(db: Db, operation: str) -> tuple[str, int, str | None]:
+    found = db.execute(
+        "SELECT state, fence, outcome_code FROM work_item WHERE operation_id = %s", (operation,)
+    ).fetchone()
+    assert found is not None
+    return found[0], int(found[1]), found[2]
+
+
+def one_stale_among(
+    store: PostgresStore, clock: Clock, fresh: Sequence[str]
+) -> tuple[Claim, list[Claim]]:
+    """Claim ``stale`` and the ``fresh`` rows; let ``stale``'s lease lapse and take it over.
+
+    Returns the first claim of ``stale`` (its fence is no longer current) and the current
+    claims of the fresh rows.
+    """
+    store.ingest(deliveries(["stale", *fresh]))
+    (first,) = store.claim("w1", 1, SHORT)
+    assert first.operation_id == "stale"
+    others = store.claim("w1", len(fresh), LONG)
+    clock.at += SHORT * 2
+    (newer,) = store.claim("w2", 1, SHORT)
+    assert (newer.operation_id, newer.fence) == ("stale", first.fence + 1)
+    return first, others
+
+
+def settle_in_threads(
+    completer: BatchCompleter, settlements: Sequence[Settlement]
+) -> tuple[list[threading.Thread], dict[str, BaseException | None]]:
+    """One thread per settlement, each blocked in ``completer.settle`` until answered."""
+    answers: dict[str, BaseException | None] = {}
+
+    def run(s: Settlement) -> None:
+        try:
+            completer.settle(s)
+        except BaseException as exc:  # noqa: BLE001  (the answer under test)
+            answers[s.ticket.operation_id] = exc
+        else:
+            answers[s.ticket.operation_id] = None
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in settlements]
+    for t in threads:
+        t.start()
+    eventually(lambda: completer.pending == len(settlements), "every settlement to be pending")
+    return threads, answers
+
+
+def test_a_batch_refuses_only_its_stale_ticket_and_commits_the_rest(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    store, clock = clocked
+    stale_claim, fresh = one_stale_among(store, clock, ["a", "b", "c"])
+    stale = stale_claim.ticket
+    completer = BatchCompleter(store)
+    settlements = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, stale_claim]]
+    threads, answers = settle_in_threads(completer, settlements)
+
+    batch = completer.take()
+    assert batch is not None
+    assert len(batch) == 4
+    batch.write(store)
+    for t in threads:
+        t.join(DEADLINE)
+
+    lost = answers["stale"]
+    assert isinstance(lost, LeaseLost)
+    assert (lost.operation_id, lost.fence) == ("stale", stale.fence)
+    assert {op: answers[op] for op in "abc"} == {"a": None, "b": None, "c": None}
+    assert [state_of(db, op)[0] for op in "abc"] == ["succeeded"] * 3
+    # The newer claim still owns the row: the stale settlement moved nothing.
+    assert state_of(db, "stale") == ("claimed", stale.fence + 1, None)
+    assert completer.pending == 0
+
+
+def test_settle_and_claim_settles_refuses_stale_and_refills_in_one_transaction(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    store, clock = clocked
+    stale_claim, (a, b) = one_stale_among(store, clock, ["a", "b"])
+    stale = stale_claim.ticket
+    store.ingest(deliveries(["q1", "q2", "q3", "q4", "q5"]))
+    settlements = [
+        Settlement(a.ticket, State.SUCCEEDED, "ok"),
+        Settlement(b.ticket, State.FAILED_TERMINAL, "rejected", "no such account"),
+        Settlement(stale, State.SUCCEEDED, "ok"),
+    ]
+
+    refused, claims = store.settle_and_claim(settlements, "w3", 5, LONG, per_statement=2)
+
+    assert refused == [stale]
+    assert sorted(c.operation_id for c in claims) == ["q1", "q2", "q3", "q4", "q5"]
+    assert all(c.fence == 1 and not c.takeover for c in claims)
+    assert state_of(db, "a") == ("succeeded", 1, "ok")
+    assert state_of(db, "b") == ("failed_terminal", 1, "rejected")
+    assert state_of(db, "stale") == ("claimed", 2, None)
+    owners = db.execute(
+        "SELECT count(*) FROM work_item WHERE state = 'claimed' AND lease_owner = 'w3'"
+    ).fetchone()
+    assert owners == (5,)
+    with pytest.raises(ValueError, match="settled state"):
+        store.settle_and_claim([Settlement(a.ticket, State.QUEUED, "no")], "w3", 1, LONG)
+
+
+def test_a_batch_whose_write_fails_gives_every_run_the_error(db_url: str) -> None:
+    # Nothing listens on port 1: the pool cannot hand out a connection.
+    unreachable = PostgresStore(open_pool("postgresql://postgres@127.0.0.1:1/none", timeout=0.5))
+    try:
+        completer = BatchCompleter(unreachable)
+        settlements = [
+            Settlement(Ticket("t1", op, 1), State.SUCCEEDED, "ok") for op in ("a", "b", "c")
+        ]
+        threads, answers = settle_in_threads(completer, settlements)
+        batch = completer.take()
+        assert batch is not None
+        with pytest.raises(StoreUnavailable):
+            batch.write(unreachable)
+        for t in threads:
+            t.join(DEADLINE)
+    finally:
+        unreachable.close()
+    assert set(answers) == {"a", "b", "c"}
+    assert all(isinstance(e, StoreUnavailable) for e in answers.values())
+
+
+def test_a_closed_completer_writes_each_settlement_alone_under_its_fence(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    store, clock = clocked
+    stale, (fresh,) = one_stale_among(store, clock, ["a"])
+    completer = BatchCompleter(store)
+    completer.close()
+
+    completer.settle(Settlement(fresh.ticket, State.SUCCEEDED, "ok"))  # no writer: at once
+    with pytest.raises(LeaseLost):
+        completer.settle(Settlement(stale.ticket, State.SUCCEEDED, "ok"))
+
+    assert state_of(db, "a")[0] == "succeeded"
+    assert state_of(db, "stale") == ("claimed", stale.fence + 1, None)
+
+
+def test_closing_writes_what_is_pending_and_marks_those_runs_taken(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    store, _ = clocked
+    store.ingest(deliveries(["a", "b"]))
+    claims = store.claim("w1", 2, LONG)
+    completer = BatchCompleter(store)
+    runs = [completer.for_run() for _ in claims]
+    threads = [
+        threading.Thread(target=r.settle, args=(Settlement(c.ticket, State.SUCCEEDED, "ok"),))
+        for r, c in zip(runs, claims, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    eventually(lambda: completer.pending == 2, "both settlements to be pending")
+
+    completer.close()
+    for t in threads:
+        t.join(DEADLINE)
+
+    assert all(r.taken for r in runs)
+    assert [state_of(db, op)[0] for op in "ab"] == ["succeeded", "succeeded"]
+
+
+# -- through the executors and the pool ---------------------------------------------------------
+
+
+class Noop(ConditionalWriteHandler):
+    def handle(self, ctx: Context) -> None:
+        return None
+
+
+def test_executor_settlements_in_one_batch_are_answered_per_claim(
+    clocked: tuple[PostgresStore, Clock],
+) -> None:
+    store, clock = clocked
+    registry = Registry()
+    spec = registry.register("job", Noop())
+    stale, fresh = one_stale_among(store, clock, ["a", "b"])
+    completer = BatchCompleter(store)
+    events: dict[str, EventCounter] = {}
+
+    def run(claim: Claim) -> None:
+        events[claim.operation_id] = counter = EventCounter()
+        ctx = Context.for_claim(claim, HASHER)
+        execute(Run(store, claim, spec, ctx, counter, completer.for_run()))
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in [*fresh, stale]]
+    for t in threads:
+        t.start()
+    eventually(lambda: completer.pending == 3, "every run to be settling")
+    batch = completer.take()
+    assert batch is not None
+    batch.write(store)
+    for t in threads:
+        t.join(DEADLINE)
+
+    assert events["a"].snapshot() == {"settled.succeeded": 1}
+    assert events["b"].snapshot() == {"settled.succeeded": 1}
+    assert events["stale"].snapshot() == {"lease_lost": 1}
+
+
+class Recording(PostgresStore):
+    """The real store, noting which tickets went out in a batched write."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        super().__init__(store.pool)
+        self._lock = threading.Lock()
+        self.batched: set[str] = set()
+
+    def _note(self, settlements: Sequence[Settlement]) -> None:
+        with self._lock:
+            self.batched.update(s.ticket.operation_id for s in settlements)
+
+    def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
+        self._note(settlements)
+        return super().settle_many(settlements)
+
+    def settle_and_claim(
+        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
+    ) -> tuple[list[Ticket], list[Claim]]:
+        self._note(settlements)
+        return super().settle_and_claim(settlements, *args, **kwargs)
+
+
+class Refuses(SameDatabaseHandler):
+    def handle(self, ctx: Context, tx: Connection) -> None:
+        raise TerminalFailure("refused")
+
+
+@pytest.fixture
+def recording(store: PostgresStore) -> Recording:
+    return Recording(store)
+
+
+def test_the_pool_batches_final_settlements_but_never_class_a(recording: Recording, db: Db) -> None:
+    registry = Registry()
+    registry.register("b", Noop())
+    registry.register("a", Refuses())
+    b_ops = [f"b{i}" for i in range(30)]
+    a_ops = [f"a{i}" for i in range(6)]
+    recording.ingest([*deliveries(b_ops, "b"), *deliveries(a_ops, "a", TargetClass.A)])
+    pool = WorkerPool(recording, registry, HASHER, threads=4, poll_interval=0.05)
+    pool.start()
+    try:
+        eventually(
+            lambda: (
+                pool.counts["settled.succeeded"] == 30
+                and pool.counts["settled.failed_terminal"] == 6
+            ),
+            "every row to settle",
+        )
+    finally:
+        pool.stop()
+
+    assert set(b_ops) <= recording.batched
+    assert not set(a_ops) & recording.batched
+    assert pool.counts["lease_lost"] == 0
+    counts = dict(db.execute("SELECT state, count(*) FROM work_item GROUP BY state").fetchall())
+    assert counts == {"succeeded": 30, "failed_terminal": 6}
