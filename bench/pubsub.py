@@ -29,7 +29,6 @@ benchmark creates its own database and drops it. It prints a markdown section fo
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import threading
@@ -41,21 +40,30 @@ from functools import partial
 from importlib import metadata
 from typing import Any
 
-import psycopg
 from google.cloud import pubsub_v1
 
-from bench.store import bench_database, load_average, log, machine_facts, server
+from bench.store import (
+    arguments,
+    bench_database,
+    command_line,
+    empty_work,
+    facts_table,
+    log,
+    report_facts,
+    server,
+    spread,
+    work_rows,
+)
 from bridge.config import parse_config
-from bridge.database import DATABASE_URL_ENV
 from bridge.decode import decode
-from bridge.demo.emulator import EMULATOR_ENV, PubSubEmulator, find_launcher
+from bridge.demo.emulator import EMULATOR_ENV, PubSubEmulator, find_launcher, with_emulator_host
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.runtime import build_registry
 from bridge.store import PostgresStore
 from bridge.worker import WorkerPool
-from consumers.pubsub import PubSubConsumer
+from consumers.pubsub import from_config
 
 JOB = "noop"
 TENANT = "bench"
@@ -201,25 +209,6 @@ def bare_arm(emulator: PubSubEmulator, path: str, plan: Plan, exactly_once: bool
     return Sample(plan.messages, took, took)
 
 
-def succeeded(db_url: str) -> int:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM work_item WHERE state = 'succeeded'").fetchone()
-    return int(row[0]) if row else 0
-
-
-def reset(db_url: str) -> None:
-    """Each bridge round starts from an empty work table."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE work_item, payload, rejected_delivery CASCADE")
-        conn.execute("VACUUM ANALYZE work_item")
-
-
-def rows(db_url: str) -> int:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM work_item").fetchone()
-    return int(row[0]) if row else 0
-
-
 def bridge_arm(
     emulator: PubSubEmulator, path: str, plan: Plan, db_url: str, *, workers: bool
 ) -> Sample:
@@ -228,7 +217,7 @@ def bridge_arm(
     Without workers a round ends when every message is acked; with them, when every row has
     succeeded.
     """
-    reset(db_url)
+    empty_work(db_url)
     config = parse_config(
         CONFIG.format(job=JOB, path=path, flow=FLOW_MAX_MESSAGES), file="bench.toml"
     )
@@ -249,22 +238,7 @@ def bridge_arm(
         partial(decode, config.decode_rules("bench")),
         hand_off=pool.hand_off if workers else None,
     )
-    flow = sub.flow_control
-    consumer = PubSubConsumer(
-        emulator.new_subscriber(),
-        path,
-        "bench",
-        inbox,
-        store=store,
-        ack_mode=sub.ack_mode.value,
-        max_messages=flow.max_messages,
-        max_bytes=flow.max_bytes,
-        max_lease_duration=float(flow.max_lease_duration_seconds),
-        batch_max_messages=sub.batch_max_messages,
-        batch_max_wait_ms=sub.batch_max_wait_ms,
-        writers=sub.consumers,
-        close_client=True,
-    )
+    consumer = with_emulator_host(emulator.host, lambda: from_config(sub, inbox, store))
     try:
         if workers:
             pool.start()
@@ -276,7 +250,7 @@ def bridge_arm(
                 acked = time.perf_counter() - started
                 if not workers:
                     break
-            if acked is not None and succeeded(db_url) >= plan.messages:
+            if acked is not None and work_rows(db_url, succeeded=True) >= plan.messages:
                 break
             time.sleep(0.005 if acked is None else 0.02)
         took = time.perf_counter() - started
@@ -286,7 +260,7 @@ def bridge_arm(
             pool.stop(10)
         store.close()
     new = consumer.counts["decision.new"]
-    if new != plan.messages or rows(db_url) != plan.messages:
+    if new != plan.messages or work_rows(db_url) != plan.messages:
         raise RuntimeError(f"the {path} round did not write each message once: {consumer.counts}")
     return Sample(plan.messages, took, acked)
 
@@ -329,9 +303,7 @@ class Report:
             " ack only once the emulator confirmed it. Medians over rounds (min..max); the"
             " ratio is the median of the per-round ratios to `bare`.",
             "",
-            "| | |",
-            "| --- | --- |",
-            *(f"| {k} | {v} |" for k, v in self.facts),
+            *facts_table(self.facts),
             "",
             "| mode | arm | deliveries/s | acks/s | / bare |",
             "| --- | --- | ---: | ---: | ---: |",
@@ -347,8 +319,8 @@ class Report:
                         f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}..{max(ratios):.2f})"
                     )
                 out.append(
-                    f"| {_mode(mode)} | {arm} | {_spread([s.rate for s in samples])} "
-                    f"| {_spread([s.ack_rate for s in samples])} | {shown} |"
+                    f"| {_mode(mode)} | {arm} | {spread([s.rate for s in samples])} "
+                    f"| {spread([s.ack_rate for s in samples])} | {shown} |"
                 )
             ratio = statistics.median(self.ratios(mode, CONSUMER))
             goals.append(
@@ -359,24 +331,19 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def _spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
-
-
 def run(database_url: str | None, emulator_host: str | None, plan: Plan, argv: list[str]) -> Report:
     report = Report(plan)
-    with server(database_url) as admin_url, emulator_at(emulator_host) as emulator:
-        report.facts = machine_facts(admin_url, argv)
-        report.facts.insert(
-            -1,
-            (
-                "Pub/Sub",
-                f"Google Cloud SDK Pub/Sub emulator on 127.0.0.1, google-cloud-pubsub "
-                f"{metadata.version('google-cloud-pubsub')}, grpcio {metadata.version('grpcio')}",
-            ),
-        )
-        load = load_average()
-        started = time.perf_counter()
+    pubsub_fact = (
+        "Pub/Sub",
+        f"Google Cloud SDK Pub/Sub emulator on 127.0.0.1, google-cloud-pubsub "
+        f"{metadata.version('google-cloud-pubsub')}, grpcio {metadata.version('grpcio')}",
+    )
+    with (
+        server(database_url) as admin_url,
+        emulator_at(emulator_host) as emulator,
+        report_facts(admin_url, argv, pubsub_fact) as facts,
+    ):
+        report.facts = facts
         with bench_database(admin_url, "pubsub") as db_url:
             for n in range(plan.rounds):
                 for mode in MODES:
@@ -392,35 +359,21 @@ def run(database_url: str | None, emulator_host: str | None, plan: Plan, argv: l
                             f"round {n + 1}/{plan.rounds} {_mode(mode)} {arm}: "
                             f"{sample.rate:,.0f}/s, {sample.ack_rate:,.0f}/s acks"
                         )
-        took = time.perf_counter() - started
-        report.facts.append(
-            ("load average 1/5/15 min", f"{load} at start, {load_average()} at end")
-        )
-        report.facts.append(("duration", f"{took:.0f}s"))
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.pubsub",
-        description="Pub/Sub: the consumer beside a bare subscriber that only acks.",
-    )
-    parser.add_argument(
-        "--database-url",
-        help=f"server to create the benchmark database on (default: ${DATABASE_URL_ENV}, "
-        "else an embedded PostgreSQL)",
+    parser = arguments(
+        "bench.pubsub", "Pub/Sub: the consumer beside a bare subscriber that only acks."
     )
     parser.add_argument(
         "--emulator-host", help="HOST:PORT of a running Pub/Sub emulator (default: start one)"
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run: short and small")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per arm and mode")
     parser.add_argument("--messages", type=int, help="messages per arm, mode and round")
-    args = parser.parse_args(args_list)
+    args, command = command_line(parser, argv)
     plan = QUICK if args.quick else FULL
     plan = Plan(rounds=args.rounds or plan.rounds, messages=args.messages or plan.messages)
-    command = ["python", "-m", "bench.pubsub", *args_list]
     print(run(args.database_url, args.emulator_host, plan, command).markdown(), end="")
     return 0
 

@@ -36,7 +36,6 @@ benchmark creates its own database and drops it. It prints a markdown section fo
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -55,9 +54,19 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import psycopg
 
-from bench.store import bench_database, load_average, log, machine_facts, server
+from bench.store import (
+    arguments,
+    bench_database,
+    command_line,
+    empty_work,
+    facts_table,
+    log,
+    report_facts,
+    server,
+    spread,
+    work_rows,
+)
 from bridge.config import parse_config
 from bridge.database import DATABASE_URL_ENV
 from bridge.handlers import ConditionalWriteHandler, Context, Success
@@ -333,23 +342,10 @@ def bare_arm(endpoint: str, url: str, plan: Plan) -> Sample:
     return Sample(plan.messages, took, took, cpu, sqs.latencies, sqs.phases)
 
 
-def succeeded(db_url: str) -> int:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM work_item WHERE state = 'succeeded'").fetchone()
-    return int(row[0]) if row else 0
-
-
-def reset(db_url: str) -> None:
-    """Each bridge round starts from an empty work table."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE work_item, payload, rejected_delivery CASCADE")
-        conn.execute("VACUUM ANALYZE work_item")
-
-
 def bridge_arm(endpoint: str, url: str, plan: Plan, db_url: str) -> Sample:
     """The bridge as ``fencebridge run`` opens it, with a timed client; until all succeeded."""
     messages = plan.messages
-    reset(db_url)
+    empty_work(db_url)
     config = parse_config(
         CONFIG.format(
             deadline=10,
@@ -377,7 +373,7 @@ def bridge_arm(endpoint: str, url: str, plan: Plan, db_url: str) -> Sample:
         while True:
             if acked is None and sqs.deleted >= messages:
                 acked = time.perf_counter() - started
-            if acked is not None and succeeded(db_url) >= messages:
+            if acked is not None and work_rows(db_url, succeeded=True) >= messages:
                 break
             time.sleep(0.05)
         took = time.perf_counter() - started
@@ -410,7 +406,7 @@ def memory_run(endpoint: str, db_url: str, in_flight: int) -> Memory:
     sqs = client(endpoint)
     url = new_queue(sqs, "rss", MEMORY_VISIBILITY)
     fill(sqs, url, in_flight)
-    reset(db_url)
+    empty_work(db_url)
     with tempfile.TemporaryDirectory(prefix="fencebridge-bench-") as tmp:
         path = Path(tmp) / "bridge.toml"
         path.write_text(
@@ -449,7 +445,7 @@ def memory_run(endpoint: str, db_url: str, in_flight: int) -> Memory:
             # Polled slowly: moto counts by walking the queue, and it has its hands full.
             wait_for(
                 f"{in_flight:,} deliveries held",
-                lambda: rows(db_url) == in_flight and on_queue(sqs, url) == (0, in_flight),
+                lambda: work_rows(db_url) == in_flight and on_queue(sqs, url) == (0, in_flight),
                 proc,
                 log_file,
                 interval=2.0,
@@ -464,12 +460,6 @@ def memory_run(endpoint: str, db_url: str, in_flight: int) -> Memory:
                 proc.kill()
                 proc.wait()
     return Memory(idle_mb, peak, held)
-
-
-def rows(db_url: str) -> int:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM work_item").fetchone()
-    return int(row[0]) if row else 0
 
 
 def wait_for(
@@ -532,9 +522,7 @@ class Report:
             " `ReceiveMessage` walks every message of the queue, so its cost falls as a round"
             " drains the queue, the same way in both arms.",
             "",
-            "| | |",
-            "| --- | --- |",
-            *(f"| {k} | {v} |" for k, v in self.facts),
+            *facts_table(self.facts),
             "",
             "| arm | deliveries/s, end to end | deletes/s | CPU us/delivery | receive → ack p50"
             " | p99 |",
@@ -544,8 +532,8 @@ class Report:
             samples = self.samples[arm]
             pooled = [x for s in samples for x in s.latencies]
             out.append(
-                f"| {arm} | {_spread([s.rate for s in samples])} "
-                f"| {_spread([s.ack_rate for s in samples])} "
+                f"| {arm} | {spread([s.rate for s in samples])} "
+                f"| {spread([s.ack_rate for s in samples])} "
                 f"| {statistics.median(s.cpu_us for s in samples):,.0f} "
                 f"| {percentile(pooled, 0.5) * 1000:.1f} ms "
                 f"| {percentile(pooled, 0.99) * 1000:.1f} ms |"
@@ -602,26 +590,20 @@ class Report:
         return "\n".join(out) + "\n"
 
 
-def _spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
-
-
 def run(database_url: str | None, plan: Plan, argv: list[str], *, memory: bool) -> Report:
     report = Report(plan)
     # The in-process bridge builds its SQS client from the environment, as in production.
     os.environ.update(CREDENTIALS)
-    with server(database_url) as admin_url, moto_server() as endpoint:
-        report.facts = machine_facts(admin_url, argv)
-        report.facts.insert(
-            -1,
-            (
-                "SQS",
-                f"moto {metadata.version('moto')} server on 127.0.0.1, boto3 "
-                f"{metadata.version('boto3')}",
-            ),
-        )
-        load = load_average()
-        started = time.perf_counter()
+    sqs_fact = (
+        "SQS",
+        f"moto {metadata.version('moto')} server on 127.0.0.1, boto3 {metadata.version('boto3')}",
+    )
+    with (
+        server(database_url) as admin_url,
+        moto_server() as endpoint,
+        report_facts(admin_url, argv, sqs_fact) as facts,
+    ):
+        report.facts = facts
         with bench_database(admin_url, "sqs") as db_url:
             sqs = client(endpoint)
             for n in range(plan.rounds):
@@ -645,37 +627,21 @@ def run(database_url: str | None, plan: Plan, argv: list[str], *, memory: bool) 
                 except RuntimeError as exc:  # the throughput results still stand
                     report.memory_error = str(exc).splitlines()[0]
                 log(f"memory: {report.memory or report.memory_error}")
-        took = time.perf_counter() - started
-        report.facts.append(
-            ("load average 1/5/15 min", f"{load} at start, {load_average()} at end")
-        )
-        report.facts.append(("duration", f"{took:.0f}s"))
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.sqs",
-        description="SQS end to end: the bridge beside a bare receive/delete loop.",
-    )
-    parser.add_argument(
-        "--database-url",
-        help=f"server to create the benchmark database on (default: ${DATABASE_URL_ENV}, "
-        "else an embedded PostgreSQL)",
-    )
-    parser.add_argument("--quick", action="store_true", help="a smoke run: short and small")
+    parser = arguments("bench.sqs", "SQS end to end: the bridge beside a bare receive/delete loop.")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per arm")
     parser.add_argument("--messages", type=int, help="messages per arm and round")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS run")
-    args = parser.parse_args(args_list)
+    args, command = command_line(parser, argv)
     plan = QUICK if args.quick else FULL
     plan = Plan(
         rounds=args.rounds or plan.rounds,
         messages=args.messages or plan.messages,
         in_flight=plan.in_flight,
     )
-    command = ["python", "-m", "bench.sqs", *args_list]
     report = run(args.database_url, plan, command, memory=not args.no_memory)
     print(report.markdown(), end="")
     return 0

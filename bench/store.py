@@ -31,7 +31,8 @@ a markdown report for docs/benchmarks.md on stdout and its progress on stderr::
     python -m bench.store --only claim --runs 5 --database-url postgresql://...
 
 The setup statements here (bulk fills, resets, VACUUM, EXPLAIN) are the benchmark's own, not
-the store's.
+the store's. The other benchmarks share this one's scaffolding: the server, their databases,
+the report's header facts and the command line.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ SELECT 'history', 'op-' || g, 'bench', 'bench.job', 'C',
 """
 
 VACUUM = "VACUUM ANALYZE work_item, payload"
+
+# The broker benchmarks start each round from an empty work table and count its rows.
+EMPTY_WORK = "TRUNCATE work_item, payload, rejected_delivery CASCADE"
+WORK_ROWS = "SELECT count(*) FROM work_item"
+SUCCEEDED_ROWS = "SELECT count(*) FROM work_item WHERE state = 'succeeded'"
 
 # The claim ran under EXPLAIN, which returns the plan, not the rows: find them by lease owner.
 CLAIMED_BY = """
@@ -279,21 +285,28 @@ def server(url: str | None) -> Iterator[str]:
 
 
 @contextmanager
-def bench_database(admin_url: str, label: str) -> Iterator[str]:
-    """A migrated database of its own, dropped afterwards."""
+def empty_database(admin_url: str, label: str) -> Iterator[str]:
+    """A new empty database on the server, dropped afterwards; yields its name."""
     name = f"fencebridge_bench_{label}_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    url = conninfo.make_conninfo(admin_url, dbname=name)
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
-        yield url
+        yield name
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(
                 pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
             )
+
+
+@contextmanager
+def bench_database(admin_url: str, label: str) -> Iterator[str]:
+    """A migrated database of its own, dropped afterwards."""
+    with empty_database(admin_url, label) as name:
+        url = conninfo.make_conninfo(admin_url, dbname=name)
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+        yield url
 
 
 def admin(url: str, *statements: str | tuple[str, dict[str, Any]]) -> None:
@@ -318,6 +331,18 @@ def prepare_queue(url: str, run: str, rows: int) -> None:
 def fill_history(url: str, rows: int) -> None:
     params = {"n": rows, "body": BODY}
     admin(url, (FILL_HISTORY_PAYLOAD, params), (FILL_HISTORY, params), VACUUM)
+
+
+def empty_work(url: str) -> None:
+    """An empty work table, so that each round of a broker benchmark starts like the first."""
+    admin(url, EMPTY_WORK, "VACUUM ANALYZE work_item")
+
+
+def work_rows(url: str, *, succeeded: bool = False) -> int:
+    """Rows in the work table; with ``succeeded``, only those that succeeded."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(SUCCEEDED_ROWS if succeeded else WORK_ROWS).fetchone()
+    return int(row[0]) if row else 0
 
 
 # -- driving threads -------------------------------------------------------------------------
@@ -685,11 +710,36 @@ def _with_unit(setting: str, unit: str | None) -> str:
     return f"{setting}{unit or ''}"
 
 
+@contextmanager
+def report_facts(
+    admin_url: str, argv: Sequence[str], *extra: tuple[str, str]
+) -> Iterator[list[tuple[str, str]]]:
+    """A report's header facts: the machine's (``extra`` before the command), then the load
+    average at the start and end of the ``with`` body and its duration."""
+    facts = machine_facts(admin_url, argv)
+    facts[-1:-1] = extra
+    load = load_average()
+    started = time.perf_counter()
+    yield facts
+    took = time.perf_counter() - started
+    facts.append(("load average 1/5/15 min", f"{load} at start, {load_average()} at end"))
+    facts.append(("duration", f"{took:.0f}s"))
+
+
+def facts_table(facts: Sequence[tuple[str, str]]) -> list[str]:
+    return ["| | |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in facts)]
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
 def _mode(batch: int) -> str:
     return "single" if batch == 1 else f"batch {batch}"
+
+
+def spread(values: Sequence[float]) -> str:
+    """The median, with min..max."""
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
 
 
 @dataclass
@@ -703,7 +753,7 @@ class Report:
 
     def markdown(self) -> str:
         plan = self.plan
-        out = ["| | |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in self.facts)]
+        out = facts_table(self.facts)
         out += [
             "",
             f"Rows/s: median of {plan.runs} rounds ({plan.history_runs} for the history"
@@ -878,10 +928,8 @@ def timed(section: str) -> Iterator[None]:
 def run(database_url: str | None, plan: Plan, sections: Sequence[str], argv: list[str]) -> Report:
     report = Report(plan)
     runner = Runner(report)
-    with server(database_url) as admin_url:
-        report.facts = machine_facts(admin_url, argv)
-        load = load_average()
-        started = time.perf_counter()
+    with server(database_url) as admin_url, report_facts(admin_url, argv) as facts:
+        report.facts = facts
         if "ingest" in sections or "claim" in sections:
             with bench_database(admin_url, "main") as url:
                 if "ingest" in sections:
@@ -898,25 +946,33 @@ def run(database_url: str | None, plan: Plan, sections: Sequence[str], argv: lis
                 bench_database(admin_url, HISTORY) as hist_url,
             ):
                 runner.history(none_url, hist_url)
-        took = time.perf_counter() - started
-        report.facts.append(
-            ("load average 1/5/15 min", f"{load} at start, {load_average()} at end")
-        )
-        report.facts.append(("duration", f"{took:.0f}s"))
     return report
 
 
-def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.store",
-        description="Work store throughput: the library beside the same SQL run raw.",
-    )
+def arguments(module: str, description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: the server, and a smoke run."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument(
         "--database-url",
         help=f"server to create the benchmark databases on (default: ${DATABASE_URL_ENV}, "
         "else an embedded PostgreSQL)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: short and small")
+    return parser
+
+
+def command_line(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments, and the command as the report quotes it."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return parser.parse_args(args), [*parser.prog.split(), *args]
+
+
+def options() -> argparse.ArgumentParser:
+    parser = arguments(
+        "bench.store", "Work store throughput: the library beside the same SQL run raw."
+    )
     parser.add_argument("--runs", type=int, help="rounds per measurement")
     parser.add_argument("--seconds", type=float, help="seconds per arm and round")
     parser.add_argument("--history-rows", type=int, help="terminal rows in the history database")
@@ -926,12 +982,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         action="append",
         help="run only this section (repeatable; default: all)",
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    args = parse(args_list)
+    args, command = command_line(options(), argv)
     plan = QUICK if args.quick else FULL
     overrides: dict[str, Any] = {}
     if args.runs:
@@ -942,7 +997,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["history_rows"] = args.history_rows
     plan = replace(plan, **overrides)
     sections = args.only or SECTIONS
-    command = ["python", "-m", "bench.store", *args_list]
     print(run(args.database_url, plan, sections, command).markdown(), end="")
     return 0
 

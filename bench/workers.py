@@ -37,15 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
@@ -53,10 +50,17 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import conninfo
-from psycopg import sql as pgsql
 
 from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, cpu, emit, settle_database, summarize
-from bench.store import load_average, log, machine_facts, server
+from bench.store import (
+    arguments,
+    command_line,
+    empty_database,
+    facts_table,
+    log,
+    report_facts,
+    server,
+)
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
 from bridge.migrate import migrate
@@ -206,20 +210,6 @@ def fencebridge_drain(url: str, jobs: int, concurrency: int) -> Drain:
 # -- orchestration -----------------------------------------------------------------------------
 
 
-@contextmanager
-def fresh_database(admin_url: str, system: str) -> Iterator[str]:
-    name = f"fencebridge_bench_{system}_{os.getpid()}_{secrets.token_hex(3)}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    try:
-        yield database_url(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(
-                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-            )
-
-
 def database_url(admin_url: str, dbname: str) -> str:
     """A ``postgresql://`` URL for another database on the same server (asyncpg takes no
     key=value strings)."""
@@ -236,7 +226,8 @@ def database_url(admin_url: str, dbname: str) -> str:
 
 def drain(admin_url: str, system: str, jobs: int, concurrency: int) -> Drain:
     """One drain of one system in a process of its own, on a database of its own."""
-    with fresh_database(admin_url, system) as url:
+    with empty_database(admin_url, system) as name:
+        url = database_url(admin_url, name)
         command = [
             sys.executable,
             "-m",
@@ -277,9 +268,7 @@ class Report:
             + "). Medians with min..max; ops/s and latencies by the database clock, "
             "first pick to last settlement; CPU: the draining process, milliseconds per job.",
             "",
-            "| | |",
-            "| --- | --- |",
-            *(f"| {k} | {v} |" for k, v in self.facts),
+            *facts_table(self.facts),
             "",
             "| workers | system | ops/s | p50 ms | p99 ms | CPU ms/job |",
             "| ---: | --- | ---: | ---: | ---: | ---: |",
@@ -340,11 +329,11 @@ def rotate(items: Sequence[str], k: int) -> list[str]:
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
     report = Report(plan)
-    with server(database_url) as admin_url:
-        report.facts = machine_facts(admin_url, argv)
-        report.facts.insert(-1, ("peers", versions()))
-        load = load_average()
-        started = time.perf_counter()
+    with (
+        server(database_url) as admin_url,
+        report_facts(admin_url, argv, ("peers", versions())) as facts,
+    ):
+        report.facts = facts
         if plan.warmup_jobs:
             for c in plan.concurrency:
                 for system in plan.systems:
@@ -360,20 +349,13 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
                         f"(wall {result.wall_seconds:.1f}s)"
                     )
                     report.drains.setdefault((system, c), []).append(result)
-        report.facts.append(
-            ("load average 1/5/15 min", f"{load} at start, {load_average()} at end")
-        )
-        report.facts.append(("duration", f"{time.perf_counter() - started:.0f}s"))
     return report
 
 
-def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.workers",
-        description="The worker tier beside PgQueuer and Procrastinate, no-op jobs.",
+def options() -> argparse.ArgumentParser:
+    parser = arguments(
+        "bench.workers", "The worker tier beside PgQueuer and Procrastinate, no-op jobs."
     )
-    parser.add_argument("--database-url", help="the server (default: $FENCEBRIDGE_DATABASE_URL)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: one small round")
     parser.add_argument("--jobs", type=int, help="jobs per drain")
     parser.add_argument("--runs", type=int, help="measured rounds")
     parser.add_argument("--concurrency", type=int, action="append", help="workers (repeatable)")
@@ -381,12 +363,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--drain", action="store_true", help="internal: one fencebridge drain, JSON on stdout"
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    args = parse(args_list)
+    args, command = command_line(options(), argv)
     if args.drain:
         emit(fencebridge_drain(args.database_url, args.jobs, args.concurrency[0]))
         return 0
@@ -401,7 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.system:
         overrides["systems"] = tuple(args.system)
     plan = replace(plan, **overrides)
-    command = ["python", "-m", "bench.workers", *args_list]
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 
