@@ -675,12 +675,19 @@ def decode(rules: DecodeRules, raw: RawDelivery) -> Delivery | Rejection:
     try:
         return _decode(rules, raw)
     except Exception as exc:  # noqa: BLE001  (a bug must quarantine, not crash the consumer)
-        # A bug must not turn one message into a poison pill that stops its consumer: the
-        # delivery is quarantined whole and can be decoded again once the bug is fixed.
-        body = raw.body if isinstance(raw.body, bytes) else None
-        return Rejection(
-            subscription=rules.subscription,
-            reason=f"{Reason.DECODE_FAILED}: unexpected {type(exc).__name__}",
-            body=body,
-            broker_message_id=_clean_text(raw.message_id, MESSAGE_ID_MAX_CHARS),
-        )
+        return undecodable(rules.subscription, raw, exc)
+
+
+def undecodable(subscription: str, raw: RawDelivery, exc: Exception) -> Rejection:
+    """The record of a delivery whose decoding raised.
+
+    A bug must not turn one message into a poison pill that stops its consumer: the delivery
+    is quarantined whole and can be decoded again once the bug is fixed. Only the error's type
+    is kept; its text may quote the input.
+    """
+    return Rejection(
+        subscription=subscription,
+        reason=f"{Reason.DECODE_FAILED}: unexpected {type(exc).__name__}",
+        body=raw.body if isinstance(raw.body, bytes) else None,
+        broker_message_id=_clean_text(raw.message_id, MESSAGE_ID_MAX_CHARS),
+    )

@@ -17,13 +17,14 @@ wait for the next poll.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from bridge.decode import RawDelivery
+from bridge.decode import RawDelivery, undecodable
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
@@ -73,14 +74,10 @@ class Inbox:
     def decode(self, raw: RawDelivery) -> Delivery | Rejection:
         try:
             return self._decoder(raw)
-        except Exception as exc:
-            log.exception("decoder raised; the delivery is quarantined")
-            return Rejection(
-                subscription=raw.subscription,
-                reason=f"decoder_error: {type(exc).__name__}",
-                body=raw.body,
-                broker_message_id=raw.message_id,
-            )
+        except Exception as exc:  # noqa: BLE001  (a decoder bug quarantines one delivery)
+            # Type only: the error's text may quote the payload or an identifier.
+            log.error("decoder raised %s; the delivery is quarantined", type(exc).__name__)
+            return undecodable(raw.subscription, raw, exc)
 
     def write(self, batch: Sequence[RawDelivery]) -> list[Written]:
         """Decode and store a batch in one transaction. Raises if nothing may be acked."""
@@ -111,16 +108,19 @@ class Inbox:
                 self._hand_off(fresh)
         return written
 
-    def acked(self, subscription: str, received_at: float, count: int = 1) -> None:
-        """A consumer acknowledged ``count`` deliveries received at ``received_at`` (monotonic)."""
+    def acked(self, subscription: str, received_at: float) -> None:
+        """A consumer acknowledged a delivery received at ``received_at`` (monotonic)."""
         if self._telemetry is not None:
-            seconds = time.monotonic() - received_at
-            for _ in range(count):
-                self._telemetry.acked(subscription, seconds)
+            self._telemetry.acked(subscription, time.monotonic() - received_at)
 
 
 class HeldDelivery(Protocol):
     """A delivery an ``after_outcome`` consumer keeps in flight until its row's outcome."""
+
+    @property
+    def handle(self) -> str:
+        """The broker's handle for this copy (SQS receipt handle, Pub/Sub ack id)."""
+        ...
 
     @property
     def key(self) -> Key: ...
@@ -143,31 +143,70 @@ class Triage(Generic[T]):
     let_go: list[T]
 
 
-def triage_held(
-    store: PostgresStore, held: Sequence[T], *, extension: float, limit: float
-) -> Triage[T]:
-    """Sort held deliveries by their work rows, for ``after_outcome`` consumers.
+class HeldDeliveries(Generic[T]):
+    """The deliveries an ``after_outcome`` consumer holds, by broker handle; thread-safe.
 
-    A delivery is extended only while its row waits in the queue or its claim's lease is being
-    renewed by handler progress; a stalled claim gets no more broker time, so the broker
-    redelivers it (a replay). ``limit`` caps the total hold from the receive, counting the
-    ``extension`` about to be granted.
+    Only the bookkeeping and the decision are here: acknowledging, extending and letting go
+    are the broker's calls, made by the consumer.
     """
-    rows = store.watch(list({h.key for h in held}))
-    triage: Triage[T] = Triage([], [], [])
-    now = time.monotonic()
-    for h in held:
-        row = rows.get(h.key)
-        if row is None:
-            triage.let_go.append(h)
-            continue
-        state, lease_live = row
-        if state.terminal or state.parked:
-            triage.done.append(h)
-        elif now - h.received_at + extension >= limit:
-            triage.let_go.append(h)
-        elif state is State.QUEUED or lease_live:
-            triage.extend.append(h)
-        else:
-            triage.let_go.append(h)
-    return triage
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, T] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def add(self, held: Iterable[T]) -> None:
+        with self._lock:
+            for h in held:
+                self._held[h.handle] = h
+
+    def forget(self, held: Iterable[T]) -> None:
+        """Stop holding these: the broker no longer honours their handles, or they are done."""
+        with self._lock:
+            for h in held:
+                self._held.pop(h.handle, None)
+
+    def snapshot(self) -> list[T]:
+        with self._lock:
+            return list(self._held.values())
+
+    def take_all(self) -> list[T]:
+        """Everything held, no longer held (on stop)."""
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        return held
+
+    def triage(self, store: PostgresStore, *, extension: float, limit: float) -> Triage[T]:
+        """Sort held deliveries by their work rows; those done or let go are no longer held.
+
+        A delivery is extended only while its row waits in the queue or its claim's lease is
+        being renewed by handler progress; a stalled claim gets no more broker time, so the
+        broker redelivers it (a replay). ``limit`` caps the total hold from the receive,
+        counting the ``extension`` about to be granted.
+        """
+        triage: Triage[T] = Triage([], [], [])
+        held = self.snapshot()
+        if not held:
+            return triage
+        rows = store.watch(list({h.key for h in held}))
+        now = time.monotonic()
+        for h in held:
+            row = rows.get(h.key)
+            if row is None:
+                triage.let_go.append(h)
+                continue
+            state, lease_live = row
+            if state.terminal or state.parked:
+                triage.done.append(h)
+            elif now - h.received_at + extension >= limit:
+                triage.let_go.append(h)
+            elif state is State.QUEUED or lease_live:
+                triage.extend.append(h)
+            else:
+                triage.let_go.append(h)
+        self.forget(triage.done + triage.let_go)
+        return triage

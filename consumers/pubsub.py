@@ -59,8 +59,8 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 
 from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
-from bridge.errors import ConfigError
-from bridge.inbox import Inbox, triage_held
+from bridge.errors import ConfigError, FenceBridgeError
+from bridge.inbox import HeldDeliveries, Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -119,6 +119,11 @@ class Held:
     stream: int
     received_at: float
 
+    @property
+    def handle(self) -> str:
+        ack_id: str = self.message.ack_id
+        return ack_id
+
 
 class PubSubConsumer:
     """Receives one Pub/Sub subscription for one bridge subscription. Never dies silently."""
@@ -165,7 +170,7 @@ class PubSubConsumer:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: deque[_Received] = deque()
-        self._held: dict[str, Held] = {}
+        self._held: HeldDeliveries[Held] = HeldDeliveries()
         self._stopping = threading.Event()
         self._wake = threading.Event()
         #: the current stream; messages of earlier streams cannot be acked any more
@@ -371,9 +376,8 @@ class PubSubConsumer:
         with self._lock:
             ended = self._stream
             self._stream += 1
-            void = [h for h in self._held.values() if h.stream == ended]
-            for h in void:
-                self._held.pop(h.message.ack_id, None)
+        void = [h for h in self._held.snapshot() if h.stream == ended]
+        self._held.forget(void)
         self._count("stream_lost", len(void))
 
     def _on_message(self, stream: int, message: Any) -> None:
@@ -440,24 +444,32 @@ class PubSubConsumer:
         try:
             # Raises when the transaction did not commit: nothing is acked below.
             written = self._inbox.write([r.raw for r in batch])
-        except Exception as exc:  # noqa: BLE001  (whatever failed, nothing may be acked)
+        except Exception as exc:  # whatever failed, nothing may be acked
             self._count("write_failed")
             self._nack(batch)
-            self._write_error = f"inbox write failed: {exc}"
-            log.warning(
-                "%s: inbox write failed (%s); %d message(s) nacked",
-                self.subscription,
-                exc,
-                len(batch),
-            )
+            if isinstance(exc, FenceBridgeError):  # its messages are written for logs
+                self._write_error = f"inbox write failed: {exc}"
+                log.warning(
+                    "%s: inbox write failed (%s); %d message(s) nacked",
+                    self.subscription,
+                    exc,
+                    len(batch),
+                )
+            else:
+                self._write_error = "inbox write failed unexpectedly (see log)"
+                log.exception(
+                    "%s: unexpected error writing to the inbox; %d message(s) nacked",
+                    self.subscription,
+                    len(batch),
+                )
             return False
         self._write_error = None
         for w in written:
             self._count(f"decision.{w.decision.value}")
         if self._ack_mode == "after_inbox":
-            self._ack([r.message for r in self._live(batch)])
+            self._ack(self._live(batch))
             return True
-        now_done: list[Any] = []
+        now_done: list[_Received] = []
         hold: list[Held] = []
         current = self._current_stream()
         for item, w in zip(batch, written, strict=True):
@@ -466,7 +478,7 @@ class PubSubConsumer:
             elif w.awaits_outcome and w.result.key is not None:
                 hold.append(Held(w.result.key, item.message, item.stream, item.received_at))
             else:
-                now_done.append(item.message)
+                now_done.append(item)
         self._ack(now_done)
         self._hold(hold)
         return True
@@ -488,29 +500,31 @@ class PubSubConsumer:
             item.message.nack()
         self._count("nacked", len(live))
 
-    def _ack(self, messages: Sequence[Any]) -> None:
+    def _ack(self, items: Sequence[_Received | Held]) -> None:
         """Ack committed deliveries; with exactly-once, wait for the service's answer."""
-        if not messages:
+        if not items:
             return
         if not self._exactly_once:
-            for m in messages:
-                m.ack()
-            self._count("acked", len(messages))
+            for item in items:
+                item.message.ack()
+                self._inbox.acked(self.subscription, item.received_at)
+            self._count("acked", len(items))
             return
         give_up = time.monotonic() + self._ack_deadline
-        pending = list(messages)
+        pending = list(items)
         while pending:
-            futures = [(m, m.ack_with_response()) for m in pending]
-            retry: list[Any] = []
-            for m, future in futures:
+            futures = [(item, item.message.ack_with_response()) for item in pending]
+            retry: list[_Received | Held] = []
+            for item, future in futures:
                 outcome = _outcome(future, give_up)
                 if outcome is AcknowledgeStatus.SUCCESS:
                     self._count("acked")
+                    self._inbox.acked(self.subscription, item.received_at)
                 elif outcome is AcknowledgeStatus.INVALID_ACK_ID:
                     # Expired: the service handed the message out again; that copy replays.
                     self._count("ack_id_expired")
                 elif outcome is AcknowledgeStatus.OTHER:
-                    retry.append(m)
+                    retry.append(item)
                 else:
                     self._count("ack_failed")
                     log.warning("%s: ack refused (%s)", self.subscription, outcome)
@@ -530,15 +544,10 @@ class PubSubConsumer:
     # -- after_outcome ----------------------------------------------------------------------------
 
     def held(self) -> int:
-        with self._lock:
-            return len(self._held)
+        return len(self._held)
 
     def _hold(self, held: Sequence[Held]) -> None:
-        if not held:
-            return
-        with self._lock:
-            for h in held:
-                self._held[h.message.ack_id] = h
+        self._held.add(held)
         for h in held:
             # From now on the holder decides; the client must not keep it alive by itself.
             h.message.modify_ack_deadline(self._ack_deadline)
@@ -554,27 +563,13 @@ class PubSubConsumer:
     def tend_held(self) -> None:
         """One round: ack settled, extend progressing, let go of stalled deliveries."""
         assert self._store is not None
-        with self._lock:
-            held = list(self._held.values())
-        if not held:
-            return
-        triage = triage_held(self._store, held, extension=self._ack_deadline, limit=self._max_lease)
-        done, extend, let_go = triage.done, triage.extend, triage.let_go
-        if let_go:
-            self._forget(let_go)
-            self._count("let_go", len(let_go))
-        if done:
-            self._forget(done)
-            current = self._current_stream()
-            self._ack([h.message for h in done if h.stream == current])
-        self._extend(extend)
+        triage = self._held.triage(self._store, extension=self._ack_deadline, limit=self._max_lease)
+        self._count("let_go", len(triage.let_go))
+        current = self._current_stream()
+        self._ack([h for h in triage.done if h.stream == current])
+        self._extend(triage.extend)
         with self._cond:
             self._cond.notify_all()  # writers may wait for room among held deliveries
-
-    def _forget(self, held: Sequence[Held]) -> None:
-        with self._lock:
-            for h in held:
-                self._held.pop(h.message.ack_id, None)
 
     def _extend(self, held: Sequence[Held]) -> None:
         if not held:
@@ -599,15 +594,13 @@ class PubSubConsumer:
                 log.info("%s: extension not confirmed (%s)", self.subscription, outcome)
         if lost:
             # The service no longer honours these ack ids: a redelivery will replay.
-            self._forget(lost)
+            self._held.forget(lost)
             self._count("broker_lease_lost", len(lost))
 
     def _let_go_all(self) -> None:
         """On stop: nack held deliveries so another bridge picks them up now."""
-        with self._lock:
-            held = list(self._held.values())
-            self._held.clear()
-            current = self._stream
+        held = self._held.take_all()
+        current = self._current_stream()
         live = [h for h in held if h.stream == current]
         for h in live:
             h.message.nack()

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
-from bridge.inbox import Inbox, triage_held
+from bridge.inbox import HeldDeliveries, Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -55,12 +55,13 @@ _LEASE_LOST_CODES = frozenset(
 _BACKOFF_MAX = 10.0
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Held:
     """A delivery kept in flight until its work row's outcome (after_outcome)."""
 
     key: Key
-    receipt_handle: str
+    #: the receipt handle of this copy
+    handle: str
     received_at: float
 
 
@@ -79,7 +80,9 @@ def to_raw(subscription: str, message: dict[str, Any]) -> RawDelivery:
     return RawDelivery(
         subscription=subscription,
         message_id=message.get("MessageId"),
-        body=str(message.get("Body", "")).encode("utf-8"),
+        # A lone surrogate (SQS refuses them, a local server may not) is kept, not fatal: the
+        # bytes are then not UTF-8, and the decoder quarantines or hashes them as they are.
+        body=str(message.get("Body", "")).encode("utf-8", "surrogatepass"),
         attributes=attributes,
         receive_count=count,
         ordering_key=system.get("MessageGroupId"),
@@ -119,7 +122,7 @@ class SqsConsumer:
         self._visibility = visibility_timeout
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._held: dict[str, Held] = {}
+        self._held: HeldDeliveries[Held] = HeldDeliveries()
         self.counts: Counter[str] = Counter()
         self._error: str | None = None
         self._receivers = [
@@ -214,25 +217,23 @@ class SqsConsumer:
         written = self._inbox.write(raws)
         for w in written:
             self._count(f"decision.{w.decision.value}")
+        handles = [m["ReceiptHandle"] for m in messages]
         if self._ack_mode == "after_inbox":
-            deleted = self._delete([m["ReceiptHandle"] for m in messages])
-            self._inbox.acked(self.subscription, received_at, deleted)
+            self._delete(dict.fromkeys(handles, received_at))
             return
-        now_done: list[str] = []
-        for message, w in zip(messages, written, strict=True):
+        hold: list[Held] = []
+        now_done: dict[str, float] = {}
+        for handle, w in zip(handles, written, strict=True):
             if w.awaits_outcome and w.result.key is not None:
-                with self._lock:
-                    self._held[message["ReceiptHandle"]] = Held(
-                        w.result.key, message["ReceiptHandle"], received_at
-                    )
+                hold.append(Held(w.result.key, handle, received_at))
             else:
-                now_done.append(message["ReceiptHandle"])
+                now_done[handle] = received_at
+        self._held.add(hold)
         self._delete(now_done)
 
-    def _delete(self, handles: Sequence[str]) -> int:
-        """Delete in batches of ten; returns how many the broker confirmed."""
-        confirmed = 0
-        for chunk in _chunks(handles, 10):
+    def _delete(self, handles: Mapping[str, float]) -> None:
+        """Delete in batches of ten: receipt handle -> its receive time, for the ack latency."""
+        for chunk in _chunks(list(handles), 10):
             entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
             try:
                 response = self._client.delete_message_batch(
@@ -243,8 +244,10 @@ class SqsConsumer:
                 self._count("delete_failed", len(chunk))
                 log.warning("%s: delete failed (%s)", self.subscription, _describe(exc))
                 continue
-            confirmed += len(response.get("Successful", []))
-            self._count("deleted", len(response.get("Successful", [])))
+            successful = response.get("Successful", [])
+            self._count("deleted", len(successful))
+            for entry in successful:
+                self._inbox.acked(self.subscription, handles[chunk[int(entry["Id"])]])
             failed = response.get("Failed", [])
             if failed:
                 self._count("delete_failed", len(failed))
@@ -254,13 +257,11 @@ class SqsConsumer:
                     len(failed),
                     ",".join(sorted({f.get("Code", "?") for f in failed})),
                 )
-        return confirmed
 
     # -- after_outcome ----------------------------------------------------------------------------
 
     def held(self) -> int:
-        with self._lock:
-            return len(self._held)
+        return len(self._held)
 
     def _hold_loop(self) -> None:
         period = max(self._visibility / 3, 0.2)
@@ -275,36 +276,22 @@ class SqsConsumer:
     def tend_held(self) -> None:
         """One round: delete settled, extend progressing, let go of stalled deliveries."""
         assert self._store is not None
-        with self._lock:
-            held = list(self._held.values())
-        if not held:
-            return
-        triage = triage_held(
+        triage = self._held.triage(
             self._store,
-            held,
             extension=self._visibility,
             limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
         )
-        done, extend, let_go = triage.done, triage.extend, triage.let_go
-        if done:
-            self._forget(done)
-            self._delete([h.receipt_handle for h in done])
-        if let_go:
-            self._forget(let_go)
-            self._count("let_go", len(let_go))
-        self._extend(extend)
-
-    def _forget(self, held: Sequence[Held]) -> None:
-        with self._lock:
-            for h in held:
-                self._held.pop(h.receipt_handle, None)
+        self._delete({h.handle: h.received_at for h in triage.done})
+        if triage.let_go:
+            self._count("let_go", len(triage.let_go))
+        self._extend(triage.extend)
 
     def _extend(self, held: Sequence[Held]) -> None:
         for chunk in _chunks(held, 10):
             entries = [
                 {
                     "Id": str(i),
-                    "ReceiptHandle": h.receipt_handle,
+                    "ReceiptHandle": h.handle,
                     "VisibilityTimeout": self._visibility,
                 }
                 for i, h in enumerate(chunk)
@@ -333,18 +320,15 @@ class SqsConsumer:
 
     def _broker_lease_lost(self, held: Sequence[Held]) -> None:
         """The broker no longer honours these handles: drop them; a redelivery will replay."""
-        self._forget(held)
+        self._held.forget(held)
         self._count("broker_lease_lost", len(held))
         log.info("%s: %d broker lease(s) lost", self.subscription, len(held))
 
     def _let_go_all(self) -> None:
         """On stop: make held messages visible again now, so another bridge picks them up."""
-        with self._lock:
-            held = list(self._held.values())
-            self._held.clear()
-        for chunk in _chunks(held, 10):
+        for chunk in _chunks(self._held.take_all(), 10):
             entries = [
-                {"Id": str(i), "ReceiptHandle": h.receipt_handle, "VisibilityTimeout": 0}
+                {"Id": str(i), "ReceiptHandle": h.handle, "VisibilityTimeout": 0}
                 for i, h in enumerate(chunk)
             ]
             try:
@@ -352,7 +336,9 @@ class SqsConsumer:
                     QueueUrl=self._queue_url, Entries=entries
                 )
             except (BotoCoreError, ClientError) as exc:
-                log.info("%s: could not release held messages (%s)", self.subscription, exc)
+                log.info(
+                    "%s: could not release held messages (%s)", self.subscription, _describe(exc)
+                )
 
 
 T = TypeVar("T")
