@@ -49,29 +49,27 @@ def open_pool(
     *,
     min_size: int = 1,
     max_size: int = 10,
-    name: str = APPLICATION_NAME,
     timeout: float = POOL_TIMEOUT_SECONDS_DEFAULT,
 ) -> ConnectionPool[Connection]:
     """A pool of autocommit connections; it does not wait for the database at construction."""
     pool: ConnectionPool[Connection] = ConnectionPool(
-        conninfo.make_conninfo(url, application_name=name),
+        conninfo.make_conninfo(url, application_name=APPLICATION_NAME),
         min_size=min_size,
         max_size=max_size,
         kwargs={"autocommit": True},
         timeout=timeout,
-        name=name,
+        name=APPLICATION_NAME,
         open=False,
     )
     pool.open(wait=False)
     return pool
 
 
-def connect(url: str, *, autocommit: bool = True) -> Connection:
-    """One connection outside any pool (migrations, CLI commands, tests)."""
+def connect(url: str) -> Connection:
+    """One autocommit connection outside any pool (migrations, CLI commands, tests)."""
     with translate_errors("connect"):
         conn: Connection = psycopg.connect(
-            conninfo.make_conninfo(url, application_name=APPLICATION_NAME),
-            autocommit=autocommit,
+            conninfo.make_conninfo(url, application_name=APPLICATION_NAME), autocommit=True
         )
     return conn
 
@@ -115,5 +113,10 @@ def translate_errors(action: str) -> Iterator[None]:
 
 
 def _first_line(exc: BaseException) -> str:
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    if sqlstate.startswith("22"):
+        # A data exception quotes the offending value, which may be an identifier or payload:
+        # its class and SQLSTATE say what went wrong without repeating it.
+        return f"{type(exc).__name__} (SQLSTATE {sqlstate})"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

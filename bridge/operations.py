@@ -170,18 +170,7 @@ class Redrive:
             return "cannot look up: the job type's handler is not a class C handler"
         if row.payload is None:
             return "cannot look up: the payload is gone"
-        ctx = Context(
-            tenant_id=row.key.tenant_id,
-            operation_id=row.key.operation_id,
-            job_type=row.job_type,
-            subscription=row.subscription,
-            attempt=row.attempts,
-            max_attempts=row.max_attempts,
-            fence=row.fence,
-            payload=row.payload,
-            schema_version=row.schema_version,
-            idempotency_key=self._hasher.idempotency_key(row.key.tenant_id, row.key.operation_id),
-        )
+        ctx = Context.for_claim(row, self._hasher)
         try:
             found = handler.lookup(ctx, ctx.idempotency_key)
         except Exception as exc:  # noqa: BLE001  (a lookup that fails cannot tell)
@@ -216,7 +205,12 @@ class Redrive:
         moved = {
             r.key
             for r in self._store.redrive(
-                RedriveFilter(states=(state,), keys=tuple(r.key for r in rows), limit=len(rows)),
+                RedriveFilter(
+                    states=(state,),
+                    keys=tuple(r.key for r in rows),
+                    fences=tuple(r.fence for r in rows),
+                    limit=len(rows),
+                ),
                 actor=self._actor,
                 reason=self._reason,
                 extra_attempts=self._extra_attempts,
@@ -239,8 +233,9 @@ class Redrive:
             else:
                 try:
                     self._handlers[job_type] = resolve_handler(job.handler, job_type=job_type)
-                except (ConfigError, TypeError) as exc:
-                    self._handlers[job_type] = f"the handler cannot be loaded ({exc})"
+                except Exception as exc:  # noqa: BLE001  (its rows stay; the redrive goes on)
+                    why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                    self._handlers[job_type] = f"the handler cannot be loaded ({why})"
         return self._handlers[job_type]
 
     # -- quarantined deliveries ----------------------------------------------------------------

@@ -118,9 +118,7 @@ class FencedTransaction:
             },
         ).fetchone()
         if row is None:  # cannot happen while we hold the row lock; kept as a guard
-            raise LeaseLost(
-                self.ticket.tenant_id, self.ticket.operation_id, self.ticket.fence, "settle"
-            )
+            raise _lost(self.ticket, "settle")
         self.settled = state
 
 
@@ -148,6 +146,28 @@ class PostgresStore:
     def _connection(self, action: str) -> Iterator[Connection]:
         with translate_errors(action), self._pool.connection() as conn:
             yield conn
+
+    def _fenced_write(
+        self, action: str, name: str, ticket: Ticket, /, **params: Any
+    ) -> tuple[Any, ...]:
+        """Run one statement guarded by ``fence = :fence AND state = 'claimed'``.
+
+        The row it returns is the proof the fence was current; no row raises LeaseLost.
+        """
+        with self._connection(action) as conn:
+            row = conn.execute(
+                sql.statement(name), {**_ticket_params(ticket), **params, "now": self._now()}
+            ).fetchone()
+        if row is None:
+            raise _lost(ticket, action)
+        return row
+
+    def _guarded_write(self, name: str, params: dict[str, Any], *, dry_run: bool) -> bool:
+        """Run one operator move whose guard is inside the statement; False when the row had
+        moved on. A dry run executes it and rolls back."""
+        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+            row = conn.execute(sql.statement(name), {**params, "now": self._now()}).fetchone()
+        return row is not None
 
     # -- inbox -------------------------------------------------------------------------------
 
@@ -178,11 +198,7 @@ class PostgresStore:
             stored: dict[Key, tuple[bytes, State]] = {}
             if others:
                 rows = conn.execute(
-                    sql.statement("ingest_existing"),
-                    {
-                        "tenant_id": [k.tenant_id for k in others],
-                        "operation_id": [k.operation_id for k in others],
-                    },
+                    sql.statement("ingest_existing"), _keys_params(others)
                 ).fetchall()
                 stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
             missing = [k for k in others if k not in stored]
@@ -220,12 +236,7 @@ class PostgresStore:
             return {}
         with self._connection("watch") as conn:
             rows = conn.execute(
-                sql.statement("watch"),
-                {
-                    "tenant_id": [k.tenant_id for k in keys],
-                    "operation_id": [k.operation_id for k in keys],
-                    "now": self._now(),
-                },
+                sql.statement("watch"), {**_keys_params(keys), "now": self._now()}
             ).fetchall()
         return {Key(t, o): (State(s), bool(live)) for t, o, s, live in rows}
 
@@ -242,14 +253,7 @@ class PostgresStore:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.statement("claim"),
-                {
-                    "worker": worker,
-                    "limit": limit,
-                    "lease": lease,
-                    "job_types": list(job_types) if job_types is not None else None,
-                    "now": self._now(),
-                },
+                sql.statement("claim"), _claim_params(worker, limit, lease, job_types, self._now())
             ).fetchall()
         return [_claim(r) for r in rows]
 
@@ -260,13 +264,7 @@ class PostgresStore:
         with self._connection("claim") as conn:
             rows = conn.execute(
                 sql.statement("claim_keys"),
-                {
-                    "worker": worker,
-                    "tenant_id": [k.tenant_id for k in keys],
-                    "operation_id": [k.operation_id for k in keys],
-                    "lease": lease,
-                    "now": self._now(),
-                },
+                {**_keys_params(keys), "worker": worker, "lease": lease, "now": self._now()},
             ).fetchall()
         return [_claim(r) for r in rows]
 
@@ -274,14 +272,7 @@ class PostgresStore:
 
     def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
         """Extend the lease under the fence; returns the new expiry or raises LeaseLost."""
-        with self._connection("heartbeat") as conn:
-            row = conn.execute(
-                sql.statement("heartbeat"),
-                {**_ticket_params(ticket), "lease": lease, "now": self._now()},
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, "heartbeat")
-        expires = row[0]
+        expires = self._fenced_write("heartbeat", "heartbeat", ticket, lease=lease)[0]
         assert isinstance(expires, datetime)
         return expires
 
@@ -294,8 +285,7 @@ class PostgresStore:
                 sql.statement("heartbeat_many"),
                 {**_tickets_params(tickets), "lease": lease, "now": self._now()},
             ).fetchall()
-        kept = {(Key(t, o), int(f)) for t, o, _, f in rows}
-        return [t for t in tickets if (t.key, t.fence) not in kept]
+        return _stale(tickets, rows)
 
     def complete(self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None) -> None:
         """Mark the operation succeeded under the fence."""
@@ -314,39 +304,25 @@ class PostgresStore:
         self._settle(ticket, State.QUARANTINED, outcome_code, detail)
 
     def _settle(self, ticket: Ticket, state: State, code: str, detail: str | None) -> None:
-        with self._connection(f"settle as {state.value}") as conn:
-            row = conn.execute(
-                sql.statement("settle"),
-                {
-                    **_ticket_params(ticket),
-                    "state": state.value,
-                    "outcome_code": code,
-                    "outcome_detail": detail,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, f"settle as {state.value}")
+        self._fenced_write(
+            f"settle as {state.value}",
+            "settle",
+            ticket,
+            state=state.value,
+            outcome_code=code,
+            outcome_detail=detail,
+        )
 
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         """Settle many claims in one statement; returns the tickets whose fence was stale."""
         if not settlements:
             return []
-        if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
-            raise ValueError("settle_many moves rows to a settled state only")
+        _settled_only(settlements, "settle_many")
         with self._connection("settle") as conn:
             rows = conn.execute(
-                sql.statement("settle_many"),
-                {
-                    **_tickets_params([s.ticket for s in settlements]),
-                    "state": [s.state.value for s in settlements],
-                    "outcome_code": [s.outcome_code for s in settlements],
-                    "outcome_detail": [s.outcome_detail for s in settlements],
-                    "now": self._now(),
-                },
+                sql.statement("settle_many"), _settlements_params(settlements, self._now())
             ).fetchall()
-        moved = {(Key(t, o), int(f)) for t, o, f in rows}
-        return [s.ticket for s in settlements if (s.ticket.key, s.ticket.fence) not in moved]
+        return _stale([s.ticket for s in settlements], rows)
 
     def settle_and_claim(
         self,
@@ -365,40 +341,24 @@ class PostgresStore:
         ``per_statement`` rows each); they share one commit, so a worker tier that frees workers
         by settling can refill them for the cost of one WAL flush.
         """
-        if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
-            raise ValueError("settle_and_claim moves rows to a settled state only")
+        _settled_only(settlements, "settle_and_claim")
         step = per_statement or limit
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
         with self._connection("settle and claim") as conn:
             with conn.pipeline(), conn.transaction():
                 settled = conn.execute(
-                    sql.statement("settle_many"),
-                    {
-                        **_tickets_params([s.ticket for s in settlements]),
-                        "state": [s.state.value for s in settlements],
-                        "outcome_code": [s.outcome_code for s in settlements],
-                        "outcome_detail": [s.outcome_detail for s in settlements],
-                        "now": now,
-                    },
+                    sql.statement("settle_many"), _settlements_params(settlements, now)
                 )
                 claimed = [
                     conn.execute(
-                        sql.statement("claim"),
-                        {
-                            "worker": worker,
-                            "limit": n,
-                            "lease": lease,
-                            "job_types": list(job_types) if job_types is not None else None,
-                            "now": now,
-                        },
+                        sql.statement("claim"), _claim_params(worker, n, lease, job_types, now)
                     )
                     for n in limits
                 ]
-            moved = {(Key(t, o), int(f)) for t, o, f in settled.fetchall()}
+            moved = settled.fetchall()
             rows = [r for cur in claimed for r in cur.fetchall()]
-        stale = [s.ticket for s in settlements if (s.ticket.key, s.ticket.fence) not in moved]
-        return stale, [_claim(r) for r in rows]
+        return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""
@@ -415,38 +375,23 @@ class PostgresStore:
 
         Only for attempts that confirmed nothing was applied. Returns the state the row took.
         """
-        with self._connection("retry later") as conn:
-            row = conn.execute(
-                sql.statement("retry_later"),
-                {
-                    **_ticket_params(ticket),
-                    "backoff": backoff,
-                    "outcome_code": outcome_code,
-                    "outcome_detail": detail,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, "retry later")
+        row = self._fenced_write(
+            "retry later",
+            "retry_later",
+            ticket,
+            backoff=backoff,
+            outcome_code=outcome_code,
+            outcome_detail=detail,
+        )
         return State(row[0])
 
     def record_intent(self, ticket: Ticket) -> None:
         """Record, under the fence, that this claim is about to call a class D target."""
-        with self._connection("record intent") as conn:
-            row = conn.execute(
-                sql.statement("record_intent"), {**_ticket_params(ticket), "now": self._now()}
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, "record intent")
+        self._fenced_write("record intent", "record_intent", ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Give back a claim whose handler never started; the attempt is not counted."""
-        with self._connection("release") as conn:
-            row = conn.execute(
-                sql.statement("release"), {**_ticket_params(ticket), "now": self._now()}
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, "release")
+        self._fenced_write("release", "release", ticket)
 
     @contextmanager
     def fenced_transaction(self, ticket: Ticket) -> Iterator[FencedTransaction]:
@@ -499,24 +444,15 @@ class PostgresStore:
             raise ValueError("a redrive must grant at least one attempt")
         if not actor or not reason:
             raise ValueError("a redrive needs an actor and a reason for the audit record")
-        keys = selection.keys
-        params: dict[str, Any] = {
-            "states": [s.value for s in selection.states],
-            "subscription": selection.subscription,
-            "tenant_id": selection.tenant_id,
-            "job_type": selection.job_type,
-            "key_tenant_id": [k.tenant_id for k in keys] if keys is not None else None,
-            "key_operation_id": [k.operation_id for k in keys] if keys is not None else None,
-            "limit": selection.limit,
+        params = {
+            **_selection_params(selection),
             "extra_attempts": extra_attempts,
             "actor": actor,
             "reason": reason,
             "now": self._now(),
         }
-        with self._connection("redrive") as conn:
-            tx = conn.transaction(force_rollback=dry_run)
-            with tx:
-                rows = conn.execute(sql.statement("redrive"), params).fetchall()
+        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+            rows = conn.execute(sql.statement("redrive"), params).fetchall()
         return [Redriven(Key(t, o), State(s), int(f), int(a)) for t, o, s, f, a in rows]
 
     def stats(self) -> Stats:
@@ -604,18 +540,13 @@ class PostgresStore:
         False when the row is no longer unknown under the fence the lookup was made for.
         """
         params = {
-            "tenant_id": row.key.tenant_id,
-            "operation_id": row.key.operation_id,
-            "fence": row.fence,
+            **_parked_params(row),
             "outcome_code": outcome_code,
             "outcome_detail": outcome_detail,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
         }
-        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
-            moved = conn.execute(sql.statement("redrive_applied"), params).fetchone()
-        return moved is not None
+        return self._guarded_write("redrive_applied", params, dry_run=dry_run)
 
     def redrive_unfenced(
         self,
@@ -633,17 +564,12 @@ class PostgresStore:
         if extra_attempts < 1:
             raise ValueError("a redrive must grant at least one attempt")
         params = {
-            "tenant_id": row.key.tenant_id,
-            "operation_id": row.key.operation_id,
-            "fence": row.fence,
+            **_parked_params(row),
             "extra_attempts": extra_attempts,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
         }
-        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
-            moved = conn.execute(sql.statement("redrive_unfenced"), params).fetchone()
-        return moved is not None
+        return self._guarded_write("redrive_unfenced", params, dry_run=dry_run)
 
     def close_rejected(
         self,
@@ -658,16 +584,8 @@ class PostgresStore:
         was already closed."""
         if outcome not in (Decision.NEW, Decision.REPLAY, Decision.CONFLICT):
             raise ValueError("only a delivery that reached the inbox can be closed")
-        params = {
-            "id": rejected_id,
-            "outcome": outcome.value,
-            "actor": actor,
-            "reason": reason,
-            "now": self._now(),
-        }
-        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
-            closed = conn.execute(sql.statement("rejected_redriven"), params).fetchone()
-        return closed is not None
+        params = {"id": rejected_id, "outcome": outcome.value, "actor": actor, "reason": reason}
+        return self._guarded_write("rejected_redriven", params, dry_run=dry_run)
 
     def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
         """Remove one bounded batch of finished work older than ``older_than``.
@@ -722,6 +640,7 @@ def _selection_params(selection: RedriveFilter) -> dict[str, Any]:
         "job_type": selection.job_type,
         "key_tenant_id": [k.tenant_id for k in keys] if keys is not None else None,
         "key_operation_id": [k.operation_id for k in keys] if keys is not None else None,
+        "key_fence": list(selection.fences) if selection.fences is not None else None,
         "limit": selection.limit,
     }
 
@@ -856,6 +775,56 @@ def _tickets_params(tickets: Sequence[Ticket]) -> dict[str, Any]:
         "operation_id": [t.operation_id for t in tickets],
         "fence": [t.fence for t in tickets],
     }
+
+
+def _keys_params(keys: Sequence[Key]) -> dict[str, Any]:
+    return {
+        "tenant_id": [k.tenant_id for k in keys],
+        "operation_id": [k.operation_id for k in keys],
+    }
+
+
+def _parked_params(row: ParkedRow) -> dict[str, Any]:
+    """The parked row's key and the fence the operator's decision was made under."""
+    return {
+        "tenant_id": row.key.tenant_id,
+        "operation_id": row.key.operation_id,
+        "fence": row.fence,
+    }
+
+
+def _claim_params(
+    worker: str, limit: int, lease: timedelta, job_types: Sequence[str] | None, now: datetime | None
+) -> dict[str, Any]:
+    return {
+        "worker": worker,
+        "limit": limit,
+        "lease": lease,
+        "job_types": list(job_types) if job_types is not None else None,
+        "now": now,
+    }
+
+
+def _settled_only(settlements: Sequence[Settlement], method: str) -> None:
+    if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
+        raise ValueError(f"{method} moves rows to a settled state only")
+
+
+def _settlements_params(settlements: Sequence[Settlement], now: datetime | None) -> dict[str, Any]:
+    return {
+        **_tickets_params([s.ticket for s in settlements]),
+        "state": [s.state.value for s in settlements],
+        "outcome_code": [s.outcome_code for s in settlements],
+        "outcome_detail": [s.outcome_detail for s in settlements],
+        "now": now,
+    }
+
+
+def _stale(tickets: Sequence[Ticket], moved: Sequence[tuple[Any, ...]]) -> list[Ticket]:
+    """The tickets no returned ``(tenant_id, operation_id, fence)`` row vouches for: their fence
+    was no longer current, so the batch statement left their rows alone."""
+    current = {(t, o, int(f)) for t, o, f in moved}
+    return [t for t in tickets if (t.tenant_id, t.operation_id, t.fence) not in current]
 
 
 def _insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:

@@ -178,12 +178,17 @@ class RedriveFilter:
     tenant_id: str | None = None
     job_type: str | None = None
     keys: tuple[Key, ...] | None = None
+    #: with ``keys``: each key only while its fence is still this one (the fence a decision to
+    #: redrive it was made at), so a row that was claimed and parked again meanwhile stays put
+    fences: tuple[int, ...] | None = None
     limit: int = 1000
 
     def __post_init__(self) -> None:
         bad = [s for s in self.states if not s.parked]
         if bad:
             raise ValueError(f"only unknown and quarantined rows can be redriven, not {bad}")
+        if self.fences is not None and (self.keys is None or len(self.fences) != len(self.keys)):
+            raise ValueError("fences pair with keys: one fence per key")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,4 +9,4 @@ UPDATE work_item w
    AND w.operation_id = t.operation_id
    AND w.fence = t.fence
    AND w.state = 'claimed'
-RETURNING w.tenant_id, w.operation_id, w.lease_expires_at, w.fence
+RETURNING w.tenant_id, w.operation_id, w.fence

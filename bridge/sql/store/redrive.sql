@@ -11,6 +11,12 @@ WITH picked AS (
        AND (%(key_tenant_id)s::text[] IS NULL
             OR (tenant_id, operation_id) IN (
                    SELECT * FROM unnest(%(key_tenant_id)s::text[], %(key_operation_id)s::text[])))
+       -- A redrive decided per row names the fence it decided at: a row claimed since (and
+       -- parked again under a newer fence) is not moved on the strength of that decision.
+       AND (%(key_fence)s::bigint[] IS NULL
+            OR (tenant_id, operation_id, fence) IN (
+                   SELECT * FROM unnest(%(key_tenant_id)s::text[], %(key_operation_id)s::text[],
+                                        %(key_fence)s::bigint[])))
      ORDER BY settled_at, tenant_id, operation_id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
