@@ -20,6 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from bridge.errors import FenceBridgeError
 from bridge.identity import IDENTITY_KEY_ENV
 from bridge.migrate import current_version, migrate
 from bridge.telemetry.logs import configure_logging
+from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.check import Report
@@ -81,7 +83,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 # -- operator commands ---------------------------------------------------------------------------
 
-_STATES = ("queued", "claimed", "succeeded", "failed_terminal", "unknown", "quarantined")
+_STATES = tuple(s.value for s in State)
 _DURATION = re.compile(r"([1-9][0-9]*)([dhm])")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
@@ -92,7 +94,10 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(
             f"expected a duration such as 30d, 12h or 90m, got {text!r}"
         )
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long a duration") from None
 
 
 def _positive(text: str) -> int:
@@ -103,6 +108,17 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _text(text: str) -> str:
+    """A non-empty argument the database can store; never echoed (it may be an identifier)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return text
 
 
 def _span(age: timedelta) -> str:
@@ -120,16 +136,22 @@ def _os_user() -> str:
         return f"uid-{os.getuid()}"
 
 
-def _store(args: argparse.Namespace) -> PostgresStore:
+def _store(args: argparse.Namespace) -> closing[PostgresStore]:
+    """A small store for one command, closed when the ``with`` block ends."""
     from bridge.store import PostgresStore  # noqa: PLC0415
 
-    return PostgresStore.connect(database_url(args.database_url), max_size=2)
+    return closing(PostgresStore.connect(database_url(args.database_url), max_size=2))
 
 
 def _hasher() -> IdentityHasher:
     from bridge.identity import IdentityHasher  # noqa: PLC0415
 
     return IdentityHasher.from_env()
+
+
+def _log_hashes(hasher: IdentityHasher, key: Key) -> list[str]:
+    """The tenant's and the operation's keyed hashes, as logs and spans carry them."""
+    return [hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)]
 
 
 def _at(value: datetime | None) -> str:
@@ -155,11 +177,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 def _status(args: argparse.Namespace) -> int:
     hasher = _hasher()  # refuse before touching the database: status shows hashes only
-    store = _store(args)
-    try:
+    with _store(args) as store:
         stats = store.stats()
-    finally:
-        store.close()
     document = _status_document(stats, hasher)
     if args.json:
         print(json.dumps(document, indent=2))
@@ -202,16 +221,12 @@ def _inspect(args: argparse.Namespace) -> int:
     from bridge.types import Key  # noqa: PLC0415
 
     key = Key(args.tenant, args.operation)
-    store = _store(args)
-    try:
+    with _store(args) as store:
         history = store.history(key)
-    finally:
-        store.close()
     document = _history_document(history)
     hashes: list[str] = []
     if os.environ.get(IDENTITY_KEY_ENV):
-        hasher = _hasher()
-        hashes = [hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)]
+        hashes = _log_hashes(_hasher(), key)
         document["log_hashes"] = hashes
     if args.json:
         print(json.dumps(document, indent=2, default=str))
@@ -344,7 +359,7 @@ def _history_lines(history: OperationHistory) -> list[str]:
 def _redrive(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415
     from bridge.operations import Redrive  # noqa: PLC0415
-    from bridge.types import Key, RedriveFilter, State  # noqa: PLC0415
+    from bridge.types import Key, RedriveFilter  # noqa: PLC0415
 
     if args.operation is not None and args.tenant is None:
         raise _usage("--operation needs --tenant")
@@ -361,8 +376,7 @@ def _redrive(args: argparse.Namespace) -> int:
     )
     config = load_config(args.config)
     hasher = _hasher()
-    store = _store(args)
-    try:
+    with _store(args) as store:
         report = Redrive(
             store,
             config,
@@ -373,17 +387,13 @@ def _redrive(args: argparse.Namespace) -> int:
             extra_attempts=args.extra_attempts,
             confirm_not_called=args.confirm_not_called,
         ).run(selection, deliveries=State.QUARANTINED in states)
-    finally:
-        store.close()
     print("\n".join(_redrive_lines(report, hasher)))
     return 0
 
 
 def _redrive_lines(report: RedriveReport, hasher: IdentityHasher) -> list[str]:
     def who(key: Key | None) -> str:
-        if key is None:
-            return "-"
-        return f"{hasher.tenant(key.tenant_id)} {hasher.operation(key.tenant_id, key.operation_id)}"
+        return "-" if key is None else " ".join(_log_hashes(hasher, key))
 
     verb = "would go" if report.dry_run else "->"
     rows: list[list[object]] = []
@@ -422,19 +432,13 @@ def _redrive_lines(report: RedriveReport, hasher: IdentityHasher) -> list[str]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    store = _store(args)
-    try:
+    with _store(args) as store:
         parked = store.sweep(args.limit, exclusive=True)
-    finally:
-        store.close()
     print(f"parked {len(parked)} expired last attempt(s) as unknown")
     if parked and os.environ.get(IDENTITY_KEY_ENV):
         hasher = _hasher()
         for t in parked:
-            print(
-                f"  {hasher.tenant(t.tenant_id)} {hasher.operation(t.tenant_id, t.operation_id)}"
-                f"  fence {t.fence}"
-            )
+            print(f"  {' '.join(_log_hashes(hasher, t.key))}  fence {t.fence}")
     return 0
 
 
@@ -449,8 +453,7 @@ def _purge(args: argparse.Namespace) -> int:
         if plan is None:
             raise _usage(f"{args.config} has no [retention] table; pass --older-than")
         older_than = timedelta(days=plan.purge_after_days)
-    store = _store(args)
-    try:
+    with _store(args) as store:
         if args.dry_run:
             counts = store.purge_preview(older_than)
             print(
@@ -460,8 +463,6 @@ def _purge(args: argparse.Namespace) -> int:
             )
             return 0
         report = purge(store, older_than, batch_size=args.batch_size)
-    finally:
-        store.close()
     removed = report.removed
     print(
         f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
@@ -477,8 +478,7 @@ def _purge(args: argparse.Namespace) -> int:
 def _erase(args: argparse.Namespace) -> int:
     hasher = _hasher()
     tenant_hash = hasher.tenant(args.tenant)
-    store = _store(args)
-    try:
+    with _store(args) as store:
         counts = store.erase_tenant(
             args.tenant,
             tenant_hash=tenant_hash,
@@ -486,8 +486,6 @@ def _erase(args: argparse.Namespace) -> int:
             reason=args.reason,
             dry_run=args.dry_run,
         )
-    finally:
-        store.close()
     verb = "would erase" if args.dry_run else "erased"
     print(
         f"{verb} tenant {tenant_hash}: {counts.work_rows} work row(s), {counts.payloads} "
@@ -613,8 +611,8 @@ def _add_operator_commands(commands: Any) -> None:
         help="one operation's history: its row, its redrives, its rejected deliveries",
         description="Never prints payload bytes: their size and sha256 only.",
     )
-    p.add_argument("tenant", help="the tenant id")
-    p.add_argument("operation", help="the operation id")
+    p.add_argument("tenant", type=_text, help="the tenant id")
+    p.add_argument("operation", type=_text, help="the operation id")
     p.add_argument("--json", action="store_true", help="print a JSON document instead")
     _add_database_flag(p)
     p.set_defaults(run=_inspect)
@@ -631,8 +629,8 @@ def _add_operator_commands(commands: Any) -> None:
         ),
     )
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
-    p.add_argument("--reason", required=True, help="why: recorded in the audit")
-    p.add_argument("--actor", help="who: recorded in the audit (default: the OS user)")
+    p.add_argument("--reason", type=_text, required=True, help="why: recorded in the audit")
+    p.add_argument("--actor", type=_text, help="who: recorded in the audit (default: the OS user)")
     p.add_argument("--dry-run", action="store_true", help="show what would happen; write nothing")
     p.add_argument(
         "--state",
@@ -641,10 +639,10 @@ def _add_operator_commands(commands: Any) -> None:
         help="parked state to redrive (repeatable; default both; quarantined includes "
         "quarantined deliveries)",
     )
-    p.add_argument("--subscription", help="only this subscription")
-    p.add_argument("--tenant", help="only this tenant")
-    p.add_argument("--operation", help="only this operation (with --tenant)")
-    p.add_argument("--job-type", help="only this job type")
+    p.add_argument("--subscription", type=_text, help="only this subscription")
+    p.add_argument("--tenant", type=_text, help="only this tenant")
+    p.add_argument("--operation", type=_text, help="only this operation (with --tenant)")
+    p.add_argument("--job-type", type=_text, help="only this job type")
     p.add_argument(
         "--limit", type=_positive, default=100, help="most rows (and deliveries) per run"
     )
@@ -688,9 +686,11 @@ def _add_operator_commands(commands: Any) -> None:
         help="erase one tenant: work rows, payloads, rejected deliveries, audit rows (audited)",
         description=f"The erasure is recorded with the tenant's keyed hash. {key_note}",
     )
-    p.add_argument("--tenant", required=True, help="the tenant id to erase")
-    p.add_argument("--reason", required=True, help="why (the request reference): recorded")
-    p.add_argument("--actor", help="who: recorded (default: the OS user)")
+    p.add_argument("--tenant", type=_text, required=True, help="the tenant id to erase")
+    p.add_argument(
+        "--reason", type=_text, required=True, help="why (the request reference): recorded"
+    )
+    p.add_argument("--actor", type=_text, help="who: recorded (default: the OS user)")
     p.add_argument("--dry-run", action="store_true", help="count what would go; erase nothing")
     _add_database_flag(p)
     p.set_defaults(run=_erase)

@@ -144,6 +144,16 @@ def _number_text(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
+def _either(names: list[str]) -> str:
+    """``a, b or c``: the alternatives an error or the reference offers."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _did_you_mean(name: str, known: list[str], otherwise: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else otherwise
+
+
 class _Value(Protocol):
     """A key's type and range: reads a TOML value, and describes itself for the reference."""
 
@@ -228,8 +238,7 @@ class _Choice:
     choices: type[enum.StrEnum]
 
     def _spelled(self, quote: str) -> str:
-        names = [f"{quote}{c.value}{quote}" for c in self.choices]
-        return f"{', '.join(names[:-1])} or {names[-1]}"
+        return _either([f"{quote}{c.value}{quote}" for c in self.choices])
 
     def describe(self) -> str:
         return self._spelled("`")
@@ -274,8 +283,7 @@ _SPELLING: Final[Mapping[SourceKind, str]] = {
 
 
 def _alternatives(kinds: tuple[SourceKind, ...], quote: str) -> str:
-    names = [f"{quote}{_SPELLING[k]}{quote}" for k in kinds]
-    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+    return _either([f"{quote}{_SPELLING[k]}{quote}" for k in kinds])
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,10 +391,7 @@ def _read_table(
     known = [f.name for f, _ in specs]
     for name in raw:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = (
-                f"did you mean {close[0]!r}?" if close else f"expected one of: {', '.join(known)}"
-            )
+            hint = _did_you_mean(name, known, f"expected one of: {', '.join(known)}")
             raise at.child(name).error(f"unknown key; {hint}")
     values: dict[str, Any] = {}
     for f, spec in specs:
@@ -420,8 +425,9 @@ def _python_name(part: str) -> bool:
 
 
 def _import_path(text: str) -> str | None:
+    # one attribute of the module: the bridge imports the module and takes that attribute
     module, colon, attribute = text.partition(":")
-    names = module.split(".") + attribute.split(".")
+    names = [*module.split("."), attribute]
     if colon and all(_python_name(n) for n in names):
         return None
     return f"expected an import path 'module.path:attribute', got {_shown(text)}"
@@ -978,11 +984,8 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
     _refuse_secrets(document, at)
     for name in document:
         if name not in _TOP_LEVEL:
-            close = difflib.get_close_matches(name, _TOP_LEVEL, n=1)
-            hint = (
-                f"did you mean {close[0]!r}?"
-                if close
-                else "expected [bridge], [jobs.<name>] or [subscriptions.<name>]"
+            hint = _did_you_mean(
+                name, _TOP_LEVEL, "expected [bridge], [jobs.<name>] or [subscriptions.<name>]"
             )
             raise at.child(name).error(f"unknown section; {hint}")
     settings = BridgeSettings(

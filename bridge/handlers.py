@@ -35,10 +35,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
-from bridge.types import Claim, TargetClass
+from bridge.types import TargetClass
 
 if TYPE_CHECKING:
     from bridge.database import Connection
+    from bridge.records import ParkedRow
+    from bridge.types import Claim
 
 
 # -- outcomes ------------------------------------------------------------------------------------
@@ -181,11 +183,13 @@ class Context:
     _on_progress: Callable[[], None] | None = field(default=None, repr=False)
 
     @classmethod
-    def for_claim(cls, claim: Claim, hasher: IdentityHasher) -> Context:
-        """The context of one run of ``claim``: its fence, attempt, payload and key."""
+    def for_claim(cls, claim: Claim | ParkedRow, hasher: IdentityHasher) -> Context:
+        """The context of one run of ``claim``: its fence, attempt, payload and key. A parked
+        row stands for its last claim (a redrive's lookup runs under that claim's fence)."""
+        key = claim.key
         return cls(
-            tenant_id=claim.tenant_id,
-            operation_id=claim.operation_id,
+            tenant_id=key.tenant_id,
+            operation_id=key.operation_id,
             job_type=claim.job_type,
             subscription=claim.subscription,
             attempt=claim.attempts,
@@ -193,7 +197,7 @@ class Context:
             fence=claim.fence,
             payload=claim.payload or b"",
             schema_version=claim.schema_version,
-            idempotency_key=hasher.idempotency_key(claim.tenant_id, claim.operation_id),
+            idempotency_key=hasher.idempotency_key(key.tenant_id, key.operation_id),
         )
 
     def progress(self) -> None:

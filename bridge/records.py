@@ -136,10 +136,6 @@ class PurgeCounts:
             self.payloads + other.payloads,
         )
 
-    @property
-    def empty(self) -> bool:
-        return not (self.work_rows or self.rejected_deliveries or self.payloads)
-
 
 @dataclass(frozen=True, slots=True)
 class ErasureCounts:

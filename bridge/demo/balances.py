@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import LiteralString
 
 from bridge.database import Connection
+from bridge.demo import statement
 from bridge.handlers import ConditionalWriteHandler, Context, Quarantine, Success
 from bridge.targets.postgres import fenced_write
 
@@ -33,14 +31,6 @@ JOB_TYPE = "set_balance"
 
 #: Lends a connection to the target database for one write (``ConnectionPool.connection`` fits).
 ConnectionSource = Callable[[], AbstractContextManager[Connection]]
-
-
-@cache
-def _statement(name: str) -> LiteralString:
-    text: LiteralString = (
-        resources.files("bridge.demo").joinpath("sql", f"{name}.sql").read_text("utf-8")
-    )
-    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +70,12 @@ class BalanceRequest:
 
 def install(conn: Connection) -> None:
     """Create the demo's balance table (idempotent)."""
-    conn.execute(_statement("balance_schema"))
+    conn.execute(statement("balance_schema"))
 
 
 def find_balance(conn: Connection, tenant_id: str, operation_id: str) -> Balance | None:
     row = conn.execute(
-        _statement("balance_read"), {"tenant_id": tenant_id, "operation_id": operation_id}
+        statement("balance_read"), {"tenant_id": tenant_id, "operation_id": operation_id}
     ).fetchone()
     return Balance(*row) if row is not None else None
 
@@ -102,7 +92,7 @@ class SetBalance(ConditionalWriteHandler):
         with self._connection() as conn:
             fenced_write(
                 conn,
-                _statement("balance_write"),
+                statement("balance_write"),
                 {
                     "tenant_id": ctx.tenant_id,
                     "operation_id": ctx.operation_id,

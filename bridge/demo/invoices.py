@@ -17,22 +17,12 @@ Payload (JSON)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import LiteralString
 
 from bridge.database import Connection
+from bridge.demo import statement
 from bridge.handlers import Context, Quarantine, SameDatabaseHandler, Success, TerminalFailure
 
 JOB_TYPE = "refund_invoice"
-
-
-@cache
-def _statement(name: str) -> LiteralString:
-    text: LiteralString = (
-        resources.files("bridge.demo").joinpath("sql", f"{name}.sql").read_text("utf-8")
-    )
-    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +39,7 @@ class Invoice:
 
 def install(conn: Connection) -> None:
     """Create the demo's invoice table (idempotent)."""
-    conn.execute(_statement("invoice_schema"))
+    conn.execute(statement("invoice_schema"))
 
 
 def add_invoice(
@@ -62,7 +52,7 @@ def add_invoice(
     status: str = "paid",
 ) -> None:
     conn.execute(
-        _statement("invoice_insert"),
+        statement("invoice_insert"),
         {
             "tenant_id": tenant_id,
             "invoice_id": invoice_id,
@@ -75,7 +65,7 @@ def add_invoice(
 
 def find_invoice(conn: Connection, tenant_id: str, invoice_id: str) -> Invoice | None:
     row = conn.execute(
-        _statement("invoice_read"), {"tenant_id": tenant_id, "invoice_id": invoice_id}
+        statement("invoice_read"), {"tenant_id": tenant_id, "invoice_id": invoice_id}
     ).fetchone()
     return Invoice(*row) if row is not None else None
 
@@ -96,7 +86,7 @@ class RefundInvoice(SameDatabaseHandler):
         invoice_id = invoice_id_of(ctx)
         key = {"tenant_id": ctx.tenant_id, "invoice_id": invoice_id}
         refunded = tx.execute(
-            _statement("invoice_refund"),
+            statement("invoice_refund"),
             {**key, "fence": ctx.fence, "operation_id": ctx.operation_id},
         ).fetchone()
         if refunded is not None:
