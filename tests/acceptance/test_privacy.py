@@ -19,10 +19,9 @@ from __future__ import annotations
 import gzip
 import json
 import threading
-import time
 import urllib.request
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,6 +48,7 @@ from tests.support.bridge_process import (
 )
 from tests.support.handlers import create_tables
 from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.waiting import eventually
 
 TENANT = "tenant-RAW-7f3a"
 OTHER_TENANT = "tenant-RAW-c81e"
@@ -56,7 +56,6 @@ OPERATION = "op-RAW-91c2"
 PAYLOAD = "PAYLOAD-RAW-55d1"
 #: what must never appear anywhere (compared case-insensitively)
 RAW = (TENANT, OTHER_TENANT, OPERATION, PAYLOAD)
-DEADLINE = 90.0
 
 pytestmark = pytest.mark.slow
 
@@ -240,13 +239,6 @@ def read_exports(collector: Collector) -> Exported:
 def leaks(text: str) -> list[str]:
     lowered = text.lower()
     return [raw for raw in RAW if raw.lower() in lowered]
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(0.1)
 
 
 def states(url: str) -> dict[str, int]:

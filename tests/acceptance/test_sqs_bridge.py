@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from tests.support.handlers import create_tables
 from tests.support.postgres import create_database, drop_database, unique_name
 from tests.support.proxy import Proxy
 from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.waiting import eventually
 
 __all__ = ["cluster", "cluster_db_url", "pg_cluster", "proxy"]  # fault-injection fixtures
 
@@ -48,18 +49,9 @@ RECORD_JOB = Job("tests.support.handlers:RecordEffect", "A", lease_seconds=3.0)
 STEADY_JOB = Job("tests.support.handlers:SteadyProgress", "B", lease_seconds=2.0)
 TENANT = "t1"
 DEADLINE = 90.0
-POLL = 0.1
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(POLL)
 
 
 def send(

@@ -1,7 +1,8 @@
-"""Fault-injection fixtures: a PostgreSQL server a test may crash, and a proxy it may cut.
+"""Integration fixtures: a store on an injected clock, and for fault injection a PostgreSQL
+server a test may crash and a proxy it may cut.
 
-These run against their own throwaway server (never the shared test server), because a test
-that SIGKILLs the postmaster must own it.
+The fault-injection fixtures run against their own throwaway server (never the shared test
+server), because a test that SIGKILLs the postmaster must own it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,23 @@ import pytest
 from bridge import embedded
 from bridge.errors import ConfigError
 from bridge.migrate import migrate
+from bridge.store import PostgresStore
+from tests.support.clock import Clock
 from tests.support.cluster import Cluster, throwaway_cluster
 from tests.support.postgres import create_database, drop_database, unique_name
 from tests.support.proxy import Proxy, proxy_to
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """Starts at :data:`tests.support.clock.EPOCH`, in the past on purpose: the clock rules."""
+    return Clock()
+
+
+@pytest.fixture
+def clocked(store: PostgresStore, clock: Clock) -> PostgresStore:
+    """The test's store, reading time from ``clock`` instead of the database."""
+    return PostgresStore(store.pool, clock=clock)
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +29,8 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Claim, Delivery, State, TargetClass, Ticket
 from bridge.worker import WorkerPool
+from tests.support.clock import Clock
+from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
 
@@ -39,25 +40,10 @@ SHORT, LONG = timedelta(seconds=10), timedelta(hours=1)
 DEADLINE = 60.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.at = START
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 @pytest.fixture
 def clocked(store: PostgresStore) -> tuple[PostgresStore, Clock]:
-    clock = Clock()
+    clock = Clock(START)
     return PostgresStore(store.pool, clock=clock), clock
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(0.01)
 
 
 def deliveries(
@@ -96,7 +82,7 @@ def one_stale_among(
     (first,) = store.claim("w1", 1, SHORT)
     assert first.operation_id == "stale"
     others = store.claim("w1", len(fresh), LONG)
-    clock.at += SHORT * 2
+    clock.advance(SHORT * 2)
     (newer,) = store.claim("w2", 1, SHORT)
     assert (newer.operation_id, newer.fence) == ("stale", first.fence + 1)
     return first, others
@@ -179,7 +165,7 @@ def test_settle_and_claim_settles_refuses_stale_and_refills_in_one_transaction(
         store.settle_and_claim([Settlement(a.ticket, State.QUEUED, "no")], "w3", 1, LONG)
 
 
-def test_a_batch_whose_write_fails_gives_every_run_the_error(db_url: str) -> None:
+def test_a_batch_whose_write_fails_gives_every_run_the_error() -> None:
     # Nothing listens on port 1: the pool cannot hand out a connection.
     unreachable = PostgresStore(open_pool("postgresql://postgres@127.0.0.1:1/none", timeout=0.5))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -14,44 +14,14 @@ import pytest
 from bridge import sql
 from bridge.errors import LeaseLost
 from bridge.store import PostgresStore
-from bridge.types import Claim, Delivery, Key, State, TargetClass
+from bridge.types import Claim, Key, State
+from tests.support.clock import EPOCH as START
 from tests.support.clock import Clock
+from tests.support.deliveries import delivery
 
-START = datetime(2021, 3, 1, 12, 0, tzinfo=UTC)  # in the past on purpose: the clock rules
 LEASE = timedelta(seconds=30)
 
 Db = psycopg.Connection[tuple[Any, ...]]
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock(START)
-
-
-@pytest.fixture
-def clocked(store: PostgresStore, clock: Clock) -> PostgresStore:
-    """The test's store, reading time from ``clock`` instead of the database."""
-    return PostgresStore(store.pool, clock=clock)
-
-
-def delivery(
-    op: str,
-    *,
-    tenant: str = "t1",
-    job_type: str = "refund",
-    max_attempts: int = 5,
-    ordering_key: str | None = None,
-) -> Delivery:
-    return Delivery(
-        tenant_id=tenant,
-        operation_id=op,
-        subscription="refunds",
-        job_type=job_type,
-        target_class=TargetClass.A,
-        payload=f'{{"op": "{op}"}}'.encode(),
-        max_attempts=max_attempts,
-        ordering_key=ordering_key,
-    )
 
 
 def row(db: Db, op: str, tenant: str = "t1") -> tuple[Any, ...]:
@@ -262,15 +232,7 @@ def test_ordered_group_releases_its_next_row_only_after_the_first_settles(
 
 
 def test_ordered_groups_are_scoped_by_subscription(clocked: PostgresStore) -> None:
-    other = Delivery(
-        tenant_id="t1",
-        operation_id="x1",
-        subscription="notices",
-        job_type="refund",
-        target_class=TargetClass.A,
-        payload=b"{}",
-        ordering_key="g",
-    )
+    other = delivery("x1", subscription="notices", ordering_key="g")
     clocked.ingest([delivery("g1", ordering_key="g"), other])
     assert sorted(ops(clocked.claim("w1", 10, LEASE))) == ["g1", "x1"]
 

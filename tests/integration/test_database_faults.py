@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
-from bridge.database import APPLICATION_NAME, open_pool
-from bridge.errors import LeaseLost, StoreUnavailable, TransientError
+from bridge.database import APPLICATION_NAME, connect, open_pool, translate_errors
+from bridge.errors import LeaseLost, StoreError, StoreUnavailable, TransientError
 from bridge.store import PostgresStore
 from bridge.types import Claim, Delivery, Key, State, TargetClass, Ticket
 from tests.support.cluster import Cluster
@@ -620,3 +620,16 @@ def test_store_unavailable_says_the_database_is_unavailable_without_identifiers(
         assert "database unavailable" in message, message
         assert KEY.tenant_id not in message, message
         assert KEY.operation_id not in message, message
+
+
+def test_a_data_error_names_its_sqlstate_without_repeating_the_value(db_url: str) -> None:
+    """The server quotes a value it could not take; that text never reaches our error."""
+    conn = connect(db_url)
+    try:
+        with pytest.raises(StoreError) as caught, translate_errors("probe"):
+            conn.execute("SELECT %s::bigint", ("tenant-7f3a",))
+    finally:
+        conn.close()
+    message = str(caught.value)
+    assert "tenant-7f3a" not in message
+    assert message == "probe: InvalidTextRepresentation (SQLSTATE 22P02)"

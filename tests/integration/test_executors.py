@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -59,6 +58,8 @@ from bridge.types import (
     Ticket,
 )
 from tests.support.clock import Clock
+from tests.support.deliveries import for_job
+from tests.support.waiting import eventually
 from tests.support.worker_process import context_for
 
 Db = psycopg.Connection[Any]
@@ -97,16 +98,7 @@ class Bench:
     def delivery(
         self, job: str, operation: str, payload: object = None, *, tenant: str = TENANT
     ) -> Delivery:
-        spec = self.registry[job]
-        return Delivery(
-            tenant_id=tenant,
-            operation_id=operation,
-            subscription="executors",
-            job_type=job,
-            target_class=spec.target_class,
-            payload=json.dumps(payload if payload is not None else {}).encode(),
-            max_attempts=spec.retry.max_attempts,
-        )
+        return for_job(self.registry, job, operation, payload, tenant=tenant)
 
     def claim(self, key: Key) -> Claim:
         (claim,) = self.store.claim_keys("worker", [key], LEASE)
@@ -636,17 +628,18 @@ def test_class_c_key_in_flight_elsewhere_is_retried_later(
     provider.set_fault(FaultKind.SLOW, key=ikey, seconds=5)
     slow = PaymentClient(provider.url, timeout=30)
     earlier = threading.Thread(target=slow.charge, args=(ikey, CHARGE))
+
+    def in_flight() -> bool:
+        try:
+            charges.lookup(ikey)
+        except ProviderConflict:
+            return True
+        return False
+
     earlier.start()
     try:
-        deadline = time.monotonic() + 10
-        while True:  # until the provider holds the key as in flight
-            try:
-                charges.lookup(ikey)
-            except ProviderConflict:
-                break
-            assert time.monotonic() < deadline, "the earlier request never reached the provider"
-            time.sleep(0.02)
-
+        # The provider holds the key for the fault's five seconds only.
+        eventually(in_flight, "the earlier request to reach the provider", timeout=10)
         counts = bench.run(key).snapshot()
     finally:
         provider.stop()  # releases the slow request at once

@@ -237,7 +237,7 @@ def test_require_current_refuses_an_unmigrated_database(
 def test_a_failing_migration_applies_nothing(empty_database: Callable[[], Db]) -> None:
     conn = empty_database()
     conn.execute("CREATE TABLE payload (x integer)")  # in the way of the first migration
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match='relation "payload" already exists'):
         migrate(conn)
     assert current_version(conn) == 0
     assert conn.execute("SELECT to_regclass('work_item')").fetchone() == (None,)

@@ -41,7 +41,7 @@ from bridge.identity import IdentityHasher
 from bridge.operations import Redrive, purge
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Decision, Delivery, Key, RedriveFilter, Rejection, State, TargetClass
-from tests.integration.test_postgres_roles import Roles, apply_roles, drop_roles
+from tests.support.roles import Roles, apply_roles, drop_roles
 
 Db = psycopg.Connection[Any]
 LEASE = timedelta(seconds=60)
@@ -343,7 +343,10 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
         for tenant in ("acme", "globex"):
             park(bridge, delivery("op-1", tenant=tenant))
         bridge.redrive(RedriveFilter(), actor="ops", reason="r")
-        with roles.connect_as(roles.bridge) as conn, pytest.raises(errors.InsufficientPrivilege):
+        with (
+            roles.connect_as(roles.bridge) as conn,
+            pytest.raises(errors.InsufficientPrivilege, match="table redrive_audit"),
+        ):
             conn.execute("DELETE FROM redrive_audit")
 
         counts = bridge.erase_tenant(
@@ -360,7 +363,7 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
     ]
     with roles.connect_as(roles.operator) as conn:
         assert conn.execute("SELECT count(*) FROM erasure_audit").fetchone() == (1,)
-        with pytest.raises(errors.InsufficientPrivilege):
+        with pytest.raises(errors.InsufficientPrivilege, match="fencebridge_erase_tenant"):
             conn.execute("SELECT fencebridge_erase_tenant('globex', 'h', 'x', 'y')")
 
 

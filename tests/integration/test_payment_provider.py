@@ -16,8 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO
 
 import pytest
@@ -36,6 +35,7 @@ from bridge.demo.provider import (
     ProviderUnavailable,
     canonical_hash,
 )
+from tests.support.waiting import eventually
 
 BODY = {"amount": 1200, "currency": "eur", "reference": "order-1"}
 JSON = {"Content-Type": "application/json"}
@@ -79,14 +79,6 @@ def post_charge(url: str, key: str | None, body: bytes) -> tuple[int, dict[str, 
 
 def error_type(body: bytes) -> str:
     return str(json.loads(body)["error"]["type"])
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(0.01)
 
 
 # -- idempotency ------------------------------------------------------------------------------
@@ -263,7 +255,7 @@ def test_apply_then_timeout(provider: PaymentProvider) -> None:
     with pytest.raises(ProviderTimeout):
         impatient.charge("key-1", BODY)
     # The timeout is the client's view; the provider applied the charge before holding.
-    eventually(lambda: provider.charges_for("key-1") == 1)
+    eventually(lambda: provider.charges_for("key-1") == 1, "the charge to be applied")
     client = PaymentClient(provider.url, timeout=2.0)
     found = client.lookup("key-1")
     assert found is not None
@@ -320,7 +312,7 @@ def test_slow_beyond_the_client_timeout_still_applies(provider: PaymentProvider)
     provider.set_fault(FaultKind.SLOW, seconds=0.6)
     with pytest.raises(ProviderTimeout):
         PaymentClient(provider.url, timeout=0.2).charge("key-1", BODY)
-    eventually(lambda: provider.charges_for("key-1") == 1)
+    eventually(lambda: provider.charges_for("key-1") == 1, "the slow charge to be applied")
 
 
 def test_lookup_unavailable(provider: PaymentProvider, client: PaymentClient) -> None:
@@ -486,7 +478,7 @@ def test_concurrent_requests_behind_a_slow_first_one_charge_once(
             return True
         return False
 
-    eventually(in_flight)  # the first request holds the key while it sleeps
+    eventually(in_flight, "the first request to hold the key while it sleeps")
     others = race(client, "key-1", 19)
     holder.join()
 
@@ -575,7 +567,10 @@ def test_the_process_serves_and_exits_cleanly_on_sigterm(
     assert request(url, "POST", "/_faults", fault, JSON)[0] == 200
     with pytest.raises(ProviderTimeout):
         PaymentClient(url, timeout=0.3).charge("key-2", BODY)
-    eventually(lambda: len(json.loads(request(url, "GET", "/_ledger")[2])) == 2)
+    eventually(
+        lambda: len(json.loads(request(url, "GET", "/_ledger")[2])) == 2,
+        "the held charge in the ledger",
+    )
     ledger = json.loads(request(url, "GET", "/_ledger")[2])
     assert [(c["order"], c["idempotency_key"]) for c in ledger] == [(1, "key-1"), (2, "key-2")]
     assert ledger[0]["id"] == charged.id

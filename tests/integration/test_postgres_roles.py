@@ -10,79 +10,19 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import conninfo, errors, sql
+from psycopg import errors, sql
 
 from bridge import sql as bridge_sql
 from bridge.migrate import current_version, migrate
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
+from tests.support.roles import Conn, Roles, apply_roles, drop_roles
 
-ROLES_SQL = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "roles.sql"
 LEASE = timedelta(seconds=30)
 ADMIN_FUNCTIONS = {"fencebridge_add_tenant_role", "fencebridge_remove_tenant_role"}
-
-Conn = psycopg.Connection[tuple[object, ...]]
-
-
-@dataclass(frozen=True)
-class Roles:
-    """The role names of one application of roles.sql, and how to connect as each."""
-
-    prefix: str
-    db_url: str
-
-    @property
-    def migrator(self) -> str:
-        return f"{self.prefix}_migrator"
-
-    @property
-    def bridge(self) -> str:
-        return f"{self.prefix}_bridge"
-
-    @property
-    def operator(self) -> str:
-        return f"{self.prefix}_operator"
-
-    @property
-    def tenant_group(self) -> str:
-        return f"{self.prefix}_tenant"
-
-    def url_as(self, role: str) -> str:
-        return conninfo.make_conninfo(self.db_url, options=f"-c role={role}")
-
-    def connect_as(self, role: str) -> Conn:
-        conn: Conn = psycopg.connect(self.url_as(role), autocommit=True)
-        return conn
-
-
-def apply_roles(url: str, prefix: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET fencebridge.role_prefix = {}").format(sql.Literal(prefix)))
-        conn.execute(ROLES_SQL.read_text())
-
-
-def drop_roles(url: str, prefix: str) -> None:
-    """Drop every role with this run's prefix, after clearing what they own or were granted."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        names = [
-            str(r[0])
-            for r in conn.execute(
-                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s",
-                (prefix.replace("_", r"\_") + r"\_%",),
-            ).fetchall()
-        ]
-        for name in names:
-            role = sql.Identifier(name)
-            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(role))
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
-        for name in names:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -17,52 +17,21 @@ from bridge.errors import LeaseLost
 from bridge.store import PostgresStore, Settlement
 from bridge.types import (
     Claim,
-    Delivery,
     Key,
     RedriveFilter,
     Redriven,
     Rejection,
     State,
     StateCount,
-    TargetClass,
     Ticket,
 )
+from tests.support.clock import EPOCH as START
 from tests.support.clock import Clock
+from tests.support.deliveries import delivery
 
-START = datetime(2021, 3, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 
 Db = psycopg.Connection[tuple[Any, ...]]
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock(START)
-
-
-@pytest.fixture
-def clocked(store: PostgresStore, clock: Clock) -> PostgresStore:
-    return PostgresStore(store.pool, clock=clock)
-
-
-def delivery(
-    op: str,
-    *,
-    tenant: str = "t1",
-    subscription: str = "refunds",
-    job_type: str = "refund",
-    max_attempts: int = 5,
-    payload: bytes | None = None,
-) -> Delivery:
-    return Delivery(
-        tenant_id=tenant,
-        operation_id=op,
-        subscription=subscription,
-        job_type=job_type,
-        target_class=TargetClass.A,
-        payload=payload if payload is not None else f'{{"op": "{op}"}}'.encode(),
-        max_attempts=max_attempts,
-    )
 
 
 def work_rows(db: Db) -> list[tuple[Any, ...]]:
@@ -633,6 +602,24 @@ def test_redrive_filters_by_state_job_type_and_keys(
     ]
     assert len(audit_rows(db)) == 5
     assert db.execute("SELECT count(*) FROM work_item WHERE state = 'queued'").fetchone() == (6,)
+
+
+def test_a_redrive_decided_at_a_fence_moves_the_row_only_while_that_fence_holds(
+    clocked: PostgresStore, db: Db, parked: dict[Key, Claim]
+) -> None:
+    key = Key("t1", "u1")
+    assert parked[key].fence == 1
+    stale = clocked.redrive(
+        RedriveFilter(keys=(key,), fences=(2,)), actor="a", reason="decided at another fence"
+    )
+    assert stale == []
+    assert audit_rows(db) == []
+    current = clocked.redrive(RedriveFilter(keys=(key,), fences=(1,)), actor="a", reason="r")
+    assert current == [Redriven(key, State.UNKNOWN, 1, 1)]
+    with pytest.raises(ValueError, match="one fence per key"):
+        RedriveFilter(keys=(key,), fences=(1, 2))
+    with pytest.raises(ValueError, match="one fence per key"):
+        RedriveFilter(fences=(1,))
 
 
 def test_redrive_dry_run_changes_nothing_and_answers_like_a_real_run(

@@ -39,21 +39,13 @@ from consumers.sqs import SqsConsumer
 from tests.support.bridge_process import Job, SqsBridgeConfig
 from tests.support.handlers import RecordEffect, SteadyProgress, create_tables
 from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.waiting import eventually
 
 HASHER = IdentityHasher(b"sqs-consumer-tests-identity-secret")
 TENANT = "t1"
 JOB = "work"
-DEADLINE = 60.0
-POLL = 0.05
 
 pytestmark = pytest.mark.slow
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(POLL)
 
 
 @pytest.fixture(scope="module")

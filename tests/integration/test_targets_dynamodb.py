@@ -7,7 +7,6 @@ The item stores ``last_fence``; a write carrying a lower fence is refused by the
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,16 +32,9 @@ LEASE = timedelta(seconds=30)
 ITEM_KEY = {"tenant_id": "t1", "operation_id": "op-1"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def dynamodb_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:
@@ -172,7 +164,7 @@ def stale_and_current(store: PostgresStore, table: Any) -> tuple[PostgresStore, 
         ]
     )
     (stale,) = clocked.claim_keys("paused", [Key("t1", "op-1")], LEASE)
-    clock.at += LEASE * 2
+    clock.advance(LEASE * 2)
     (current,) = clocked.claim_keys("rescuer", [Key("t1", "op-1")], LEASE)
     assert (stale.fence, current.fence) == (1, 2)
     return clocked, stale, current

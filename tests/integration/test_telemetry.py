@@ -23,10 +23,9 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -73,13 +72,13 @@ from bridge.types import Delivery, Key, State, TargetClass
 from tests.support.handlers import TARGET_WRITE, RecordEffect, create_tables, instructions
 from tests.support.postgres import database_from
 from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "telemetry.md"
 SECRET = b"telemetry-tests-identity-secret-01"
 TENANT = "t-telemetry"
 SUBSCRIPTION = "orders"
-DEADLINE = 90.0
 #: how long a stalled attempt waits for the takeover before giving up (a failing run)
 STALL_LIMIT = 60.0
 #: an X-Ray header as SQS sets it for a traced producer, and the W3C ids it converts to
@@ -88,13 +87,6 @@ XRAY_PARENT = "53995c3f42cd8ad8"
 XRAY_HEADER = f"Root=1-5759e988-bd862e3fe1be46a994272793;Parent={XRAY_PARENT};Sampled=1"
 #: a lease that lapses almost at once, for a claim nobody renews
 LAPSED_LEASE = timedelta(milliseconds=50)
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(0.05)
 
 
 # -- providers ---------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ nothing asserts how long anything took.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,38 +24,17 @@ from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
-from bridge.types import Claim, Delivery, Key, State, Ticket
+from bridge.types import Claim, Key, State, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
+from tests.support.deliveries import for_job
+from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
 
 HASHER = IdentityHasher(b"worker-pool-tests-identity-secret")
 DEADLINE = 60.0
 POLL = 0.05
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for: {what}"
-        time.sleep(POLL)
-
-
-def delivery(
-    registry: Registry, job: str, operation: str, payload: object = None, *, tenant: str = "t1"
-) -> Delivery:
-    spec = registry[job]
-    return Delivery(
-        tenant_id=tenant,
-        operation_id=operation,
-        subscription="pool",
-        job_type=job,
-        target_class=spec.target_class,
-        payload=json.dumps(payload if payload is not None else {}).encode(),
-        max_attempts=spec.retry.max_attempts,
-    )
 
 
 def states(db: Db) -> dict[str, int]:
@@ -203,7 +181,7 @@ def test_the_pool_drains_a_mixed_workload_of_every_target_class(
                     "notify": ("notify", {}),
                 }
                 for job, (name, payload) in work.items():
-                    batch.append(delivery(registry, job, f"{name}-{i}", payload, tenant=tenant))
+                    batch.append(for_job(registry, job, f"{name}-{i}", payload, tenant=tenant))
         store.ingest(batch)
 
         pool = pools(registry, threads=4)
@@ -230,7 +208,7 @@ def test_hand_off_keys_are_claimed_before_older_queued_rows(
     registry = Registry()
     registry.register("quick", quick)
     older = [f"old-{i}" for i in range(5)]
-    store.ingest([delivery(registry, "quick", op) for op in [*older, "fresh"]])
+    store.ingest([for_job(registry, "quick", op) for op in [*older, "fresh"]])
 
     recorder = Recorder()
     pool = WorkerPool(store, registry, HASHER, threads=1, poll_interval=POLL, events=recorder)
@@ -268,7 +246,7 @@ def test_a_stuck_handler_loses_its_lease_while_a_slow_one_reporting_progress_kee
     registry = Registry()
     registry.register("stuck", stuck, lease=lease)
     registry.register("slow", SlowButAlive(), lease=lease)
-    store.ingest([delivery(registry, "stuck", "stuck"), delivery(registry, "slow", "slow")])
+    store.ingest([for_job(registry, "stuck", "stuck"), for_job(registry, "slow", "slow")])
     recorder = Recorder()
 
     pool = pools(registry, threads=4, events=recorder)
@@ -320,10 +298,10 @@ def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_
                 eventually(first._stopping.is_set, "stop() to begin")
 
     recorder = HoldsY()
-    store.ingest([delivery(registry, "blocked", "x")])
+    store.ingest([for_job(registry, "blocked", "x")])
     first = pools(registry, threads=2, events=recorder)
     assert blocked.started.wait(DEADLINE)
-    store.ingest([delivery(registry, "quick", "y")])
+    store.ingest([for_job(registry, "quick", "y")])
     first.wake()
     assert reached_y.wait(DEADLINE)
 
@@ -368,10 +346,10 @@ def test_one_sweeper_is_active_at_a_time_across_processes(db_url: str, db: Db) -
         registry = Registry()
         registry.register("quick", Quick(), retry=RetryPolicy(max_attempts=1))
         ops = [f"op-{i}" for i in range(12)]
-        stores[0].ingest([delivery(registry, "quick", op) for op in ops])
+        stores[0].ingest([for_job(registry, "quick", op) for op in ops])
         claims = stores[0].claim("crashed", len(ops), timedelta(seconds=5))
         assert len(claims) == len(ops)
-        clock.at += timedelta(seconds=10)  # every lease expired, no attempt left
+        clock.advance(timedelta(seconds=10))  # every lease expired, no attempt left
 
         # Another sweeper is mid-round: it holds the sweep lock until its transaction ends.
         with psycopg.connect(db_url) as other, other.transaction():

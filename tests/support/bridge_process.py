@@ -24,12 +24,12 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 from bridge.database import DATABASE_URL_ENV
 from bridge.identity import IDENTITY_KEY_ENV
 from tests.support.handlers import TARGET_URL_ENV
+from tests.support.processes import ChildProcess
 
 REPO = Path(__file__).resolve().parents[2]
 #: the same key in every bridge process of a test, as in every replica of a deployment
@@ -181,7 +181,7 @@ def run_to_exit(
     )
 
 
-class BridgeProcess:
+class BridgeProcess(ChildProcess):
     """A started ``fencebridge run`` and the test's controls over it."""
 
     def __init__(self, config: Path, env: Mapping[str, str], *, health_port: int) -> None:
@@ -204,29 +204,10 @@ class BridgeProcess:
         return cls(config.write(directory), env, health_port=config.health_port)
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
     def returncode(self) -> int | None:
         return self._proc.poll()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Kill the process if it still runs (a test that failed half-way)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
+    def _release(self) -> None:
         self._log.close()
 
     def logs(self) -> str:
@@ -284,8 +265,3 @@ class BridgeProcess:
         """SIGTERM: stop receiving, drain, exit. Returns the exit code."""
         self._proc.send_signal(signal.SIGTERM)
         return self._proc.wait(timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash."""
-        self._proc.kill()
-        assert self._proc.wait(timeout=EXIT_SECONDS) == -signal.SIGKILL

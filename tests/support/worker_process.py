@@ -38,8 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
 from bridge.database import Connection
 from bridge.demo import balances, invoices, payments
@@ -51,6 +50,7 @@ from bridge.identity import IdentityHasher
 from bridge.registry import JobSpec, Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
+from tests.support.processes import ChildProcess
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = ("claimed", "handler", "effect")
@@ -203,7 +203,7 @@ class Claimed:
     takeover: bool
 
 
-class WorkerProcess:
+class WorkerProcess(ChildProcess):
     """A started worker process and the test's controls over it."""
 
     def __init__(self, args: Sequence[str], env: Mapping[str, str]) -> None:
@@ -220,25 +220,7 @@ class WorkerProcess:
         #: every line the process printed so far
         self.lines: list[str] = []
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
+    def _release(self) -> None:
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 stream.close()
@@ -324,11 +306,6 @@ class WorkerProcess:
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, nothing runs after it."""
-        os.kill(self.pid, signal.SIGKILL)
-        assert self._proc.wait(timeout=EXPECT_SECONDS) == -signal.SIGKILL
 
 
 def _process_state(pid: int) -> str:

@@ -144,7 +144,7 @@ def test_a_lease_that_is_not_positive_is_refused(lease: timedelta) -> None:
 
 def test_a_refused_registration_leaves_the_registry_unchanged() -> None:
     registry = Registry()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="at most one attempt"):
         registry.register("notify", Notify())
     assert "notify" not in registry
     registry.register("notify", Notify(), retry=ONE)  # the name is still free

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -33,11 +32,11 @@ from bridge.decode import DecodeRules, FieldSource, JobRule, PayloadSource, deco
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import TargetClass, payload_digest
+from tests.support.waiting import eventually
 
 Db = psycopg.Connection[tuple[Any, ...]]
 
 SUBSCRIPTION = "orders"
-WAIT_SECONDS = 60.0
 VOLUME_WAIT_SECONDS = 300.0
 
 RULES = DecodeRules(
@@ -100,15 +99,6 @@ class Broker(Protocol):
     def deliverable(self) -> int:
         """Messages not acknowledged yet, in flight or not. Only with no consumer running."""
         ...
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:
-    """Poll until ``check`` holds; fail naming ``what`` after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for: {what}")
-        time.sleep(0.05)
 
 
 def publish_in_waves(
