@@ -1,0 +1,472 @@
+"""Held deliveries (``after_outcome``): broker copies kept in flight until their rows settle.
+
+A held copy has a broker deadline: the moment its SQS visibility or Pub/Sub ack deadline ends.
+The :class:`Holder` keeps each copy's deadline itself and acts on it:
+
+- **extend** a copy whose row is queued or whose claim's lease is live once its own deadline
+  comes within ``margin``, earliest deadline first, in batches of the broker's size;
+- **settle** (delete / ack) a copy whose row is terminal or parked, as soon as a watch of the
+  rows shows it, never waiting for the copy's deadline;
+- **let go** of a copy whose claim stalled, whose row is gone, or whose hold reached ``limit``:
+  it is no longer extended and the broker redelivers it (a replay);
+- on stop, **release** every copy still held (visibility 0 / nack), so another replica takes it
+  at once instead of after its deadline.
+
+Broker calls run on a small pool of call threads, never on the scheduling thread: a slow or
+failing call delays only its own batch, and deletes never queue in front of extensions. A
+transient failure is retried with jittered exponential backoff (tenacity) for as long as the
+copy's deadline allows. A refused extension (the broker no longer honours the handle) is a lost
+broker lease: counted, forgotten, and the broker's redelivery is a replay.
+
+Deadlines are estimated early, never late: a receive's copy from the answer time plus the lease
+the receive asked for (the broker starts the clock while answering); an extension's from the
+moment its request was *sent* plus the seconds granted (the broker may apply it at once, even if
+its answer arrives late).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_result,
+    stop_after_delay,
+    stop_any,
+    stop_when_event_set,
+    wait_random_exponential,
+)
+
+from bridge.store import PostgresStore
+from bridge.types import Key, State
+
+log = logging.getLogger(__name__)
+
+#: keys per watch statement
+WATCH_CHUNK = 1000
+#: how often held rows are watched for a settled outcome (seconds)
+SETTLE_INTERVAL_DEFAULT = 0.5
+CALL_THREADS_DEFAULT = 4
+#: the retry pause of a failed broker call grows from this (seconds, jittered) ...
+_RETRY_INITIAL = 0.1
+#: ... up to this
+_RETRY_MAX = 2.0
+
+
+class HeldDelivery(Protocol):
+    """A delivery an ``after_outcome`` consumer keeps in flight until its row's outcome."""
+
+    @property
+    def handle(self) -> str:
+        """The broker's handle for this copy (SQS receipt handle, Pub/Sub ack id)."""
+        ...
+
+    @property
+    def key(self) -> Key: ...
+
+    @property
+    def received_at(self) -> float:
+        """Monotonic time of the receive."""
+        ...
+
+
+T = TypeVar("T", bound=HeldDelivery)
+Item = TypeVar("Item")
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult(Generic[T]):
+    """What the broker said of one batch call, copy by copy."""
+
+    #: confirmed by the broker
+    done: Sequence[T] = ()
+    #: refused for good: the broker no longer honours these handles
+    lost: Sequence[T] = ()
+    #: not confirmed (a transient failure or no answer): worth trying again
+    retry: Sequence[T] = ()
+
+
+class BrokerLeases(Protocol[T]):
+    """The broker calls a :class:`Holder` makes. Each may block; each runs on a call thread.
+
+    A call that raises counts as ``retry`` for its whole batch.
+    """
+
+    #: the most copies one call may carry (SQS batch calls take 10)
+    max_batch: int
+
+    def settle(self, held: Sequence[T]) -> CallResult[T]:
+        """Acknowledge (Pub/Sub ack, SQS delete) copies whose rows settled."""
+        ...
+
+    def extend(self, held: Sequence[T], seconds: float) -> CallResult[T]:
+        """Push each copy's deadline to ``seconds`` from now."""
+        ...
+
+    def release(self, held: Sequence[T]) -> None:
+        """Hand copies back now (SQS visibility 0, Pub/Sub nack); best effort."""
+        ...
+
+
+@dataclass(slots=True)
+class _Entry(Generic[T]):
+    item: T
+    #: monotonic time the broker's lease on this copy ends (estimated early)
+    deadline: float
+    #: a broker call about this copy is in flight
+    busy: bool = False
+    #: bumped when the deadline moves, so stale heap entries are skipped
+    version: int = 0
+    #: last state seen by a watch: None until the first watch
+    progressing: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sorted(Generic[T]):
+    settle: list[_Entry[T]] = field(default_factory=list)
+    extend: list[_Entry[T]] = field(default_factory=list)
+    let_go: list[_Entry[T]] = field(default_factory=list)
+
+
+class Holder(Generic[T]):
+    """Keeps one consumer's held copies alive at the broker until their rows settle."""
+
+    def __init__(
+        self,
+        name: str,
+        store: PostgresStore,
+        broker: BrokerLeases[T],
+        *,
+        extension: float,
+        limit: float,
+        margin: float | None = None,
+        settle_interval: float = SETTLE_INTERVAL_DEFAULT,
+        call_threads: int = CALL_THREADS_DEFAULT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if extension <= 0 or limit <= 0:
+            raise ValueError("extension and limit must be positive")
+        self.name = name
+        self._store = store
+        self._broker = broker
+        self._extension = extension
+        self._limit = limit
+        #: extend this long before a copy's deadline: half the extension leaves room for one
+        #: slow call and one retry before the copy is lost
+        self._margin = extension / 2 if margin is None else margin
+        self._settle_interval = settle_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry[T]] = {}
+        self._due: list[tuple[float, int, int, str]] = []
+        self._seq = itertools.count()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-call")
+        self._thread = threading.Thread(target=self._run, name=f"hold-{name}", daemon=True)
+        self._error: str | None = None
+        self.counts: Counter[str] = Counter()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, deadline: float = 10.0) -> None:
+        """Stop extending and release every copy still held, within ``deadline`` seconds."""
+        end = time.monotonic() + deadline
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=max(end - time.monotonic(), 0))
+        # Calls in flight end soon (their retries stop with us); release only after them, so a
+        # late extension cannot undo a release.
+        closer = threading.Thread(target=self._calls.shutdown, kwargs={"cancel_futures": True})
+        closer.start()
+        closer.join(timeout=max(end - time.monotonic(), 0))
+        held = self.take_all()
+        for chunk in _chunks(held, self._broker.max_batch):
+            if time.monotonic() > end:
+                break
+            try:
+                self._broker.release(chunk)
+            except Exception as exc:  # noqa: BLE001  (best effort: the deadline returns them)
+                log.info("%s: could not release held copies (%s)", self.name, type(exc).__name__)
+                continue
+            self._count("released", len(chunk))
+
+    def status(self) -> tuple[bool, str]:
+        started = self._thread.ident is not None
+        if started and not self._thread.is_alive() and not self._stopping.is_set():
+            return False, f"{self.name}: the holder thread died"
+        if self._error:
+            return False, f"{self.name}: {self._error}"
+        return True, "ok"
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self.counts[name] += n
+
+    # -- holding ------------------------------------------------------------------------------
+
+    def hold(self, items: Sequence[T], deadline: float) -> None:
+        """Hold these copies; the broker's lease on them ends at ``deadline`` (monotonic)."""
+        if not items:
+            return
+        with self._lock:
+            for item in items:
+                entry = _Entry(item, deadline)
+                self._entries[item.handle] = entry
+                self._schedule(entry)
+        self._count("held", len(items))
+        self._wake.set()
+
+    def forget(self, items: Iterable[T]) -> None:
+        """Stop holding these copies (their handles are void)."""
+        with self._lock:
+            for item in items:
+                self._entries.pop(item.handle, None)
+
+    def take_all(self) -> list[T]:
+        with self._lock:
+            held = [e.item for e in self._entries.values()]
+            self._entries.clear()
+            self._due.clear()
+        return held
+
+    def snapshot(self) -> list[T]:
+        with self._lock:
+            return [e.item for e in self._entries.values()]
+
+    def _schedule(self, entry: _Entry[T]) -> None:
+        """Put ``entry`` on the timetable at its deadline less the margin (lock held)."""
+        entry.version += 1
+        due = entry.deadline - self._margin
+        heapq.heappush(self._due, (due, next(self._seq), entry.version, entry.item.handle))
+
+    # -- the scheduling thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._error = self._tick()
+            except Exception as exc:  # noqa: BLE001  (never die: log by type, count, go on)
+                self._count("tick_failed")
+                self._error = f"tending held deliveries failed ({type(exc).__name__})"
+                log.warning(
+                    "%s: tending held deliveries failed (%s)", self.name, type(exc).__name__
+                )
+            self._wake.wait(self._pause())
+            self._wake.clear()
+
+    def _pause(self) -> float:
+        """Until the next copy is due, or the next settle watch, whichever comes first."""
+        with self._lock:
+            if not self._entries:
+                return self._settle_interval * 4
+            nxt = self._due[0][0] if self._due else float("inf")
+        return max(min(nxt - self._clock(), self._settle_interval), 0.01)
+
+    def _tick(self) -> str | None:
+        """One round; returns why the round could not do all it should, if it could not."""
+        with self._lock:
+            idle = [e for e in self._entries.values() if not e.busy]
+        if not idle:
+            return None
+        rows: dict[Key, tuple[State, bool]] | None
+        problem: str | None = None
+        try:
+            rows = self._watch([e.item.key for e in idle])
+        except Exception as exc:  # noqa: BLE001  (the database is slow or gone: keep extending)
+            self._count("watch_failed")
+            problem = f"cannot watch held rows ({type(exc).__name__})"
+            rows = None
+        now = self._clock()
+        sorted_ = self._sort(idle, rows, now)
+        if sorted_.let_go:
+            self.forget(e.item for e in sorted_.let_go)
+            self._count("let_go", len(sorted_.let_go))
+        for chunk in _chunks(sorted_.settle, self._broker.max_batch):
+            self._submit(self._settle, chunk)
+        for chunk in _chunks(sorted_.extend, self._broker.max_batch):
+            self._submit(self._extend, chunk)
+        return problem
+
+    def _watch(self, keys: list[Key]) -> dict[Key, tuple[State, bool]]:
+        rows: dict[Key, tuple[State, bool]] = {}
+        unique = list(dict.fromkeys(keys))
+        for i in range(0, len(unique), WATCH_CHUNK):
+            rows.update(self._store.watch(unique[i : i + WATCH_CHUNK]))
+        return rows
+
+    def _sort(
+        self, idle: list[_Entry[T]], rows: dict[Key, tuple[State, bool]] | None, now: float
+    ) -> _Sorted[T]:
+        """Which copies to settle, extend now, or let go; the rest wait for their turn."""
+        out: _Sorted[T] = _Sorted()
+        with self._lock:
+            due = self._pop_due(now)
+            seen = {e.item.handle for e in idle}
+            for handle in due - seen:
+                # Held since the watch began (or busy): back on the timetable for the next round.
+                late = self._entries.get(handle)
+                if late is not None and not late.busy:
+                    self._schedule(late)
+            for entry in idle:
+                if entry.item.handle not in self._entries:
+                    continue
+                if rows is not None:
+                    row = rows.get(entry.item.key)
+                    if row is None:
+                        out.let_go.append(entry)
+                        continue
+                    state, lease_live = row
+                    if state.terminal or state.parked:
+                        entry.busy = True
+                        out.settle.append(entry)
+                        continue
+                    entry.progressing = state is State.QUEUED or lease_live
+                if entry.item.handle not in due:
+                    continue
+                too_long = now - entry.item.received_at + self._extension >= self._limit
+                if too_long or entry.progressing is False:
+                    out.let_go.append(entry)
+                else:
+                    # Progressing, or not watched yet (the database did not answer): keep it.
+                    entry.busy = True
+                    out.extend.append(entry)
+        return out
+
+    def _pop_due(self, now: float) -> set[str]:
+        """Handles whose extension is due (lock held); stale timetable entries are dropped."""
+        due: set[str] = set()
+        while self._due and self._due[0][0] <= now:
+            _, _, version, handle = heapq.heappop(self._due)
+            entry = self._entries.get(handle)
+            if entry is not None and entry.version == version:
+                due.add(handle)
+        return due
+
+    # -- broker calls, on the call threads ----------------------------------------------------
+
+    def _submit(self, call: Callable[[list[_Entry[T]]], None], chunk: list[_Entry[T]]) -> None:
+        try:
+            self._calls.submit(self._guarded, call, chunk)
+        except RuntimeError:  # shut down: stop() releases what is left
+            self._idle(chunk)
+
+    def _guarded(self, call: Callable[[list[_Entry[T]]], None], chunk: list[_Entry[T]]) -> None:
+        try:
+            call(chunk)
+        except Exception as exc:  # noqa: BLE001  (a call thread never dies)
+            self._count("call_failed")
+            log.warning("%s: a held-delivery call failed (%s)", self.name, type(exc).__name__)
+            self._idle(chunk)
+
+    def _idle(self, chunk: list[_Entry[T]]) -> None:
+        with self._lock:
+            for entry in chunk:
+                entry.busy = False
+                if entry.item.handle in self._entries:
+                    self._schedule(entry)
+        self._wake.set()
+
+    def _settle(self, chunk: list[_Entry[T]]) -> None:
+        budget = max(min(e.deadline for e in chunk) - self._clock(), 0.0)
+        done, lost, left = self._retrying(self._broker.settle, [e.item for e in chunk], budget)
+        self.forget(e.item for e in chunk)
+        self._count("settled", len(done))
+        self._count("settle_refused", len(lost))
+        self._count("settle_unanswered", len(left))
+        if left:
+            log.info(
+                "%s: %d acknowledgement(s) unanswered before the deadline; they return as replays",
+                self.name,
+                len(left),
+            )
+
+    def _extend(self, chunk: list[_Entry[T]]) -> None:
+        sent = self._clock()
+        # Worth retrying while the copies are still leased, less a moment for the last try.
+        budget = max(min(e.deadline for e in chunk) - sent - 0.2, 0.0)
+        seconds = self._extension
+
+        def extend(items: Sequence[T]) -> CallResult[T]:
+            nonlocal sent
+            sent = self._clock()
+            return self._broker.extend(items, seconds)
+
+        done, lost, left = self._retrying(extend, [e.item for e in chunk], budget)
+        by_handle = {e.item.handle: e for e in chunk}
+        with self._lock:
+            for item in done:
+                entry = by_handle[item.handle]
+                # From the send of the last try: the broker may have applied it at once.
+                entry.deadline = sent + seconds
+                entry.busy = False
+                if item.handle in self._entries:
+                    self._schedule(entry)
+            for item in [*lost, *left]:
+                self._entries.pop(item.handle, None)
+        self._count("extended", len(done))
+        # Unconfirmed until the deadline passed: the lease must be taken as lost too.
+        self._count("broker_lease_lost", len(lost) + len(left))
+        if lost or left:
+            log.info("%s: %d broker lease(s) lost", self.name, len(lost) + len(left))
+        self._wake.set()
+
+    def _pause_retry(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def _retrying(
+        self, call: Callable[[Sequence[T]], CallResult[T]], items: list[T], budget: float
+    ) -> tuple[list[T], list[T], list[T]]:
+        """Call, retrying what is not confirmed with jittered backoff within ``budget`` seconds."""
+        done: list[T] = []
+        lost: list[T] = []
+        pending: list[T] = list(items)
+
+        def attempt() -> list[T]:
+            nonlocal pending
+            try:
+                result = call(pending)
+            except Exception as exc:  # noqa: BLE001  (the whole batch is unconfirmed)
+                self._count("call_errors")
+                log.info("%s: broker call failed (%s)", self.name, type(exc).__name__)
+                return pending
+            done.extend(result.done)
+            lost.extend(result.lost)
+            pending = list(result.retry)
+            return pending
+
+        def give_up(state: RetryCallState) -> list[T]:
+            return pending
+
+        retrying = Retrying(
+            stop=stop_any(stop_after_delay(budget), stop_when_event_set(self._stopping)),
+            wait=wait_random_exponential(multiplier=_RETRY_INITIAL, max=_RETRY_MAX),
+            retry=retry_if_result(bool),
+            retry_error_callback=give_up,
+            sleep=self._pause_retry,
+        )
+        left: list[T] = retrying(attempt)
+        return done, lost, left
+
+
+def _chunks(items: Sequence[Item], size: int) -> list[list[Item]]:
+    return [list(items[i : i + size]) for i in range(0, len(items), max(size, 1))]
