@@ -17,8 +17,17 @@ D      :class:`UnfencedHandler`       ``call(ctx)``: at most one call, ever
 
 Every run ends in exactly one outcome. Returning (``None`` or a :class:`Success`) is success;
 anything else is raised: :class:`TerminalFailure`, :class:`RetryLater`, :class:`Ambiguous`,
-:class:`Quarantine`. Any other exception is classified by :func:`classify` (a documented
-table, see :data:`DEFAULT_CLASSIFICATION`), never swallowed.
+:class:`Quarantine`. Any other exception is classified, never swallowed, and *where* it was
+raised decides how:
+
+* before the request can have left (class A and B handlers, which the fence protects; the
+  ``validate`` step of classes C and D): by :func:`classify`, a documented table
+  (:data:`DEFAULT_CLASSIFICATION`);
+* once the executor has started the call (``perform`` of class C, ``call`` of class D): by
+  :func:`classify_sent`. Only an explicit outcome counts there; anything else, a ``ValueError``
+  from a reply that could not be parsed as much as a timeout, is :class:`Ambiguous` (class C
+  looks the key up, class D parks ``unknown``). The one exception is the operation's own
+  payload: an error that :meth:`Context.json` raised about it is classified by the table.
 """
 
 from __future__ import annotations
@@ -108,7 +117,8 @@ Quarantine.kind = OutcomeKind.QUARANTINE
 #: How an uncaught exception is classified, first match wins (``isinstance``). Anything not
 #: listed is **ambiguous**: when a handler fails in a way nobody anticipated, nobody can say
 #: whether its effect happened. Executors refine this by target class (class A rolls its
-#: transaction back, so its ambiguous outcomes are known not to have applied).
+#: transaction back, so its ambiguous outcomes are known not to have applied), and classes C
+#: and D use it only before their call starts (:func:`classify_sent` after).
 DEFAULT_CLASSIFICATION: tuple[tuple[type[BaseException], OutcomeKind], ...] = (
     # The request never left: nothing can have been applied.
     (ConnectionRefusedError, OutcomeKind.RETRY),
@@ -139,6 +149,26 @@ def classify(
         if isinstance(exc, kind_type):
             return _outcome(kind, code)
     return Ambiguous(code, "unclassified exception")
+
+
+#: the detail of an exception turned ambiguous because the call had started when it was raised
+SENT_DETAIL = "raised after the request may have been sent"
+
+
+def classify_sent(exc: BaseException, ctx: Context) -> HandlerOutcome:
+    """Classify an exception raised once the call to a class C or D target has started.
+
+    The request may have reached the target by then, so nothing short of an explicit
+    outcome can say it did not act: a client that got a 200 and failed to read it raises a
+    ``ValueError`` or a ``KeyError``, and calling that a failure would invite a second effect.
+    Only errors about the operation's own payload (raised by :meth:`Context.json`) keep their
+    place in the table: they describe the input, not an answer from the target.
+    """
+    if isinstance(exc, HandlerOutcome):
+        return exc
+    if ctx.unreadable_payload is not None and exc is ctx.unreadable_payload:
+        return classify(exc)
+    return Ambiguous(type(exc).__name__, SENT_DETAIL)
 
 
 def _outcome(kind: OutcomeKind, code: str) -> HandlerOutcome:
@@ -179,6 +209,8 @@ class Context:
     #: the tenant-scoped, opaque idempotency key for class C targets (see bridge.idempotency)
     idempotency_key: str = ""
     lease_lost: threading.Event = field(default_factory=threading.Event)
+    #: the error :meth:`json` raised about this operation's payload, if it raised one
+    unreadable_payload: ValueError | None = field(default=None, repr=False)
     _progress: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_progress: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -220,8 +252,13 @@ class Context:
         self._progress.set()
 
     def json(self) -> Any:
-        """The payload parsed as JSON (a decoding error is classified as quarantine)."""
-        return json.loads(self.payload)
+        """The payload parsed as JSON (a decoding error is classified as quarantine, even
+        when raised after a call started: it is about the input, not the target's answer)."""
+        try:
+            return json.loads(self.payload)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            self.unreadable_payload = exc
+            raise
 
 
 # -- handlers ------------------------------------------------------------------------------------
@@ -300,6 +337,11 @@ class IdempotentApiHandler(Handler):
     claim after the first attempt and after every ambiguous outcome: applied means succeeded
     (no second call), confirmed-not-applied means perform under the new fence, and a lookup
     that cannot tell parks the operation as ``unknown``.
+
+    :meth:`validate` runs before :meth:`perform` and is the place for every check that can
+    fail before a request is sent: what it raises is classified by the table. Once
+    :meth:`perform` is entered the request may leave at any moment, so anything it raises that
+    is not an explicit outcome is ambiguous and the key is looked up.
     """
 
     target_class = TargetClass.C
@@ -307,6 +349,12 @@ class IdempotentApiHandler(Handler):
         "duplicates are deduplicated by the provider's idempotency key, as the provider "
         "defines it (dedupe, not fencing)"
     )
+
+    def validate(self, ctx: Context) -> None:
+        """Check the payload before anything is sent; raise an outcome to stop here.
+
+        Anything raised here is classified normally: the provider has not been called yet.
+        """
 
     @abstractmethod
     def perform(self, ctx: Context, key: str) -> Success | None: ...
@@ -330,7 +378,8 @@ class UnfencedHandler(Handler):
     def validate(self, ctx: Context) -> None:
         """Check the payload before the intent is recorded; raise an outcome to stop here.
 
-        Anything raised here is classified normally: the target has not been called yet.
+        Anything raised here is classified normally: the target has not been called yet. Once
+        :meth:`call` is entered, anything but an explicit outcome is ambiguous: ``unknown``.
         """
 
     @abstractmethod

@@ -11,6 +11,12 @@ retry on top:
 * confirmed not applied → perform (on a later claim, under a new fence, if this one was
   ambiguous);
 * the lookup cannot tell → ``unknown``, for a person to reconcile.
+
+Where an error is raised decides what it means. ``validate`` runs before anything is sent, so
+what it raises is classified by the handler table. Once ``perform`` is entered the request may
+leave at any moment: anything it raises that is not an explicit outcome (a ``ValueError`` from
+a reply the client could not read, a ``KeyError`` on a missing field) is ambiguous and the key
+is looked up, never taken for a failure (:func:`bridge.handlers.classify_sent`).
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ from bridge.executors.settlement import (
 from bridge.handlers import (
     Ambiguous,
     Applied,
+    HandlerOutcome,
     IdempotentApiHandler,
     NotApplied,
     RetryLater,
     Success,
     classify,
+    classify_sent,
 )
 from bridge.telemetry import names
 
@@ -85,24 +93,52 @@ def execute(run: Run, handler: IdempotentApiHandler) -> None:
         if finding is Finding.CANNOT_TELL:
             park_unknown(run, "reconcile_failed", "lookup could not tell whether it was applied")
             return
+    if not _validated(run, handler):
+        return
     try:
+        # From here on the request may have left: only an explicit outcome is not ambiguous.
         success = as_success(handler.perform(run.ctx, run.ctx.idempotency_key))
     except LeaseLost:
         run.events.lease_lost(run.claim, "handler")
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
-        outcome = classify(exc)
-        if not isinstance(outcome, Ambiguous):
-            settle_outcome(run, outcome)
-            return
-        finding, applied = reconcile(run, handler)
-        if finding is Finding.APPLIED:
-            assert applied is not None
-            settle_success(run, applied)
-        elif finding is Finding.NOT_APPLIED:
-            # Confirmed not applied: perform again, but under the next claim's fence.
-            settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))
+        outcome = classify_sent(exc, run.ctx)
+        if isinstance(outcome, Ambiguous):
+            _resolve(run, handler, outcome)
         else:
-            park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
+            settle_outcome(run, outcome)
         return
     settle_success(run, success)
+
+
+def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
+    """Run the checks before sending; False when they ended the run (settled or lost)."""
+    try:
+        handler.validate(run.ctx)
+    except LeaseLost:
+        run.events.lease_lost(run.claim, "handler")
+        return False
+    except Exception as exc:  # noqa: BLE001  (nothing was sent yet)
+        settle_outcome(run, _retry_if_ambiguous(classify(exc)))
+        return False
+    return True
+
+
+def _resolve(run: Run, handler: IdempotentApiHandler, outcome: Ambiguous) -> None:
+    """An ambiguous perform: the lookup decides, never the exception."""
+    finding, applied = reconcile(run, handler)
+    if finding is Finding.APPLIED:
+        assert applied is not None
+        settle_success(run, applied)
+    elif finding is Finding.NOT_APPLIED:
+        # Confirmed not applied: perform again, but under the next claim's fence.
+        settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))
+    else:
+        park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
+
+
+def _retry_if_ambiguous(outcome: HandlerOutcome) -> HandlerOutcome:
+    """Before the call nothing can have been applied: an unanticipated error is a retry."""
+    if isinstance(outcome, Ambiguous):
+        return RetryLater(outcome.code, "raised before the request was sent")
+    return outcome

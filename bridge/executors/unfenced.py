@@ -5,6 +5,11 @@ recorded under the fence (``intent_fence``). A claim that finds an intent from a
 attempt parks the operation as ``unknown`` without calling. An ambiguous result, a lost lease
 or a crash after the intent all end in ``unknown`` (the sweeper parks an expired last attempt),
 and a person reconciles out of band. Consider an approval step for high-impact actions.
+
+``validate`` runs before the intent and is classified by the handler table. Once ``call`` is
+entered the target may have acted, so anything it raises that is not an explicit outcome is
+ambiguous and parked as ``unknown`` (:func:`bridge.handlers.classify_sent`): a ``ValueError``
+from a reply that could not be read is not a failure anybody may retry as a new operation.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from bridge.executors.settlement import (
     settle_outcome,
     settle_success,
 )
-from bridge.handlers import Ambiguous, UnfencedHandler, classify
+from bridge.handlers import Ambiguous, UnfencedHandler, classify, classify_sent
 
 
 def execute(run: Run, handler: UnfencedHandler) -> None:
@@ -40,7 +45,7 @@ def execute(run: Run, handler: UnfencedHandler) -> None:
         run.events.lease_lost(run.claim, "handler")
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
-        outcome = classify(exc)
+        outcome = classify_sent(exc, run.ctx)
         if isinstance(outcome, Ambiguous):
             park_unknown(run, outcome.code, "ambiguous result from an unfenced target")
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from bridge.handlers import (
     CannotTell,
     ConditionalWriteHandler,
     Context,
+    HandlerOutcome,
     IdempotentApiHandler,
     NotApplied,
     Quarantine,
@@ -258,8 +260,23 @@ AMBIGUOUS_BY_CLASS = {
 }
 
 
-def expected(target: TargetClass, kind: str, code: str) -> tuple[State, str]:
-    """What the table says: the state per outcome kind, refined by target class."""
+#: the classes whose handlers call out: an exception raised once the call started is ambiguous
+CALLS_OUT = (TargetClass.C, TargetClass.D)
+
+
+def is_raw(outcome: Outcome) -> bool:
+    """A plain exception, not one of the handler API's outcomes."""
+    return isinstance(outcome, BaseException) and not isinstance(outcome, HandlerOutcome)
+
+
+def expected(target: TargetClass, kind: str, code: str, *, raw: bool) -> tuple[State, str]:
+    """What the table says: the state per outcome kind, refined by target class.
+
+    ``raw``: the handler raised a plain exception, not an outcome. Classes A and B classify it
+    by the table; for C and D it was raised after the call started, so it is ambiguous.
+    """
+    if raw and target in CALLS_OUT:
+        kind = "ambiguous"
     if kind == "retry" and target is TargetClass.D:
         return FAILED, "attempts_exhausted"  # one attempt only, and it confirmed nothing applied
     state = {
@@ -311,7 +328,7 @@ def test_every_outcome_settles_once_as_the_table_says(bench: Bench, target: Targ
     for name, _, kind, code in TABLE:
         counts = bench.run(keys[name]).snapshot()
         got[name] = bench.outcome(keys[name])
-        want[name] = expected(target, kind, code)
+        want[name] = expected(target, kind, code, raw=is_raw(handler.outcomes[name]))
         # Nothing swallowed: exactly one settlement event per run and nothing else.
         events[name] = counts
     assert got == want
@@ -330,7 +347,9 @@ def test_every_outcome_settles_once_as_the_table_says(bench: Bench, target: Targ
             assert found.status == ("refunded" if refunded else "paid"), name
     if target is TargetClass.C:
         # Lookups happen exactly after ambiguous outcomes (the first attempt performs at once).
-        ambiguous = sorted(n for n, _, kind, _ in TABLE if kind == "ambiguous")
+        ambiguous = sorted(
+            n for n, outcome, kind, _ in TABLE if kind == "ambiguous" or is_raw(outcome)
+        )
         assert sorted(handler.looked_up) == ambiguous
         assert sorted(handler.performed) == sorted(keys)
     if target is TargetClass.D:
@@ -684,6 +703,155 @@ def test_class_c_invalid_payload_is_quarantined_without_a_request(
     bench.run(key)
     assert bench.outcome(key) == (QUARANTINED, "invalid_payload")
     assert provider.requests_for(key_of(bench, key)) == 0
+
+
+# -- classes C and D: once the call may have left, only an explicit outcome counts ---------------
+
+#: what a client raises when the target answered and the answer could not be read: a missing
+#: field, a malformed value, a body that is not JSON. None of them says the effect did not happen.
+MISREAD: dict[str, Callable[[], BaseException]] = {
+    "value-error": lambda: ValueError("invalid literal for int() with base 10: 'ch_'"),
+    "key-error": lambda: KeyError("id"),
+    "json-error": lambda: json.JSONDecodeError("Expecting value", "<html>", 0),
+}
+
+
+class ChargeThenMisread(payments.ChargeCustomer):
+    """The demo charge, whose client then fails on the provider's answer, as scripted.
+
+    ``after``: raise once the provider has answered (the charge is in its ledger). ``before``:
+    raise inside ``perform`` before any request is made (nothing is in the ledger).
+    """
+
+    def __init__(self, client: PaymentClient) -> None:
+        super().__init__(client)
+        self.after: dict[str, BaseException] = {}
+        self.before: dict[str, BaseException] = {}
+        self.invalid: dict[str, BaseException] = {}
+
+    def validate(self, ctx: Context) -> None:
+        if ctx.operation_id in self.invalid:
+            raise self.invalid.pop(ctx.operation_id)
+
+    def perform(self, ctx: Context, key: str) -> Success:
+        if ctx.operation_id in self.before:
+            raise self.before.pop(ctx.operation_id)
+        charged = super().perform(ctx, key)
+        if ctx.operation_id in self.after:
+            raise self.after.pop(ctx.operation_id)
+        return charged
+
+
+@pytest.fixture
+def misread(bench: Bench, provider: PaymentProvider) -> ChargeThenMisread:
+    handler = ChargeThenMisread(PaymentClient(provider.url, timeout=0.5))
+    bench.register(payments.JOB_TYPE, handler)
+    return handler
+
+
+@pytest.mark.parametrize("error", sorted(MISREAD))
+def test_class_c_error_after_the_provider_applied_is_looked_up_and_succeeds(
+    bench: Bench, misread: ChargeThenMisread, provider: PaymentProvider, error: str
+) -> None:
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    misread.after["charge-1"] = MISREAD[error]()
+
+    counts = bench.run(key).snapshot()
+
+    # Not failed_terminal (whose owner would charge again) nor quarantined: looked up, found.
+    assert counts == {"reconciled.applied": 1, "settled.succeeded": 1}
+    assert bench.outcome(key) == (SUCCEEDED, "charged")
+    ikey = key_of(bench, key)
+    (charge,) = provider.ledger()
+    assert charge.idempotency_key == ikey
+    assert bench.row(key)["outcome_detail"] == charge.id
+    assert (provider.charges_for(ikey), provider.lookups_for(ikey)) == (1, 1)
+
+
+@pytest.mark.parametrize("error", sorted(MISREAD))
+def test_class_c_error_inside_perform_before_the_request_is_looked_up_and_charged_once_later(
+    bench: Bench, misread: ChargeThenMisread, provider: PaymentProvider, error: str
+) -> None:
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    misread.before["charge-1"] = MISREAD[error]()
+
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.queued": 1}
+    assert bench.outcome(key) == (QUEUED, type(MISREAD[error]()).__name__)
+    assert provider.ledger() == []
+
+    bench.clock.advance(PAST_ANY_BACKOFF)
+    # The next claim looks up first (attempts > 1), finds nothing and charges, once.
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.succeeded": 1}
+    assert bench.outcome(key) == (SUCCEEDED, "charged")
+    assert provider.charges_for(key_of(bench, key)) == 1
+
+
+def test_class_c_errors_in_validate_keep_the_table_and_send_nothing(
+    bench: Bench, misread: ChargeThenMisread, provider: PaymentProvider
+) -> None:
+    cases = {
+        "bad-value": (ValueError("amount"), (FAILED, "ValueError")),
+        "missing": (KeyError("amount"), (FAILED, "KeyError")),
+        "unreadable": (json.JSONDecodeError("bad", "{", 0), (QUARANTINED, "JSONDecodeError")),
+        "unexpected": (RuntimeError("boom"), (QUEUED, "RuntimeError")),
+    }
+    keys = {}
+    for name, (error, _) in cases.items():
+        misread.invalid[name] = error
+        keys[name] = bench.ingest(payments.JOB_TYPE, name, CHARGE)
+
+    for key in keys.values():
+        assert bench.run(key).snapshot().keys() == {f"settled.{bench.outcome(key)[0].value}"}
+
+    assert {n: bench.outcome(k) for n, k in keys.items()} == {n: c[1] for n, c in cases.items()}
+    assert provider.ledger() == []
+    assert sum(provider.lookups_for(key_of(bench, k)) for k in keys.values()) == 0
+
+
+def test_class_c_unreadable_payload_read_inside_perform_is_still_quarantined(
+    bench: Bench, charges: PaymentClient, provider: PaymentProvider
+) -> None:
+    """ctx.json() failing is about the input, not the provider's answer: no lookup, no guess."""
+    (result,) = bench.store.ingest(
+        [replace(bench.delivery(payments.JOB_TYPE, "charge-1"), payload=b"{not json")]
+    )
+    key = result.key
+    assert key is not None
+
+    assert bench.run(key).snapshot() == {"settled.quarantined": 1}
+    assert bench.outcome(key) == (QUARANTINED, "JSONDecodeError")
+    ikey = key_of(bench, key)
+    assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (0, 0)
+
+
+@pytest.mark.parametrize("error", sorted(MISREAD))
+def test_class_d_error_after_the_call_is_unknown_and_never_called_again(
+    bench: Bench, error: str
+) -> None:
+    handler = scripted(bench, TargetClass.D)
+    handler.outcomes["op"] = MISREAD[error]()
+    key = bench.ingest("scripted", "op")
+
+    assert bench.run(key).snapshot() == {"settled.unknown": 1}
+
+    row = bench.row(key)
+    code = type(MISREAD[error]()).__name__
+    assert (row["state"], row["outcome_code"], row["intent_fence"]) == ("unknown", code, 1)
+    assert row["outcome_detail"] == "ambiguous result from an unfenced target"
+    # A redrive sends it back, and the next claim finds the intent: still no second call.
+    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-1")
+    handler.outcomes["op"] = None
+    assert bench.run(key).snapshot() == {"settled.unknown": 1}
+    assert bench.outcome(key) == (UNKNOWN, "intent_recorded")
+    assert handler.calls == [("op", 1)]
+
+
+def test_class_d_wrong_return_value_after_the_call_is_unknown_not_failed(bench: Bench) -> None:
+    handler = scripted(bench, TargetClass.D)
+    handler.outcomes["odd"] = lambda: cast(Any, {"status": "sent"})  # the call happened
+    key = bench.ingest("scripted", "odd")
+    bench.run(key)
+    assert bench.outcome(key) == (UNKNOWN, "TypeError")
 
 
 # -- class D: at most one call -------------------------------------------------------------------
