@@ -19,12 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from bridge.errors import StoreUnavailable
 from bridge.events import WorkEvents
 from bridge.handlers import Context
+from bridge.service import Backoff, Deadline, Limits, Supervised
 from bridge.store import PostgresStore
 from bridge.types import Claim, TargetClass, Ticket
 
@@ -52,14 +53,26 @@ class Heartbeater:
         events: WorkEvents,
         *,
         interval: float,
+        limits: Limits | None = None,
+        on_restart: Callable[[str], None] | None = None,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
         self._store = store
         self._events = events
         self._interval = interval
         self._lock = threading.Lock()
         self._inflight: dict[Ticket, InFlight] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fencebridge-heartbeat", daemon=True)
+        # A failed round is retried within one interval at most: trust windows keep running.
+        self.service = Supervised(
+            "heartbeater",
+            self.beat,
+            every=interval,
+            backoff=Backoff(initial=min(0.1, interval), cap=interval, sleep=sleep),
+            limits=limits,
+            on_restart=on_restart,
+            stall_after=max(interval * HEARTBEAT_FRACTION, 1.0),
+            thread_name="fencebridge-heartbeat",
+        )
 
     @staticmethod
     def interval_for(leases: list[timedelta]) -> float:
@@ -67,12 +80,10 @@ class Heartbeater:
         return max(shortest / HEARTBEAT_FRACTION, 0.05)
 
     def start(self) -> None:
-        self._thread.start()
+        self.service.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+    def stop(self, deadline: float | Deadline = 5.0) -> None:
+        self.service.stop(deadline)
 
     def track(self, claim: Claim, ctx: Context, lease: timedelta, sent_at: float) -> InFlight:
         entry = InFlight(claim, ctx, lease, sent_at + lease.total_seconds())
@@ -102,17 +113,19 @@ class Heartbeater:
                 continue
             if entry.ctx.take_progress():
                 due[entry.lease].append(entry)
+        failure: Exception | None = None
         for lease, entries in due.items():
             # Key order, as the completer settles: multi-row writes lock rows in one order.
             entries.sort(key=lambda e: (e.claim.tenant_id, e.claim.operation_id))
             sent_at = time.monotonic()
             try:
                 lost = set(self._store.heartbeat_many([e.claim.ticket for e in entries], lease))
-            except StoreUnavailable:
+            except Exception as exc:  # noqa: BLE001  (any error: raised once the round is done)
                 # Not renewed; trust windows keep running. Progress is re-armed so the next
-                # round tries again.
+                # round tries again; the supervisor logs, counts and retries it.
                 for e in entries:
                     e.ctx.restore_progress()
+                failure = failure or exc
                 continue
             for e in entries:
                 if e.claim.ticket in lost:
@@ -122,7 +135,5 @@ class Heartbeater:
                     e.renewal_refused = True
                 else:
                     e.trust_until = sent_at + lease.total_seconds()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.beat()
+        if failure is not None:
+            raise failure

@@ -5,6 +5,11 @@ type and the import path), start the pool and the sweeper, then the consumers, t
 endpoint. Stop order is the reverse of the work's flow: consumers stop receiving (whatever they
 already received is written and acknowledged), the pool releases claims that never started and
 gives running handlers until the deadline, then the sweeper and the endpoint stop.
+
+One deadline covers the whole stop: every consumer is told to stop at once and each gets what
+is left of it, the pool gets what the consumers left, the rest what the pool left. Every
+long-lived thread of the core is a supervised service (:mod:`bridge.service`); ``/readyz`` and
+``/healthz`` are built from all of them and from the consumers' own status.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from functools import partial
 from types import FrameType
 
 from bridge import sources
-from bridge.config import BridgeConfig
+from bridge.config import AckMode, BridgeConfig
 from bridge.decode import decode
 from bridge.errors import ConfigError
 from bridge.events import WorkEvents
@@ -28,6 +33,7 @@ from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.migrate import require_current
 from bridge.registry import Registry
+from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
 from bridge.telemetry import Telemetry, names
@@ -36,6 +42,11 @@ from bridge.worker import StopReport, WorkerPool
 log = logging.getLogger(__name__)
 
 MESSAGING_SYSTEMS = {"sqs": names.SYSTEM_SQS, "pubsub": names.SYSTEM_PUBSUB}
+#: threads of the core that use a connection besides the workers: claimer (which also writes
+#: the completer's batches), heartbeater, sweeper, database gauges
+CORE_CONNECTIONS = 4
+#: spare connections: a command-line check, a connection being replaced after an error
+POOL_MARGIN = 2
 
 
 def resolve_handler(path: str, *, job_type: str) -> Handler:
@@ -90,6 +101,7 @@ class Bridge:
         registry: Registry | None = None,
         events: WorkEvents | None = None,
         telemetry: Telemetry | None = None,
+        limits: Limits | None = None,
     ) -> None:
         settings = config.bridge
         self.telemetry = telemetry or Telemetry(hasher)
@@ -106,8 +118,14 @@ class Bridge:
             poll_interval=settings.poll_interval_seconds,
             events=events,
             telemetry=self.telemetry,
+            limits=limits,
         )
-        self.sweeper = Sweeper(store, interval=settings.sweep_interval_seconds)
+        self.sweeper = Sweeper(
+            store,
+            interval=settings.sweep_interval_seconds,
+            limits=limits,
+            on_restart=self.telemetry.thread_restarted,
+        )
         self.consumers: list[sources.Consumer] = []
         for name, sub in config.subscriptions.items():
             inbox = Inbox(
@@ -123,11 +141,26 @@ class Bridge:
             checks = {"database": self._database_ready}
             for consumer in self.consumers:
                 checks[f"subscription:{consumer.subscription}"] = consumer.status
-            self.health = HealthServer(settings.health_host, settings.health_port, checks)
+            self.health = HealthServer(
+                settings.health_host,
+                settings.health_port,
+                checks,
+                services=self.services,
+                limits=limits,
+                on_restart=self.telemetry.thread_restarted,
+            )
         self._stopped = threading.Event()
 
+    def services(self) -> list[Service]:
+        """Every supervised service of the core (the health endpoint reports itself)."""
+        found = [*self.pool.services(), self.sweeper.service]
+        if self.telemetry.gauges is not None:
+            found.append(self.telemetry.gauges)
+        return found
+
     def _database_ready(self) -> tuple[bool, str]:
-        return (True, "ok") if self.pool.healthy else (False, "claims are failing")
+        ok, why = self.pool.claimer.status().readiness
+        return (True, "ok") if ok else (False, f"claims are failing: {why}")
 
     def start(self) -> None:
         self.pool.start()
@@ -143,17 +176,41 @@ class Bridge:
             self.config.bridge.worker_threads,
         )
 
-    def stop(self, deadline: float | None = None) -> StopReport:
-        budget = self.config.bridge.shutdown_deadline_seconds if deadline is None else deadline
-        for consumer in self.consumers:
-            consumer.stop(budget)
-        report = self.pool.stop(budget)
-        self.sweeper.stop()
+    def stop(self, deadline: float | Deadline | None = None) -> StopReport:
+        """Drain within one deadline: consumers (all at once), then the pool, then the rest."""
+        until = Deadline.of(
+            self.config.bridge.shutdown_deadline_seconds if deadline is None else deadline
+        )
+        stopping = [
+            threading.Thread(
+                target=self._stop_consumer,
+                args=(consumer, until),
+                name=f"fencebridge-stop-{consumer.subscription}",
+                daemon=True,
+            )
+            for consumer in self.consumers
+        ]
+        for t in stopping:
+            t.start()
+        for t in stopping:
+            t.join(timeout=until.remaining())
+        late = [t.name for t in stopping if t.is_alive()]
+        if late:
+            log.warning("%d consumer(s) still stopping at the deadline", len(late))
+        report = self.pool.stop(until)
+        self.sweeper.stop(until)
         if self.health is not None:
-            self.health.stop()
+            self.health.stop(until)
         self._stopped.set()
         log.info("bridge stopped: %d released, %d abandoned", report.released, report.abandoned)
         return report
+
+    @staticmethod
+    def _stop_consumer(consumer: sources.Consumer, until: Deadline) -> None:
+        try:
+            consumer.stop(until.remaining())
+        except Exception as exc:  # noqa: BLE001  (the others and the pool still stop)
+            log.warning("%s did not stop cleanly (%s)", consumer.subscription, describe(exc))
 
     def run_until_signalled(self) -> StopReport:
         """Start, wait for SIGTERM or SIGINT, drain within the deadline, return."""
@@ -173,14 +230,35 @@ class Bridge:
                 signal.signal(s, handler)
 
 
-def open_bridge(config: BridgeConfig, database_url: str, hasher: IdentityHasher) -> Bridge:
+def pool_size(config: BridgeConfig) -> int:
+    """Connections for every thread that may hold one at once, plus a margin.
+
+    Each worker, the core's threads (:data:`CORE_CONNECTIONS`), every consumer thread of every
+    subscription (its ``consumers``), and for ``after_outcome`` its holder thread. Fewer
+    connections than threads turn a busy moment into pool timeouts: failed ingests, missed
+    heartbeats.
+    """
+    consumers = sum(
+        sub.consumers + (1 if sub.ack_mode is AckMode.AFTER_OUTCOME else 0)
+        for sub in config.subscriptions.values()
+    )
+    return config.bridge.worker_threads + CORE_CONNECTIONS + consumers + POOL_MARGIN
+
+
+def open_bridge(
+    config: BridgeConfig,
+    database_url: str,
+    hasher: IdentityHasher,
+    *,
+    telemetry: Telemetry | None = None,
+    limits: Limits | None = None,
+) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
-    pool_size = config.bridge.worker_threads + 2 * len(config.subscriptions) + 4
-    store = PostgresStore.connect(database_url, max_size=pool_size)
+    store = PostgresStore.connect(database_url, max_size=pool_size(config))
     try:
         with store.pool.connection() as conn:
             require_current(conn)
-        return Bridge(config, store, hasher)
+        return Bridge(config, store, hasher, telemetry=telemetry, limits=limits)
     except BaseException:
         store.close()
         raise

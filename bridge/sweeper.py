@@ -4,48 +4,65 @@ Each round runs one guarded statement (see ``bridge/sql/store/sweep.sql``) insid
 that first takes a transaction-scoped advisory lock; a process that does not get the lock skips
 the round. Rows whose lease expired with attempts left are not the sweeper's business: the
 next claim takes them over.
+
+The rounds run as a supervised service: a round that fails, for whatever reason, is logged by
+type, counted and retried with backoff, and the sweeper is unready meanwhile. It remembers
+only the most recent rows it parked (``keep``), and a running total.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
+from collections.abc import Callable
 
-from bridge.errors import FenceBridgeError
+from bridge.service import Backoff, Deadline, Limits, Supervised
 from bridge.store import PostgresStore
 from bridge.types import Ticket
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_DEFAULT = 15.0
+#: how many of the most recently parked rows a sweeper remembers
+PARKED_KEPT_DEFAULT = 1000
 
 
 class Sweeper:
-    def __init__(self, store: PostgresStore, *, interval: float = SWEEP_INTERVAL_DEFAULT) -> None:
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        interval: float = SWEEP_INTERVAL_DEFAULT,
+        keep: int = PARKED_KEPT_DEFAULT,
+        backoff: Backoff | None = None,
+        limits: Limits | None = None,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
         self._store = store
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fencebridge-sweeper", daemon=True)
-        self.parked: list[Ticket] = []
+        self._lock = threading.Lock()
+        self.parked: deque[Ticket] = deque(maxlen=keep)
+        self.parked_total = 0
+        self.service = Supervised(
+            "sweeper",
+            self.sweep_once,
+            every=interval,
+            backoff=backoff or Backoff(cap=min(max(interval, 0.1), 60.0)),
+            limits=limits,
+            on_restart=on_restart,
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self.service.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+    def stop(self, deadline: float | Deadline = 10.0) -> None:
+        self.service.stop(deadline)
 
     def sweep_once(self) -> list[Ticket]:
         parked = self._store.sweep(exclusive=True)
         if parked:
             log.warning("sweeper parked %d expired last attempt(s) as unknown", len(parked))
-            self.parked.extend(parked)
+            with self._lock:
+                self.parked.extend(parked)
+                self.parked_total += len(parked)
         return parked
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.sweep_once()
-            except FenceBridgeError as exc:
-                log.warning("sweep skipped: %s", exc)

@@ -29,8 +29,9 @@ from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
-from bridge.errors import FenceBridgeError, LeaseLost, StoreUnavailable
+from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
 from bridge.executors.completer import Batch, BatchCompleter, RunSettler
@@ -38,6 +39,7 @@ from bridge.handlers import Context
 from bridge.heartbeat import Heartbeater
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
+from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.types import Claim, Key, State, TargetClass
@@ -49,7 +51,8 @@ CLAIM_BATCH_DEFAULT = 10
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
 SETTLE_LINGER_DEFAULT = 0.002
-_BACKOFF_MAX = 5.0
+#: how long an idle worker waits for a claim before its round ends (and a failure clears)
+WORKER_ROUND_SECONDS = 1.0
 
 
 def default_worker_id() -> str:
@@ -77,6 +80,8 @@ class WorkerPool:
         settle_linger: float = SETTLE_LINGER_DEFAULT,
         events: WorkEvents | None = None,
         telemetry: Telemetry | None = None,
+        backoff: Backoff | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("a worker pool needs at least one thread")
@@ -98,34 +103,64 @@ class WorkerPool:
         self._idle = threads
         self._handoff: dict[Key, str] = {}
         self._stopping = threading.Event()
-        self._healthy = threading.Event()
-        self._healthy.set()
         self._completer = BatchCompleter(store, on_pending=self.wake)
+        on_restart = telemetry.thread_restarted if telemetry is not None else None
         self.heartbeater = Heartbeater(
             store,
             self._events,
             interval=Heartbeater.interval_for([s.lease for s in registry.specs()]),
+            limits=limits,
+            on_restart=on_restart,
+            sleep=backoff.sleep if backoff is not None else None,
         )
-        self._claimer = threading.Thread(
-            target=self._claim_loop, name="fencebridge-claimer", daemon=True
+        # Claims wait on the stop event after a failure, never on the condition: new hand-offs
+        # and settlements must not cut the pause short while the database is failing.
+        self._claimer = Supervised(
+            "claimer",
+            self._claim_round,
+            stop=self._stopping,
+            wake=self.wake,
+            # From then on, every run writes its own settlement (none is left waiting).
+            after=self._completer.close,
+            backoff=backoff,
+            limits=limits,
+            on_restart=on_restart,
         )
-        self._workers = [
-            threading.Thread(target=self._work_loop, name=f"fencebridge-worker-{i}", daemon=True)
-            for i in range(threads)
-        ]
+        self._workers = ServiceGroup(
+            "workers",
+            [
+                Supervised(
+                    f"worker-{i}",
+                    partial(self._work_round, done),
+                    label="worker",
+                    stop=done,
+                    backoff=backoff,
+                    limits=limits,
+                    on_restart=on_restart,
+                )
+                for i, done in enumerate(threading.Event() for _ in range(threads))
+            ],
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
         self.heartbeater.start()
-        for t in self._workers:
-            t.start()
+        self._workers.start()
         self._claimer.start()
+
+    def services(self) -> list[Service]:
+        """The pool's supervised parts, for health: claimer, workers, heartbeater."""
+        return [self._claimer, self._workers, self.heartbeater.service]
+
+    @property
+    def claimer(self) -> Service:
+        return self._claimer
 
     @property
     def healthy(self) -> bool:
-        """False while the database cannot be reached for claims."""
-        return self._healthy.is_set()
+        """False while claims are failing (the database unreachable, refusing, read-only)."""
+        return self._claimer.status().ready
 
     def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
         """Keys just inserted by a consumer, with their job types: claim these first."""
@@ -139,12 +174,17 @@ class WorkerPool:
         with self._cond:
             self._cond.notify_all()
 
-    def stop(self, deadline: float = 30.0) -> StopReport:
-        """Stop claiming, release unstarted claims, wait for running handlers until deadline."""
-        end = time.monotonic() + deadline
-        self._stopping.set()
-        self.wake()
-        self._claimer.join(timeout=max(end - time.monotonic(), 0))
+    def stop(self, deadline: float | Deadline = 30.0) -> StopReport:
+        """Stop claiming, release unstarted claims, wait for running handlers until deadline.
+
+        A claim the claimer is still writing when its join gives up is released by the claimer
+        itself once the statement returns: nothing is queued after the stop began.
+        """
+        until = Deadline.of(deadline)
+        with self._cond:
+            self._stopping.set()
+            self._cond.notify_all()
+        self._claimer.join(until)
         released = 0
         while True:
             try:
@@ -153,17 +193,16 @@ class WorkerPool:
                 break
             if item is not None and self._release(item[0]):
                 released += 1
-        for _ in self._workers:
+        for _ in self._workers.members:
             self._work.put(None)
-        for t in self._workers:
-            t.join(timeout=max(end - time.monotonic(), 0))
+        self._workers.join(until)
         # Settlements of runs that outlive the claimer (or the deadline) are written alone.
         self._completer.close()
         abandoned = self.heartbeater.inflight()
         for entry in abandoned:
             entry.ctx.lease_lost.set()
-        self.heartbeater.stop()
-        finished = sum(1 for t in self._workers if not t.is_alive())
+        self.heartbeater.stop(until)
+        finished = sum(1 for w in self._workers.members if w.join(Deadline(0)))
         if abandoned:
             log.warning(
                 "stopped with %d handler(s) still running: abandoned, their leases will lapse",
@@ -173,63 +212,60 @@ class WorkerPool:
 
     # -- claimer ----------------------------------------------------------------------------------
 
-    def _claim_loop(self) -> None:
-        try:
-            self._claim_and_settle()
-        finally:
-            # From here on, every run writes its own settlement (none is left waiting).
-            self._completer.close()
+    def _claim_round(self) -> None:
+        """One claim: wait for room, write gathered settlements, claim, hand over or release.
 
-    def _claim_and_settle(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            with self._cond:
-                while (
-                    self._idle == 0 and not self._completer.pending and not self._stopping.is_set()
-                ):
-                    self._cond.wait()
-                if self._stopping.is_set():
-                    break
-                self._gather_settlements()
-                settling = self._completer.take()
-                if settling is not None:
-                    # Their workers are free once this write ends: claim for them with it.
-                    self._idle += len(settling)
-                    want = self._idle  # in claims of claim_batch rows, one transaction
-                else:
-                    want = min(self._idle, self._claim_batch)
-                handoff = dict(list(self._handoff.items())[:want])
-                for key in handoff:
-                    del self._handoff[key]
-            sent_at = time.monotonic()  # leases start no earlier than this, by our clock
+        A failure is raised to the supervisor, which logs, counts and backs off. Hand-off keys
+        taken for a failed claim stay claimable by the general claim; nothing is lost.
+        """
+        with self._cond:
+            while self._idle == 0 and not self._completer.pending and not self._stopping.is_set():
+                self._cond.wait()
+            if self._stopping.is_set():
+                return
+            self._gather_settlements()
+            settling = self._completer.take()
+            if settling is not None:
+                # Their workers are free once this write ends: claim for them with it.
+                self._idle += len(settling)
+                want = self._idle  # in claims of claim_batch rows, one transaction
+            else:
+                want = min(self._idle, self._claim_batch)
+            handoff = dict(list(self._handoff.items())[:want])
+            for key in handoff:
+                del self._handoff[key]
+        sent_at = time.monotonic()  # leases start no earlier than this, by our clock
+        claims = self._claim(want, handoff, settling)
+        if claims:
+            self._hand_over(claims, sent_at)
+            return
+        with self._cond:
+            if not self._handoff and not self._completer.pending and not self._stopping.is_set():
+                self._cond.wait(timeout=self._poll)
+
+    def _hand_over(self, claims: list[Claim], sent_at: float) -> None:
+        """Queue claims for the workers; once stopping, release them instead.
+
+        The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
+        queued before the stop drains the queue or released here: never stranded after it.
+        """
+        error: Exception | None = None
+        for claim in claims:
             try:
-                claims = self._claim(want, handoff, settling)
-            except FenceBridgeError as exc:
-                failures += 1
-                self._healthy.clear()
-                pause = min(_BACKOFF_MAX, 0.1 * 2**failures)
-                log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
-                # Hand-off keys stay claimable by the general claim; nothing is lost. Waiting on
-                # the stop event, not the condition: new hand-offs and settlements must not cut
-                # the pause short while the database is failing.
-                self._stopping.wait(pause)
-                continue
-            failures = 0
-            self._healthy.set()
-            if claims:
-                with self._cond:
-                    self._idle -= len(claims)
+                self._events.claimed(claim)
+            except Exception as exc:  # noqa: BLE001  (raised below, once every claim is placed)
+                error = error or exc
+        with self._cond:
+            stopping = self._stopping.is_set()
+            if not stopping:
+                self._idle -= len(claims)
                 for claim in claims:
-                    self._events.claimed(claim)
                     self._work.put((claim, sent_at))
-                continue
-            with self._cond:
-                if (
-                    not self._handoff
-                    and not self._completer.pending
-                    and not self._stopping.is_set()
-                ):
-                    self._cond.wait(timeout=self._poll)
+        if stopping:
+            released = sum(1 for claim in claims if self._release(claim))
+            log.info("claimed while stopping: released %d of %d", released, len(claims))
+        if error is not None:
+            raise error
 
     def _gather_settlements(self) -> None:
         """Give the runs still going a moment to join the settlements already waiting.
@@ -288,23 +324,26 @@ class WorkerPool:
 
     # -- workers ----------------------------------------------------------------------------------
 
-    def _work_loop(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
-            claim, sent_at = item
-            settler = self._completer.for_run()
-            try:
-                self._run(claim, sent_at, settler)
-            except Exception:
-                # An executor bug must not kill the worker thread; the row's lease will lapse.
-                log.exception("executor failed unexpectedly")
-            finally:
-                if not settler.taken:  # else the claimer counted this worker free already
-                    with self._cond:
-                        self._idle += 1
-                        self._cond.notify_all()
+    def _work_round(self, done: threading.Event) -> None:
+        """Run the next claim, if one comes within a round; ``None`` ends this worker."""
+        try:
+            item = self._work.get(timeout=WORKER_ROUND_SECONDS)
+        except queue.Empty:
+            return
+        if item is None:
+            done.set()
+            return
+        claim, sent_at = item
+        settler = self._completer.for_run()
+        try:
+            # An executor bug reaches the supervisor (logged by type, counted); the row's
+            # lease will lapse and the next claim reconciles.
+            self._run(claim, sent_at, settler)
+        finally:
+            if not settler.taken:  # else the claimer counted this worker free already
+                with self._cond:
+                    self._idle += 1
+                    self._cond.notify_all()
 
     def _run(self, claim: Claim, sent_at: float, settler: RunSettler) -> None:
         spec = self._registry.get(claim.job_type)

@@ -68,6 +68,7 @@ METRIC_STALLED: Final = "fencebridge.claims.stalled"
 METRIC_OLDEST_UNKNOWN: Final = "fencebridge.unknown.oldest_age"
 METRIC_QUARANTINED: Final = "fencebridge.quarantined"
 METRIC_QUEUE_DEPTH: Final = "fencebridge.queue.depth"
+METRIC_THREAD_RESTARTS: Final = "fencebridge.thread.restarts"
 
 # metric label keys (never identifiers)
 LABEL_SUBSCRIPTION: Final = "subscription"
@@ -77,3 +78,5 @@ LABEL_OUTCOME: Final = "outcome"
 LABEL_FINDING: Final = "finding"
 LABEL_ACTION: Final = "action"
 LABEL_KIND: Final = "kind"
+#: a supervised service of the bridge (claimer, worker, heartbeater, sweeper, gauges, health)
+LABEL_SERVICE: Final = "service"

@@ -22,6 +22,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from bridge.identity import IdentityHasher
+from bridge.service import Supervised
 from bridge.telemetry import names as n
 from bridge.telemetry.propagation import link_to
 from bridge.types import Claim, Decision, State, Stats
@@ -105,6 +106,13 @@ class Telemetry:
             description="Claim to settlement of one run",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
+        self._restarts = meter.create_counter(
+            n.METRIC_THREAD_RESTARTS,
+            unit="{restart}",
+            description="Supervised loops restarted after a failure, by service",
+        )
+        #: the supervised thread that refreshes the gauges, once :meth:`observe` started it
+        self.gauges: Supervised | None = None
         self._meter = meter
         self._stats: Stats | None = None
         self._stats_lock = threading.Lock()
@@ -276,6 +284,12 @@ class Telemetry:
             **{n.ACTION: action},
         )
 
+    # -- supervision -------------------------------------------------------------------------------
+
+    def thread_restarted(self, service: str) -> None:
+        """A supervised loop failed and is being restarted (``service`` is its only label)."""
+        self._restarts.add(1, {n.LABEL_SERVICE: service})
+
     # -- gauges read from the database ----------------------------------------------------------
 
     def observe(
@@ -284,6 +298,8 @@ class Telemetry:
         """Register the database gauges, refreshed by a background thread every ``interval``.
 
         Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.
+        The thread is supervised (:attr:`gauges`): a failed reading clears the gauges, and is
+        logged, counted and retried.
         """
         with self._stats_lock:
             if self._observing is not None:
@@ -292,16 +308,24 @@ class Telemetry:
         stop = self._observing
 
         def refresh() -> None:
-            while not stop.is_set():
-                try:
-                    stats = store.stats()
-                except Exception:  # noqa: BLE001  (a gauge must not take the process down)
-                    stats = None
+            try:
+                stats = store.stats()
+            except Exception:
                 with self._stats_lock:
-                    self._stats = stats
-                stop.wait(interval)
+                    self._stats = None  # a stale reading must not pass for a current one
+                raise
+            with self._stats_lock:
+                self._stats = stats
 
-        threading.Thread(target=refresh, name="fencebridge-stats", daemon=True).start()
+        self.gauges = Supervised(
+            "gauges",
+            refresh,
+            every=interval,
+            stop=stop,
+            on_restart=self.thread_restarted,
+            thread_name="fencebridge-stats",
+        )
+        self.gauges.start()
         self._meter.create_observable_gauge(
             n.METRIC_STALLED,
             [self._observe_stalled],
