@@ -3,15 +3,34 @@
 ``after_inbox`` (default): every delivery the database now holds (new, replay, conflict,
 quarantined) is deleted with ``DeleteMessageBatch`` right after COMMIT; the broker was only a
 wake-up signal. If the transaction fails nothing is deleted, and the messages come back when
-their visibility timeout ends.
+their visibility timeout ends. A delete that fails as a whole is retried (jittered backoff)
+while the copy's visibility lasts; past that it comes back as a replay.
 
-``after_outcome``: deliveries with a work row are held. A holder thread watches the rows and,
-every third of the visibility timeout, extends the visibility of those still queued or whose
-claim's lease is live (renewed by handler progress), deletes those whose row is terminal or
-parked, and lets go of those whose claim stalled, so the broker redelivers them (a replay). A
-rejected extension — a stale receipt handle after a redelivery, a message no longer in flight —
-is a lost broker lease: the handle is dropped and counted, nothing crashes. Visibility is never
-extended past twelve hours from the receive (the SQS limit); the message is then left to return.
+``after_outcome``: deliveries with a work row are held by a :class:`~bridge.holding.Holder`,
+which keeps each copy's visibility deadline, measured from the answer of the receive that
+returned it. It extends a copy whose row is queued or whose claim's lease is live (renewed by
+handler progress) once that copy's own deadline comes near, deletes it as soon as its row is
+terminal or parked, and lets go of it when its claim stalled, so SQS redelivers it (a replay).
+Deletes and extensions run on the holder's call threads: one slow call delays only its own
+batch. An extension SQS refuses (``ReceiptHandleIsInvalid``: a later receive replaced the
+handle; ``MessageNotInflight``: the visibility ran out) is a lost broker lease: the handle is
+dropped and counted, nothing crashes. Visibility is never extended past twelve hours from the
+receive (the SQS limit); the message is then left to return.
+
+Stopping: messages a receive returns after the stop began are not written; they are handed back
+at once (visibility 0), and so is every held delivery, so another replica takes them without
+waiting out their visibility. A batch whose write is under way is written and deleted first.
+
+The receive loop never dies: a failure is logged (by type, or by the project's own error text),
+counted, reported by :meth:`SqsConsumer.status` and retried with tenacity's jittered
+exponential backoff, capped at ten seconds.
+
+Counters (:attr:`SqsConsumer.counts`): ``received``, ``decision.<decision>``, ``deleted``,
+``delete_failed`` and ``delete_failed.<reason>`` (an SQS error code, or ``unanswered``: never
+confirmed while the copy was leased), ``extended``, ``broker_lease_lost`` and
+``broker_lease_lost.<code>``, ``let_go``, ``released`` (held copies handed back on stop),
+``handed_back`` (received, never written, handed back on stop), ``held`` (now), ``receive_failed``
+and ``call_failed.<reason>`` (broker calls that failed as a whole and were retried).
 
 FIFO queues: the message group becomes the row's ordering key, so a group's next row is not
 claimed before the previous one settles. ``ApproximateReceiveCount`` is recorded on the row.
@@ -24,16 +43,25 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
 from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
-from bridge.inbox import HeldDeliveries, Inbox
+from bridge.holding import CallResult, Holder, confirm
+from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -44,6 +72,8 @@ RECEIVE_BATCH_DEFAULT = 10
 WAIT_SECONDS_DEFAULT = 20
 VISIBILITY_TIMEOUT_DEFAULT = 60
 MAX_VISIBILITY_SECONDS = 12 * 3600
+#: SQS batch calls carry ten entries at most
+MAX_BATCH: Final = 10
 _LEASE_LOST_CODES = frozenset(
     {
         "ReceiptHandleIsInvalid",
@@ -52,7 +82,19 @@ _LEASE_LOST_CODES = frozenset(
         "AWS.SimpleQueueService.MessageNotInflight",
     }
 )
-_BACKOFF_MAX = 10.0
+#: the receive loop's pause after a failure grows from this (seconds, full jitter) ...
+BACKOFF_INITIAL: Final = 0.2
+#: ... up to this
+BACKOFF_MAX: Final = 10.0
+#: what a hand-back on stop may spend retrying a failed call
+_HAND_BACK_SECONDS = 2.0
+#: an after_inbox delete stops retrying this long before the copy's visibility ends
+_DELETE_MARGIN = 0.5
+
+
+def receive_backoff() -> wait_random_exponential:
+    """The receive loop's pause before its n-th retry: full jitter, exponential, capped."""
+    return wait_random_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +104,7 @@ class Held:
     key: Key
     #: the receipt handle of this copy
     handle: str
+    #: monotonic time of the receive's answer
     received_at: float
 
 
@@ -115,237 +158,351 @@ class SqsConsumer:
         self._queue_url = queue_url
         self.subscription = subscription
         self._inbox = inbox
-        self._store = store
         self._ack_mode = ack_mode
         self._batch = receive_batch
         self._wait = wait_seconds
         self._visibility = visibility_timeout
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._held: HeldDeliveries[Held] = HeldDeliveries()
-        self.counts: Counter[str] = Counter()
+        #: set once held deliveries are released: a batch written after that is handed back
+        self._closed = False
+        self._counts: Counter[str] = Counter()
         self._error: str | None = None
+        self._calls = QueueCalls(client, queue_url, subscription, inbox, self._count)
+        self._holder: Holder[Held] | None = None
+        if ack_mode == "after_outcome":
+            assert store is not None
+            self._holder = Holder(
+                f"sqs-{subscription}",
+                store,
+                self._calls,
+                extension=visibility_timeout,
+                limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
+            )
         self._receivers = [
             threading.Thread(target=self._receive_loop, name=f"sqs-{subscription}-{i}", daemon=True)
             for i in range(threads)
         ]
-        self._holder = (
-            threading.Thread(target=self._hold_loop, name=f"sqs-{subscription}-hold", daemon=True)
-            if ack_mode == "after_outcome"
-            else None
-        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for t in self._receivers:
-            t.start()
         if self._holder is not None:
             self._holder.start()
+        for t in self._receivers:
+            t.start()
 
     def stop(self, deadline: float = 30.0) -> None:
-        """Stop receiving; a receive in progress finishes (and is written and acked)."""
+        """Stop receiving; hand back what was not written, delete what was, release what is held.
+
+        A batch being written when the stop begins is written and deleted (or held, then
+        released). Messages a receive returns after it are handed back at once, unwritten.
+        """
         end = time.monotonic() + deadline
         self._stop.set()
+        # Keep some of the budget for handing held copies back: that is what lets another
+        # replica take them now rather than after their visibility timeout.
+        reserve = min(_HAND_BACK_SECONDS, deadline / 2)
         for t in self._receivers:
-            t.join(timeout=max(end - time.monotonic(), 0))
+            t.join(timeout=max(end - reserve - time.monotonic(), 0))
+        with self._lock:
+            self._closed = True
         if self._holder is not None:
-            self._holder.join(timeout=max(end - time.monotonic(), 0))
-            self._let_go_all()
+            self._holder.stop(max(end - time.monotonic(), 0.5))
 
     def status(self) -> tuple[bool, str]:
         """Ready, and why not."""
-        alive = all(t.is_alive() for t in self._receivers) or self._stop.is_set()
-        if not alive:
-            return False, f"{self.subscription}: a receiver thread died"
+        if self._stop.is_set():
+            return True, "stopping"
+        dead = [t.name for t in self._receivers if t.ident is not None and not t.is_alive()]
+        if dead:
+            return False, f"{self.subscription}: thread {dead[0]} died"
         if self._error:
             return False, f"{self.subscription}: {self._error}"
+        if self._holder is not None:
+            return self._holder.status()
         return True, "ok"
 
-    def _count(self, name: str, n: int = 1) -> None:
+    @property
+    def counts(self) -> Counter[str]:
+        """What happened on this subscription so far, by event (a copy)."""
         with self._lock:
-            self.counts[name] += n
+            counts = Counter(self._counts)
+        if self._holder is not None:
+            theirs = Counter(dict(self._holder.counts))
+            for name in _HOLDER_COUNTS:
+                counts[name] += theirs[name]
+            counts["delete_failed.unanswered"] += theirs["settle_unanswered"]
+            counts["delete_failed"] += theirs["settle_unanswered"]
+            counts["held"] = len(self._holder)
+        return +counts
+
+    def held(self) -> int:
+        """Deliveries held now (after_outcome)."""
+        return len(self._holder) if self._holder is not None else 0
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self._counts[name] += n
 
     # -- receiving --------------------------------------------------------------------------------
 
-    def _receive(self) -> list[dict[str, Any]]:
+    def _receive(self) -> tuple[list[dict[str, Any]], float]:
+        """One receive: its messages and the monotonic time of its answer."""
         try:
             response = self._client.receive_message(
                 QueueUrl=self._queue_url,
                 MaxNumberOfMessages=self._batch,
                 WaitTimeSeconds=self._wait,
                 # The visibility this consumer is configured for, not the queue's default: an
-                # after_outcome hold extends every third of it, and must start from it.
+                # after_outcome hold counts each copy's deadline from it.
                 VisibilityTimeout=self._visibility,
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
             )
         except (BotoCoreError, ClientError) as exc:
             raise BrokerUnavailable(f"receive from SQS failed: {_describe(exc)}") from exc
+        answered = time.monotonic()
         messages: list[dict[str, Any]] = response.get("Messages", [])
-        return messages
+        return messages, answered
 
     def _receive_loop(self) -> None:
-        failures = 0
+        retrying = Retrying(
+            wait=receive_backoff(),
+            stop=stop_when_event_set(self._stop),
+            retry=retry_if_exception_type(Exception),
+            before_sleep=self._turn_failed,
+            sleep=self._pause,
+        )
         while not self._stop.is_set():
             try:
-                messages = self._receive()
-                if messages:
-                    self._process(messages)
-            except FenceBridgeError as exc:
-                failures += 1
-                self._error = str(exc)
-                pause = min(_BACKOFF_MAX, 0.2 * 2**failures)
-                log.warning("%s: %s; retrying in %.1fs", self.subscription, exc, pause)
-                self._stop.wait(pause)
-                continue
-            except Exception:
-                # Never die silently: log, report not-ready, keep the loop alive.
-                failures += 1
-                self._error = "unexpected error in the receive loop (see log)"
-                log.exception("%s: unexpected error in the receive loop", self.subscription)
-                self._stop.wait(min(_BACKOFF_MAX, 0.2 * 2**failures))
-                continue
-            failures = 0
-            self._error = None
+                retrying(self._turn)
+            except RetryError:
+                return  # stopping while a failure was being retried
+            except Exception as exc:  # noqa: BLE001  (never die: log by type, pause, go on)
+                self._count("receive_failed")
+                log.error("%s: the receive loop failed (%s)", self.subscription, type(exc).__name__)
+                self._pause(BACKOFF_MAX)
 
-    def _process(self, messages: list[dict[str, Any]]) -> None:
-        received_at = time.monotonic()
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _turn(self) -> None:
+        """Receive once and write what came; raises on any failure, for the retry to pause."""
+        messages, answered = self._receive()
+        if messages:
+            if self._stop.is_set():
+                self._hand_back(messages, "handed_back")
+            else:
+                self._process(messages, answered)
+        self._error = None
+
+    def _turn_failed(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        self._count("receive_failed")
+        pause = state.upcoming_sleep
+        if isinstance(exc, FenceBridgeError):
+            # The project's own errors name no identifier and quote no payload.
+            self._error = str(exc)
+            log.warning("%s: %s; retrying in %.1fs", self.subscription, exc, pause)
+        else:
+            self._error = f"unexpected error in the receive loop ({type(exc).__name__})"
+            log.error(
+                "%s: unexpected %s in the receive loop; retrying in %.1fs",
+                self.subscription,
+                type(exc).__name__,
+                pause,
+            )
+
+    def _process(self, messages: list[dict[str, Any]], received_at: float) -> None:
         self._count("received", len(messages))
         raws = [to_raw(self.subscription, m) for m in messages]
         # Raises when the transaction did not commit: nothing is deleted below.
         written = self._inbox.write(raws)
         for w in written:
             self._count(f"decision.{w.decision.value}")
-        handles = [m["ReceiptHandle"] for m in messages]
-        if self._ack_mode == "after_inbox":
-            self._delete(dict.fromkeys(handles, received_at))
+        copies = [
+            Held(
+                w.result.key if w.result.key is not None else _NO_KEY,
+                m["ReceiptHandle"],
+                received_at,
+            )
+            for m, w in zip(messages, written, strict=True)
+        ]
+        deadline = received_at + self._visibility
+        if self._holder is None:
+            self._delete(copies, deadline)
             return
         hold: list[Held] = []
-        now_done: dict[str, float] = {}
-        for handle, w in zip(handles, written, strict=True):
-            if w.awaits_outcome and w.result.key is not None:
-                hold.append(Held(w.result.key, handle, received_at))
-            else:
-                now_done[handle] = received_at
-        self._held.add(hold)
-        self._delete(now_done)
+        now_done: list[Held] = []
+        for c, w in zip(copies, written, strict=True):
+            (hold if w.awaits_outcome and w.result.key is not None else now_done).append(c)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._holder.hold(hold, deadline)
+        if closed:  # the holder already released what it held: this batch goes back too
+            self._hand_back(
+                [{"ReceiptHandle": c.handle} for c in hold], "released", retry_budget=1.0
+            )
+        self._delete(now_done, deadline)
 
-    def _delete(self, handles: Mapping[str, float]) -> None:
-        """Delete in batches of ten: receipt handle -> its receive time, for the ack latency."""
-        for chunk in _chunks(list(handles), 10):
-            entries = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(chunk)]
-            try:
-                response = self._client.delete_message_batch(
-                    QueueUrl=self._queue_url, Entries=entries
-                )
-            except (BotoCoreError, ClientError) as exc:
-                # Committed but not deleted: the messages come back as replays.
-                self._count("delete_failed", len(chunk))
-                log.warning("%s: delete failed (%s)", self.subscription, _describe(exc))
-                continue
-            successful = response.get("Successful", [])
-            self._count("deleted", len(successful))
-            for entry in successful:
-                self._inbox.acked(self.subscription, handles[chunk[int(entry["Id"])]])
-            failed = response.get("Failed", [])
-            if failed:
-                self._count("delete_failed", len(failed))
+    def _delete(self, copies: Sequence[Held], deadline: float) -> None:
+        """Delete now, retrying while the copies are still ours (after_inbox, or not held)."""
+        for i in range(0, len(copies), MAX_BATCH):
+            chunk = copies[i : i + MAX_BATCH]
+            _, _, left = confirm(
+                self._calls.settle,
+                chunk,
+                budget=max(deadline - _DELETE_MARGIN - time.monotonic(), 0.0),
+                stopping=threading.Event(),  # a committed batch is deleted even while stopping
+                name=self.subscription,
+            )
+            if left:
+                self._count("delete_failed", len(left))
+                self._count("delete_failed.unanswered", len(left))
                 log.warning(
-                    "%s: %d deletes failed (%s); they return as replays",
+                    "%s: %d delete(s) unconfirmed; they return as replays",
                     self.subscription,
-                    len(failed),
-                    ",".join(sorted({f.get("Code", "?") for f in failed})),
+                    len(left),
                 )
 
-    # -- after_outcome ----------------------------------------------------------------------------
+    def _hand_back(
+        self, messages: Sequence[dict[str, Any]], counter: str, retry_budget: float | None = None
+    ) -> None:
+        """Visibility 0 for messages this consumer will not write: another replica takes them."""
+        copies = [Held(_NO_KEY, m["ReceiptHandle"], 0.0) for m in messages]
+        budget = _HAND_BACK_SECONDS if retry_budget is None else retry_budget
+        for i in range(0, len(copies), MAX_BATCH):
+            chunk = copies[i : i + MAX_BATCH]
+            done, _, _ = confirm(
+                self._calls.hand_back,
+                chunk,
+                budget=budget,
+                stopping=threading.Event(),
+                name=self.subscription,
+            )
+            self._count(counter, len(done))
 
-    def held(self) -> int:
-        return len(self._held)
 
-    def _hold_loop(self) -> None:
-        period = max(self._visibility / 3, 0.2)
-        while not self._stop.wait(period):
-            try:
-                self.tend_held()
-            except FenceBridgeError as exc:
-                log.warning("%s: could not tend held deliveries: %s", self.subscription, exc)
-            except Exception:
-                log.exception("%s: unexpected error tending held deliveries", self.subscription)
+#: counters the holder keeps under the names the consumer reports
+_HOLDER_COUNTS: Final = ("extended", "broker_lease_lost", "let_go", "released")
+#: the key of a copy that has no work row (a conflict or a quarantined delivery): never watched
+_NO_KEY: Final = Key("", "")
 
-    def tend_held(self) -> None:
-        """One round: delete settled, extend progressing, let go of stalled deliveries."""
-        assert self._store is not None
-        triage = self._held.triage(
-            self._store,
-            extension=self._visibility,
-            limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
+
+class QueueCalls:
+    """The SQS batch calls on held copies, each answer sorted entry by entry.
+
+    Used by the :class:`~bridge.holding.Holder` (its ``BrokerLeases``) and by the consumer's
+    own deletes. A call that fails as a whole raises (after counting why), and its caller
+    retries; an entry SQS refuses for good is ``lost``; any other failed entry is ``retry``.
+    """
+
+    max_batch = MAX_BATCH
+
+    def __init__(
+        self,
+        client: Any,
+        queue_url: str,
+        subscription: str,
+        inbox: Inbox,
+        count: Callable[[str, int], None],
+    ) -> None:
+        self._client = client
+        self._queue_url = queue_url
+        self._subscription = subscription
+        self._inbox = inbox
+        self._count = count
+
+    def settle(self, held: Sequence[Held]) -> CallResult[Held]:
+        """``DeleteMessageBatch``: confirmed deletes count ``deleted``."""
+        entries = [{"Id": str(i), "ReceiptHandle": h.handle} for i, h in enumerate(held)]
+        try:
+            response = self._client.delete_message_batch(QueueUrl=self._queue_url, Entries=entries)
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(exc, ClientError) and _error_code(exc) in _LEASE_LOST_CODES:
+                self._refused("delete_failed", _error_code(exc), len(held))
+                return CallResult(lost=list(held))
+            self._call_failed(exc)
+            raise
+        done, lost, retry = self._sort(held, response, "delete_failed")
+        self._count("deleted", len(done))
+        for h in done:
+            self._inbox.acked(self._subscription, h.received_at)
+        return CallResult(done, lost, retry)
+
+    def extend(self, held: Sequence[Held], seconds: float) -> CallResult[Held]:
+        """``ChangeMessageVisibilityBatch`` to ``seconds`` from now."""
+        return self._change(held, int(seconds), "broker_lease_lost")
+
+    def release(self, held: Sequence[Held]) -> None:
+        """Visibility 0 for held copies (on stop), retried briefly; best effort."""
+        _, lost, left = confirm(
+            self.hand_back,
+            held,
+            budget=_HAND_BACK_SECONDS,
+            stopping=threading.Event(),
+            name=self._subscription,
         )
-        self._delete({h.handle: h.received_at for h in triage.done})
-        if triage.let_go:
-            self._count("let_go", len(triage.let_go))
-        self._extend(triage.extend)
+        if len(lost) + len(left) == len(held):
+            raise BrokerUnavailable("no held delivery could be handed back")
 
-    def _extend(self, held: Sequence[Held]) -> None:
-        for chunk in _chunks(held, 10):
-            entries = [
-                {
-                    "Id": str(i),
-                    "ReceiptHandle": h.handle,
-                    "VisibilityTimeout": self._visibility,
-                }
-                for i, h in enumerate(chunk)
-            ]
-            try:
-                response = self._client.change_message_visibility_batch(
-                    QueueUrl=self._queue_url, Entries=entries
-                )
-            except ClientError as exc:
-                if _error_code(exc) in _LEASE_LOST_CODES:
-                    self._broker_lease_lost(chunk)
-                    continue
-                log.warning("%s: extension failed (%s)", self.subscription, _describe(exc))
-                continue
-            except BotoCoreError as exc:
-                log.warning("%s: extension failed (%s)", self.subscription, _describe(exc))
-                continue
-            self._count("extended", len(response.get("Successful", [])))
-            lost = [
-                chunk[int(f["Id"])]
-                for f in response.get("Failed", [])
-                if f.get("Code") in _LEASE_LOST_CODES
-            ]
-            if lost:
-                self._broker_lease_lost(lost)
+    def hand_back(self, held: Sequence[Held]) -> CallResult[Held]:
+        return self._change(held, 0, "hand_back_failed")
 
-    def _broker_lease_lost(self, held: Sequence[Held]) -> None:
-        """The broker no longer honours these handles: drop them; a redelivery will replay."""
-        self._held.forget(held)
-        self._count("broker_lease_lost", len(held))
-        log.info("%s: %d broker lease(s) lost", self.subscription, len(held))
+    def _change(self, held: Sequence[Held], seconds: int, refused: str) -> CallResult[Held]:
+        entries = [
+            {"Id": str(i), "ReceiptHandle": h.handle, "VisibilityTimeout": seconds}
+            for i, h in enumerate(held)
+        ]
+        try:
+            response = self._client.change_message_visibility_batch(
+                QueueUrl=self._queue_url, Entries=entries
+            )
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(exc, ClientError) and _error_code(exc) in _LEASE_LOST_CODES:
+                self._refused(refused, _error_code(exc), len(held))
+                return CallResult(lost=list(held))
+            self._call_failed(exc)
+            raise
+        done, lost, retry = self._sort(held, response, refused)
+        return CallResult(done, lost, retry)
 
-    def _let_go_all(self) -> None:
-        """On stop: make held messages visible again now, so another bridge picks them up."""
-        for chunk in _chunks(self._held.take_all(), 10):
-            entries = [
-                {"Id": str(i), "ReceiptHandle": h.handle, "VisibilityTimeout": 0}
-                for i, h in enumerate(chunk)
-            ]
-            try:
-                self._client.change_message_visibility_batch(
-                    QueueUrl=self._queue_url, Entries=entries
-                )
-            except (BotoCoreError, ClientError) as exc:
-                log.info(
-                    "%s: could not release held messages (%s)", self.subscription, _describe(exc)
-                )
+    def _sort(
+        self, held: Sequence[Held], response: dict[str, Any], refused: str
+    ) -> tuple[list[Held], list[Held], list[Held]]:
+        """(confirmed, refused for good, worth retrying) from a batch answer."""
+        done = [held[int(e["Id"])] for e in response.get("Successful", [])]
+        lost: list[Held] = []
+        retry: list[Held] = []
+        for failure in response.get("Failed", []):
+            copy = held[int(failure["Id"])]
+            code = str(failure.get("Code", "unknown"))
+            if code in _LEASE_LOST_CODES or failure.get("SenderFault"):
+                lost.append(copy)
+                self._refused(refused, code, 1)
+            else:
+                retry.append(copy)
+        answered = {h.handle for h in done + lost + retry}
+        retry += [h for h in held if h.handle not in answered]  # absent from the answer
+        return done, lost, retry
+
+    def _refused(self, counter: str, code: str, n: int) -> None:
+        # broker_lease_lost itself is the holder's count; the consumer adds the reason
+        if counter != "broker_lease_lost":
+            self._count(counter, n)
+        self._count(f"{counter}.{_reason(code)}", n)
+
+    def _call_failed(self, exc: BaseException) -> None:
+        self._count(f"call_failed.{_describe(exc)}", 1)
+        log.info("%s: an SQS call failed (%s); retrying", self._subscription, _describe(exc))
 
 
-T = TypeVar("T")
-
-
-def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def _reason(code: str) -> str:
+    """An SQS error code as a counter's suffix (the query-protocol prefix dropped)."""
+    return code.removeprefix("AWS.SimpleQueueService.")
 
 
 def _error_code(exc: ClientError) -> str:
