@@ -10,8 +10,9 @@ clock, after which its lease must be assumed gone (measured from before the clai
 was sent, so it errs early). Past it, ``ctx.progress()`` raises ``LeaseLost`` and the handler
 learns at its next step. The database still decides every write by the fence.
 
-Class A claims are not heartbeated: their handler runs inside a transaction that holds the work
-row's lock, and nothing can take a locked row over.
+Class A claims are neither heartbeated nor given a trust window: their handler runs inside a
+transaction that holds the work row's lock, nothing can take a locked row over, and what ends
+such a run is its transaction's deadline (:mod:`bridge.deadline`), not its lease.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ class Heartbeater:
         now = time.monotonic()
         due: dict[timedelta, list[InFlight]] = defaultdict(list)
         for entry in self.inflight():
+            if entry.claim.target_class is TargetClass.A:
+                # Not renewed and never expired: its row is locked in its own transaction,
+                # which its deadline ends (bridge.deadline), not its lease.
+                continue
             if entry.ctx.lease_lost.is_set():
                 continue
             if now >= entry.trust_until:
                 entry.ctx.lease_lost.set()
-                continue
-            if entry.claim.target_class is TargetClass.A:
                 continue
             if entry.ctx.take_progress():
                 due[entry.lease].append(entry)
