@@ -274,12 +274,12 @@ class Supervised(Service):
             with self._lock:
                 self._round_started = None
         with self._lock:
-            recovered = self._failures > 0
+            failures = self._failures
             self._failures = 0
             self._failing_since = None
             self._transient = True
-        if recovered:
-            log.info("%s recovered", self.name)
+        if failures:
+            log.warning("%s recovered after %d restart(s)", self.name, failures)
 
     def _stopping(self, _state: tenacity.RetryCallState) -> bool:
         return self._stop.is_set()
