@@ -32,9 +32,16 @@ import types
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
+from datetime import timedelta
 from typing import Any, Final, Protocol
 
-from bridge.database import DATABASE_URL_ENV
+from bridge.database import (
+    DATABASE_URL_ENV,
+    IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+    LOCK_TIMEOUT_DEFAULT,
+    STATEMENT_TIMEOUT_DEFAULT,
+    SessionTimeouts,
+)
 from bridge.decode import (
     REASONS,
     RULES_MARKDOWN,
@@ -526,6 +533,44 @@ class BridgeSettings:
             _Number(0, 3600),
         ),
     )
+    statement_timeout_seconds: float = field(
+        default=STATEMENT_TIMEOUT_DEFAULT.total_seconds(),
+        metadata=_key(
+            """
+            Longest any one statement of the bridge may run (PostgreSQL's `statement_timeout`
+            on every pooled connection). Past it the server cancels the statement and rolls it
+            back: the caller gets a clear error, nothing was applied, and the work is retried
+            the way a database outage is. A class A transaction uses the handler's deadline
+            instead. `0` leaves the server's setting.
+            """,
+            _Number(0, 86400),
+        ),
+    )
+    lock_timeout_seconds: float = field(
+        default=LOCK_TIMEOUT_DEFAULT.total_seconds(),
+        metadata=_key(
+            """
+            Longest a statement of the bridge waits for a row or table lock (`lock_timeout`),
+            including a class A handler's business rows. A wait that long means something else
+            holds the lock; the statement is rolled back and retried later instead of queueing
+            behind it. `0` leaves the server's setting.
+            """,
+            _Number(0, 86400),
+        ),
+    )
+    idle_in_transaction_timeout_seconds: float = field(
+        default=IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.total_seconds(),
+        metadata=_key(
+            """
+            Longest a connection of the bridge may sit idle inside an open transaction
+            (`idle_in_transaction_session_timeout`). Past it the server ends the session, which
+            rolls the transaction back and releases every lock it held: a handler stuck in a
+            call can never hold rows and a connection forever. A class A transaction uses the
+            handler's deadline instead. `0` leaves the server's setting.
+            """,
+            _Number(0, 86400),
+        ),
+    )
     health_host: str = field(
         default=HEALTH_HOST_DEFAULT,
         metadata=_key(
@@ -539,6 +584,18 @@ class BridgeSettings:
             _Integer(0, 65535),
         ),
     )
+
+    def session_timeouts(self) -> SessionTimeouts:
+        """The limits every pooled connection of the bridge starts with."""
+
+        def limit(seconds: float) -> timedelta | None:
+            return timedelta(seconds=seconds) if seconds > 0 else None
+
+        return SessionTimeouts(
+            statement=limit(self.statement_timeout_seconds),
+            lock=limit(self.lock_timeout_seconds),
+            idle_in_transaction=limit(self.idle_in_transaction_timeout_seconds),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,6 +3,12 @@
 Connections are autocommit: a single fenced statement is its own transaction, costs one round
 trip and cannot be left open by accident. Multi-statement work (an inbox batch, a class A
 business write) opens an explicit transaction.
+
+Every pooled connection is bounded in time (:class:`SessionTimeouts`): a statement, a wait for
+a lock and a transaction left idle each have a limit, set when the session starts, so a
+blocked or forgotten call ends in a clear error instead of holding a connection, and the rows
+it locked, forever. Past a limit the server rolls the statement back: nothing was applied, and
+:class:`~bridge.errors.StoreUnavailable` says which limit it was.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 import psycopg.errors
@@ -23,7 +31,57 @@ DATABASE_URL_ENV = "FENCEBRIDGE_DATABASE_URL"
 APPLICATION_NAME = "fencebridge"
 POOL_TIMEOUT_SECONDS_DEFAULT = 10.0
 
+STATEMENT_TIMEOUT_DEFAULT = timedelta(seconds=30)
+LOCK_TIMEOUT_DEFAULT = timedelta(seconds=10)
+IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT = timedelta(seconds=60)
+
 Connection = psycopg.Connection[TupleRow]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimeouts:
+    """Server-side limits of every statement, lock wait and idle transaction of a session.
+
+    ``None`` (or zero) leaves the server's own setting in place. A class A transaction narrows
+    the statement and idle limits to its deadline (see :mod:`bridge.deadline`).
+    """
+
+    statement: timedelta | None = STATEMENT_TIMEOUT_DEFAULT
+    lock: timedelta | None = LOCK_TIMEOUT_DEFAULT
+    idle_in_transaction: timedelta | None = IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT
+
+    def options(self) -> str:
+        """The libpq ``options`` that set them when the session starts (no extra round trip)."""
+        settings = {
+            "statement_timeout": self.statement,
+            "lock_timeout": self.lock,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction,
+        }
+        return " ".join(
+            f"-c {name}={milliseconds(value)}"
+            for name, value in settings.items()
+            if value is not None and value > timedelta(0)
+        )
+
+
+#: no limits of fencebridge's own: one-off connections (migrations, tests) bound themselves
+UNBOUNDED = SessionTimeouts(statement=None, lock=None, idle_in_transaction=None)
+
+
+def milliseconds(value: timedelta) -> int:
+    """A duration as PostgreSQL's timeout settings take it (whole milliseconds, at least 1)."""
+    return max(round(value.total_seconds() * 1000), 1)
+
+
+def _conninfo(url: str, timeouts: SessionTimeouts) -> str:
+    """The URL with fencebridge's application name and the session's limits added to any
+    ``options`` it already carries (the URL's own settings come first, ours win)."""
+    extra: dict[str, str] = {"application_name": APPLICATION_NAME}
+    ours = timeouts.options()
+    if ours:
+        theirs = conninfo.conninfo_to_dict(url).get("options")
+        extra["options"] = f"{theirs} {ours}" if theirs else ours
+    return conninfo.make_conninfo(url, **extra)
 
 
 def database_url(explicit: str | None = None) -> str:
@@ -50,10 +108,12 @@ def open_pool(
     min_size: int = 1,
     max_size: int = 10,
     timeout: float = POOL_TIMEOUT_SECONDS_DEFAULT,
+    timeouts: SessionTimeouts | None = None,
 ) -> ConnectionPool[Connection]:
-    """A pool of autocommit connections; it does not wait for the database at construction."""
+    """A pool of autocommit connections, each bounded by ``timeouts`` (the defaults of
+    :class:`SessionTimeouts` unless given); it does not wait for the database at construction."""
     pool: ConnectionPool[Connection] = ConnectionPool(
-        conninfo.make_conninfo(url, application_name=APPLICATION_NAME),
+        _conninfo(url, timeouts if timeouts is not None else SessionTimeouts()),
         min_size=min_size,
         max_size=max_size,
         kwargs={"autocommit": True},
@@ -65,12 +125,13 @@ def open_pool(
     return pool
 
 
-def connect(url: str) -> Connection:
-    """One autocommit connection outside any pool (migrations, CLI commands, tests)."""
+def connect(url: str, *, timeouts: SessionTimeouts = UNBOUNDED) -> Connection:
+    """One autocommit connection outside any pool (migrations, CLI commands, tests).
+
+    Unbounded unless ``timeouts`` are given: a migration sets its own limits per step.
+    """
     with translate_errors("connect"):
-        conn: Connection = psycopg.connect(
-            conninfo.make_conninfo(url, application_name=APPLICATION_NAME), autocommit=True
-        )
+        conn: Connection = psycopg.connect(_conninfo(url, timeouts), autocommit=True)
     return conn
 
 
@@ -87,6 +148,19 @@ def translate_errors(action: str) -> Iterator[None]:
     except psycopg.errors.UndefinedTable as exc:
         raise StoreError(
             f"{action}: the fencebridge schema is missing; run `fencebridge migrate` ({exc})"
+        ) from exc
+    except psycopg.errors.QueryCanceled as exc:
+        # A statement the server cancelled was rolled back: nothing was applied.
+        raise StoreUnavailable(f"{action}: {_cancelled(exc)}") from exc
+    except psycopg.errors.LockNotAvailable as exc:
+        raise StoreUnavailable(
+            f"{action}: a lock was not granted within lock_timeout; the statement was rolled "
+            "back and nothing was applied"
+        ) from exc
+    except psycopg.errors.IdleInTransactionSessionTimeout as exc:
+        raise StoreUnavailable(
+            f"{action}: the server ended the session after it sat idle in a transaction past "
+            "idle_in_transaction_session_timeout; that transaction was rolled back"
         ) from exc
     except psycopg.errors.TransactionRollback as exc:
         # Deadlock or serialization failure: the transaction was rolled back, nothing happened.
@@ -110,6 +184,19 @@ def translate_errors(action: str) -> Iterator[None]:
         ) from exc
     except psycopg.DatabaseError as exc:
         raise StoreError(f"{action}: {_first_line(exc)}") from exc
+
+
+def _cancelled(exc: psycopg.errors.QueryCanceled) -> str:
+    """What cancelled the statement, in words an operator can act on."""
+    reason = (exc.diag.message_primary or "").lower()
+    if "statement timeout" in reason:
+        return (
+            "the statement ran past statement_timeout and was cancelled; it was rolled back "
+            "and nothing was applied"
+        )
+    if "lock timeout" in reason:
+        return "a lock was not granted within lock_timeout; nothing was applied"
+    return "the statement was cancelled and rolled back; nothing was applied"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -37,11 +37,13 @@ import http.client
 import json
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
 from bridge.types import TargetClass
@@ -213,6 +215,9 @@ class Context:
     unreadable_payload: ValueError | None = field(default=None, repr=False)
     _progress: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_progress: Callable[[], None] | None = field(default=None, repr=False)
+    #: true while a class A transaction holds the work row's lock (under ``_row_deadline``)
+    _holding_row: bool = field(default=False, repr=False)
+    _row_deadline: TransactionDeadline | None = field(default=None, repr=False)
 
     @classmethod
     def for_claim(cls, claim: Claim | ParkedRow, hasher: IdentityHasher) -> Context:
@@ -233,12 +238,32 @@ class Context:
         )
 
     def progress(self) -> None:
-        """Report that the work is advancing (renews the lease at the next heartbeat)."""
-        if self.lease_lost.is_set():
+        """Report that the work is advancing (renews the lease at the next heartbeat).
+
+        While a class A handler holds its work row's lock, nothing can take the row over, so
+        its lease is not what ends it: ``progress()`` then never raises for lease reasons, and
+        raises :class:`~bridge.deadline.DeadlineExceeded` once the transaction's deadline has
+        passed (the transaction will roll back; stopping early frees the row sooner).
+        """
+        if self._holding_row:
+            deadline = self._row_deadline
+            if deadline is not None and deadline.expired:
+                raise DeadlineExceeded(deadline.deadline)
+        elif self.lease_lost.is_set():
             raise LeaseLost(self.tenant_id, self.operation_id, self.fence, "progress")
         self._progress.set()
         if self._on_progress is not None:
             self._on_progress()
+
+    @contextmanager
+    def holding_row(self, deadline: TransactionDeadline | None) -> Iterator[None]:
+        """For the class A executor: the handler runs holding its row's lock, under this
+        deadline (None: no deadline, and progress never raises for the lease either)."""
+        self._holding_row, self._row_deadline = True, deadline
+        try:
+            yield
+        finally:
+            self._holding_row, self._row_deadline = False, None
 
     def take_progress(self) -> bool:
         """For the heartbeat: did the handler report progress since the last call?"""
@@ -281,16 +306,27 @@ class Handler(ABC):
     guarantee: ClassVar[str]
 
 
+#: the deadline of a class A transaction unless its handler declares its own
+DEADLINE_DEFAULT = timedelta(seconds=30)
+
+
 class SameDatabaseHandler(Handler):
     """Class A: the side effect is a write in the same PostgreSQL database as the work table.
 
     The executor opens the transaction, locks the work row under the fence, calls
     :meth:`handle` with that transaction's connection, marks the work row and commits once.
     A stale worker cannot commit its business write.
+
+    While the lock is held nothing can take the row over, so ``ctx.progress()`` never raises
+    for lease reasons here; the run is bounded by :attr:`deadline` instead.
     """
 
     target_class = TargetClass.A
     guarantee = "a stale worker cannot commit its business write (same transaction as the fence)"
+    #: how long the transaction may hold the work row's lock: past it, the transaction is
+    #: cancelled and rolled back (nothing applied) and the run is retried. The lease does not
+    #: end a class A run, so this does. Override it per handler class or instance.
+    deadline: timedelta = DEADLINE_DEFAULT
 
     @abstractmethod
     def handle(self, ctx: Context, tx: Connection) -> Success | None: ...

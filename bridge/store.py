@@ -39,10 +39,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
-from bridge.database import Connection, open_pool, translate_errors
+from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
+from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.records import (
     ErasureCounts,
@@ -98,10 +100,18 @@ class FencedTransaction:
     neither does.
     """
 
-    def __init__(self, connection: Connection, ticket: Ticket, now: datetime | None) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        ticket: Ticket,
+        now: datetime | None,
+        deadline: TransactionDeadline | None = None,
+    ) -> None:
         self.connection = connection
         self.ticket = ticket
         self._now = now
+        #: past it the transaction is cancelled and rolled back (None: no deadline)
+        self.deadline = deadline
         self.settled: State | None = None
 
     def settle(
@@ -131,9 +141,18 @@ class PostgresStore:
 
     @classmethod
     def connect(
-        cls, url: str, *, min_size: int = 1, max_size: int = 10, clock: Clock = _database_clock
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        clock: Clock = _database_clock,
+        timeouts: SessionTimeouts | None = None,
     ) -> PostgresStore:
-        return cls(open_pool(url, min_size=min_size, max_size=max_size), clock=clock)
+        """A store on a new pool; every connection is bounded by ``timeouts`` (the defaults of
+        :class:`~bridge.database.SessionTimeouts` unless given)."""
+        pool = open_pool(url, min_size=min_size, max_size=max_size, timeouts=timeouts)
+        return cls(pool, clock=clock)
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -394,18 +413,46 @@ class PostgresStore:
         self._fenced_write("release", "release", ticket)
 
     @contextmanager
-    def fenced_transaction(self, ticket: Ticket) -> Iterator[FencedTransaction]:
+    def fenced_transaction(
+        self, ticket: Ticket, *, deadline: timedelta | None = None
+    ) -> Iterator[FencedTransaction]:
         """Open a transaction holding the work row's lock under the fence (target class A).
 
         Raises LeaseLost before yielding if the claim is gone. The business write and
         :meth:`FencedTransaction.settle` commit together when the block exits cleanly; any
         exception rolls both back.
+
+        With a ``deadline`` the transaction never outlives it: its statements and idle gaps
+        are limited to it, a statement still running when it passes is cancelled, and a block
+        that ends after it is rolled back instead of committed. Each of these raises
+        :class:`~bridge.deadline.DeadlineExceeded`: rolled back, nothing was applied.
         """
-        with self._connection("fenced transaction") as conn, conn.transaction():
-            row = conn.execute(sql.statement("lock_claim"), _ticket_params(ticket)).fetchone()
-            if row is None:
-                raise _lost(ticket, "lock")
-            yield FencedTransaction(conn, ticket, self._now())
+        with self._connection("fenced transaction") as conn:
+            watch: TransactionDeadline | None = None
+            try:
+                with conn.transaction():
+                    row = conn.execute(
+                        sql.statement("lock_claim"), _ticket_params(ticket)
+                    ).fetchone()
+                    if row is None:
+                        raise _lost(ticket, "lock")
+                    if deadline is None:
+                        yield FencedTransaction(conn, ticket, self._now())
+                        return
+                    bound = str(milliseconds(deadline))
+                    conn.execute(
+                        sql.statement("transaction_limits"),
+                        {"statement_timeout": bound, "idle_timeout": bound},
+                    )
+                    with TransactionDeadline(conn, deadline) as watch:
+                        yield FencedTransaction(conn, ticket, self._now(), watch)
+                        watch.finish()  # past the deadline: raise, so nothing commits
+            except psycopg.Error as exc:
+                # Cancelled, timed out or cut off by the server because the deadline passed:
+                # whatever the driver says, the transaction did not commit.
+                if watch is not None and watch.expired:
+                    raise DeadlineExceeded(watch.deadline) from exc
+                raise
 
     # -- maintenance -------------------------------------------------------------------------
 
@@ -626,6 +673,12 @@ class PostgresStore:
             "reason": reason,
         }
         with self._connection("erase") as conn, conn.transaction(force_rollback=dry_run):
+            # One statement that may touch every row of a large tenant: it must finish, so
+            # it runs without the session's statement limit (lock waits stay bounded).
+            conn.execute(
+                sql.statement("transaction_limits"),
+                {"statement_timeout": "0", "idle_timeout": None},
+            )
             row = conn.execute(sql.statement("erase_tenant"), params).fetchone()
         assert row is not None
         return ErasureCounts(*(int(n) for n in row))

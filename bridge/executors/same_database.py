@@ -11,29 +11,51 @@ known not to have applied and becomes a retry. The one real uncertainty is a con
 during COMMIT: then nothing is written here; if the commit did land the row is succeeded and
 never claimed again, and if it did not, the lease runs out and the next claim runs the handler
 again with nothing to undo.
+
+The transaction runs under the handler's deadline (:mod:`bridge.deadline`): a handler blocked on
+a business-row lock or stuck in a call does not hold its row and connection forever. Past the
+deadline the transaction is cancelled and rolled back, so the run is a plain retry (known not
+applied), never ``unknown``. The same holds when the server cancels a statement of the handler
+(``statement_timeout``, ``lock_timeout``) or rolls the transaction back (a deadlock): the error
+says nothing was applied. While the lock is held the lease is not what ends the run:
+``ctx.progress()`` does not raise for it.
 """
 
 from __future__ import annotations
 
+from bridge.deadline import DeadlineExceeded
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.executors.settlement import Run, as_success, settle_outcome
 from bridge.handlers import Ambiguous, RetryLater, SameDatabaseHandler, Success, classify
 from bridge.types import State
 
+#: the outcome code of a run whose transaction outlived its handler's deadline
+DEADLINE_CODE = "deadline_exceeded"
+
 
 def execute(run: Run, handler: SameDatabaseHandler) -> None:
     success: Success | None = None
     try:
-        with run.store.fenced_transaction(run.claim.ticket) as tx:
-            success = as_success(handler.handle(run.ctx, tx.connection))
+        with run.store.fenced_transaction(run.claim.ticket, deadline=handler.deadline) as tx:
+            with run.ctx.holding_row(tx.deadline):
+                success = as_success(handler.handle(run.ctx, tx.connection))
             tx.settle(State.SUCCEEDED, success.code, success.detail)
     except LeaseLost:
         # Refused at the lock: the handler never ran, or its write was rolled back.
         run.ctx.lease_lost.set()
         run.events.lease_lost(run.claim, "lock")
         return
-    except StoreUnavailable:
-        run.events.settle_unknown(run.claim, "commit")
+    except DeadlineExceeded as exc:
+        # Cancelled and rolled back: nothing was applied. Retried, never parked unknown.
+        settle_outcome(run, RetryLater(DEADLINE_CODE, str(exc)))
+        return
+    except StoreUnavailable as exc:
+        if exc.outcome_unknown:
+            # The connection broke, perhaps during COMMIT: leave the row to its lease.
+            run.events.settle_unknown(run.claim, "commit")
+        else:
+            # The server refused or cancelled a statement and rolled the transaction back.
+            settle_outcome(run, RetryLater("rolled_back", str(exc)))
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
         outcome = classify(exc)
