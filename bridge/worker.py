@@ -154,7 +154,7 @@ class WorkerPool:
         return [self._claimer, self._workers, self.heartbeater.service]
 
     @property
-    def claimer(self) -> Service:
+    def claimer(self) -> Supervised:
         return self._claimer
 
     @property

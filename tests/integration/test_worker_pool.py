@@ -371,3 +371,60 @@ def test_one_sweeper_is_active_at_a_time_across_processes(db_url: str, db: Db) -
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_sweeper_remembers_only_its_most_recent_parked_rows(
+    clocked: PostgresStore, clock: Clock
+) -> None:
+    registry = Registry()
+    registry.register("quick", Quick(), retry=RetryPolicy(max_attempts=1))
+    ops = [f"op-{i}" for i in range(120)]
+    clocked.ingest([for_job(registry, "quick", op) for op in ops])
+    assert len(clocked.claim("crashed", len(ops), timedelta(seconds=5))) == len(ops)
+    clock.advance(timedelta(seconds=10))
+
+    sweeper = Sweeper(clocked, keep=50)
+    while sweeper.sweep_once():
+        pass
+
+    assert sweeper.parked_total == len(ops)
+    assert len(sweeper.parked) == 50, "bounded, however many it parks"
+    assert {t.operation_id for t in sweeper.parked} <= set(ops)
+
+
+# -- stopping while a claim is still being written -----------------------------------------------
+
+
+def test_claims_that_return_after_the_claimer_join_gave_up_are_released(
+    store: PostgresStore, db_url: str, db: Db
+) -> None:
+    registry = Registry()
+    quick = Quick()
+    registry.register("quick", quick)
+    ops = [f"late-{i}" for i in range(4)]
+    store.ingest([for_job(registry, "quick", op) for op in ops])
+    pool = WorkerPool(store, registry, HASHER, threads=4, poll_interval=POLL)
+    with psycopg.connect(db_url) as locker:
+        # The claim statement waits behind this lock until the pool has stopped.
+        locker.execute("LOCK TABLE work_item IN ACCESS EXCLUSIVE MODE")
+        pool.start()
+        eventually(
+            lambda: bool(
+                db.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'fencebridge' AND wait_event_type = 'Lock'"
+                ).fetchone()
+            ),
+            "the claim to wait for the lock",
+        )
+        report = pool.stop(deadline=0.2)
+        assert pool.claimer.thread.is_alive(), "still inside its claim statement"
+        locker.rollback()
+
+    eventually(lambda: not pool.claimer.thread.is_alive(), "the claimer to finish")
+    eventually(lambda: states(db) == {"queued": len(ops)}, "the late claims released")
+    for op in ops:
+        found = row(db, op)
+        assert (found["attempts"], found["fence"], found["lease_owner"]) == (0, 1, None)
+    assert quick.ran == []
+    assert report.released == 0
