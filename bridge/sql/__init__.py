@@ -10,12 +10,27 @@ from functools import cache
 from importlib import resources
 from typing import LiteralString
 
+#: the first line of a migration that must run outside a transaction (``CREATE INDEX
+#: CONCURRENTLY``): its statements run one by one, and each must be safe to run again
+NO_TRANSACTION = "-- fencebridge: no transaction"
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
     name: str
     sql: LiteralString
+
+    @property
+    def transactional(self) -> bool:
+        """False for a migration that runs statement by statement, outside a transaction."""
+        return not self.sql.startswith(NO_TRANSACTION)
+
+    def statements(self) -> list[LiteralString]:
+        """The statements of the file, comments removed, in order (split at ``;``)."""
+        lines = [line for line in self.sql.splitlines() if not line.lstrip().startswith("--")]
+        text: LiteralString = "\n".join(lines)
+        return [part.strip() for part in text.split(";") if part.strip()]
 
 
 @cache

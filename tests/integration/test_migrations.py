@@ -8,17 +8,37 @@ exactly the catalog that a fresh install gets.
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from tenacity import wait_fixed
 
 from bridge import sql
 from bridge.errors import MigrationError, StoreError
-from bridge.migrate import Applied, current_version, migrate, require_current
+from bridge.handlers import ConditionalWriteHandler, Context
+from bridge.identity import IdentityHasher
+from bridge.migrate import (
+    RELEASED_CHECKSUMS,
+    Applied,
+    current_version,
+    migrate,
+    require_current,
+)
+from bridge.registry import Registry
+from bridge.store import PostgresStore
+from bridge.types import Claim, State
+from bridge.worker import WorkerPool
+from tests.support.deliveries import for_job
 from tests.support.postgres import create_database, drop_database, unique_name
+from tests.support.waiting import eventually
 
 Db = psycopg.Connection[tuple[Any, ...]]
 Snapshot = dict[str, list[tuple[Any, ...]]]
@@ -241,3 +261,310 @@ def test_a_failing_migration_applies_nothing(empty_database: Callable[[], Db]) -
         migrate(conn)
     assert current_version(conn) == 0
     assert conn.execute("SELECT to_regclass('work_item')").fetchone() == (None,)
+
+
+# -- safe on a live table ------------------------------------------------------------------------
+
+RELEASED = Path(__file__).parent / "released"
+#: a tenacity wait that hardly waits: the retries, not the pauses, are under test
+NO_PAUSE = wait_fixed(0.02)
+
+
+def at_version(conn: Db, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migrate ``conn`` as the release that shipped the first ``version`` migrations did."""
+    shipped = sql.migrations()
+    with monkeypatch.context() as m:
+        m.setattr(sql, "migrations", lambda: shipped[:version])
+        migrate(conn)
+    assert current_version(conn) == version
+
+
+def without_checksums(taken: Snapshot) -> Snapshot:
+    return {**taken, "migrations": [row[:2] for row in taken["migrations"]]}
+
+
+def test_after_the_first_migration_indexes_are_built_concurrently_outside_a_transaction() -> None:
+    builds = re.compile(r"CREATE\s+(UNIQUE\s+)?INDEX\s", re.IGNORECASE)
+    for migration in sql.migrations()[1:]:
+        for statement in migration.statements():
+            if builds.match(statement):
+                assert not migration.transactional, migration.name
+                assert "CONCURRENTLY" in statement.upper(), migration.name
+
+
+def test_a_database_that_applied_the_released_0002_stays_valid_and_is_not_migrated_again(
+    empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh = empty_database()
+    migrate(fresh)
+
+    released = RELEASED.joinpath("0002_operations.sql").read_text("utf-8")
+    checksum = hashlib.sha256(released.encode()).hexdigest()
+    assert checksum in RELEASED_CHECKSUMS[2]
+    assert released != sql.migrations()[1].sql, "0002 changed since its release"
+    old = empty_database()
+    at_version(old, 1, monkeypatch)
+    with old.transaction():  # as the runner of that release applied it
+        old.execute(released.encode())
+        old.execute(
+            "INSERT INTO fencebridge_migration (version, name, checksum) VALUES (2, %s, %s)",
+            ("operations", checksum),
+        )
+
+    assert migrate(old) == [Applied(3, "terminal_index")]
+    assert migrate(old) == []
+    require_current(old)
+    recorded = old.execute("SELECT checksum FROM fencebridge_migration WHERE version = 2")
+    assert recorded.fetchone() == (checksum,), "the record of what was applied is kept"
+    assert without_checksums(snapshot(old)) == without_checksums(snapshot(fresh))
+
+
+def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again(
+    empty_database: Callable[[], Db],
+) -> None:
+    conn = empty_database()
+    migrate(conn)
+    expected = snapshot(conn)
+    # An interrupted CREATE INDEX CONCURRENTLY leaves the index behind, marked invalid, and
+    # its migration unrecorded.
+    conn.execute(
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'work_item_terminal'::regclass"
+    )
+    conn.execute("DELETE FROM fencebridge_migration WHERE version = 3")
+
+    assert migrate(conn) == [Applied(3, "terminal_index")]
+    valid = conn.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'work_item_terminal'::regclass"
+    )
+    assert valid.fetchone() == (True,)
+    assert snapshot(conn) == expected
+
+
+def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then_applies(
+    empty_database: Callable[[], Db],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn = empty_database()
+    at_version(conn, 1, monkeypatch)
+    url = conn.info.dsn
+    with (
+        psycopg.connect(url, autocommit=True) as holder,
+        psycopg.connect(url, autocommit=True) as probe,
+    ):
+        # A long report holds a lock that 0002's ALTER TABLE must wait for.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM rejected_delivery")
+        results: list[list[Applied]] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with psycopg.connect(url, autocommit=True) as mine:
+                    results.append(
+                        migrate(
+                            mine,
+                            lock_timeout=timedelta(milliseconds=100),
+                            attempts=10_000,
+                            wait=NO_PAUSE,
+                        )
+                    )
+            except BaseException as exc:  # noqa: BLE001  (reported to the test thread)
+                errors.append(exc)
+
+        caplog.set_level(logging.INFO, logger="bridge.migrate")
+        migrator = threading.Thread(target=run)
+        migrator.start()
+        eventually(lambda: "gave way" in caplog.text, "the migrator gave way at least once")
+
+        def readable() -> bool:
+            # Without a lock timeout the migrator's waiting ALTER TABLE would queue this
+            # read behind it for as long as the report runs.
+            try:
+                with probe.transaction():
+                    probe.execute("SET LOCAL lock_timeout = '50ms'")
+                    probe.execute("SELECT count(*) FROM rejected_delivery")
+            except psycopg.errors.LockNotAvailable:
+                return False
+            return True
+
+        eventually(readable, "the bridge's table readable while the migration waits", 30)
+        assert current_version(probe) == 1, "nothing applied while it gives way"
+        holder.execute("COMMIT")
+        migrator.join(60)
+    assert errors == []
+    assert results == [[Applied(2, "operations"), Applied(3, "terminal_index")]]
+
+
+def test_a_migration_that_never_gets_its_locks_gives_up_clearly_and_applies_nothing(
+    empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = empty_database()
+    at_version(conn, 1, monkeypatch)
+    with psycopg.connect(conn.info.dsn, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE rejected_delivery IN ACCESS SHARE MODE")
+        with pytest.raises(MigrationError, match=r"migration 2 \(operations\) did not get its"):
+            migrate(conn, lock_timeout=timedelta(milliseconds=50), attempts=3, wait=NO_PAUSE)
+        holder.execute("ROLLBACK")
+    assert current_version(conn) == 1
+    columns = conn.execute(
+        "SELECT count(*) FROM information_schema.columns"
+        " WHERE table_name = 'rejected_delivery' AND column_name = 'redriven_by'"
+    )
+    assert columns.fetchone() == (0,)
+    assert migrate(conn) == [Applied(2, "operations"), Applied(3, "terminal_index")]
+
+
+# -- a million rows, a bridge at work -------------------------------------------------------------
+
+HISTORY_ROWS = 1_000_000
+QUEUED_ROWS = 20_000
+
+FILL_HISTORY = """
+INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
+                       payload_hash, payload_ref, state, fence, attempts, outcome_code,
+                       created_at, updated_at, next_attempt_at, claimed_at, settled_at)
+SELECT 'history', 'op-' || g, 'jobs', 'quick', 'B', sha256(g::text::bytea), 'history:' || g,
+       'succeeded', 1, 1, 'ok', t, t, t, t, t
+  FROM generate_series(1, %(n)s::int) AS g,
+       LATERAL (SELECT now() - interval '30 days' + g * interval '1 second') AS at(t)
+"""
+
+
+class Quick(ConditionalWriteHandler):
+    """Succeeds after a moment of work, so the queue lasts through the migration."""
+
+    def handle(self, ctx: Context) -> None:
+        time.sleep(0.002)
+
+
+class SettledAt:
+    """Records when each settlement was reported (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.times: list[float] = []
+
+    def claimed(self, claim: Claim) -> None:
+        pass
+
+    def settled(self, claim: Claim, state: State, code: str) -> None:
+        with self.lock:
+            self.times.append(time.monotonic())
+
+    def lease_lost(self, claim: Claim, action: str) -> None:
+        pass
+
+    def fenced_out(self, claim: Claim) -> None:
+        pass
+
+    def reconciled(self, claim: Claim, finding: str) -> None:
+        pass
+
+    def settle_unknown(self, claim: Claim, action: str) -> None:
+        pass
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.times)
+
+    def between(self, start: float, end: float) -> int:
+        with self.lock:
+            return sum(1 for t in self.times if start <= t <= end)
+
+
+class IndexBuildWatch:
+    """Watches ``pg_stat_progress_create_index`` from a session of its own and counts the
+    settlements reported while an index build was in progress."""
+
+    def __init__(self, url: str, settled: SettledAt) -> None:
+        self._url = url
+        self._settled = settled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self.seen = False
+        self.settled_during = 0
+
+    def __enter__(self) -> IndexBuildWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        first: int | None = None
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            while not self._stop.is_set():
+                building = conn.execute(
+                    "SELECT count(*) FROM pg_stat_progress_create_index"
+                    " WHERE datname = current_database()"
+                ).fetchone()
+                now = self._settled.count()
+                if building and building[0]:
+                    self.seen = True
+                    first = now if first is None else first
+                    self.settled_during = now - first
+                time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
+    empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = empty_database()
+    at_version(conn, 1, monkeypatch)
+    conn.execute(FILL_HISTORY.encode(), {"n": HISTORY_ROWS})
+    registry = Registry()
+    registry.register("quick", Quick())
+    store = PostgresStore.connect(conn.info.dsn, max_size=8)
+    try:
+        for start in range(0, QUEUED_ROWS, 1000):
+            store.ingest(
+                [for_job(registry, "quick", f"live-{i}") for i in range(start, start + 1000)]
+            )
+        conn.execute("VACUUM ANALYZE work_item")
+        settled = SettledAt()
+        pool = WorkerPool(
+            store,
+            registry,
+            IdentityHasher(b"migration-tests-identity-secret"),
+            threads=4,
+            poll_interval=0.05,
+            events=settled,
+        )
+        pool.start()
+        try:
+            eventually(lambda: settled.count() >= 100, "the bridge settling work")
+            began = time.monotonic()
+            with IndexBuildWatch(conn.info.dsn, settled) as watch:
+                applied = migrate(conn)
+            ended = time.monotonic()
+            during = settled.between(began, ended)
+            after = settled.count()
+            eventually(lambda: settled.count() > after, "the bridge still settling after it")
+        finally:
+            pool.stop(deadline=10)
+    finally:
+        store.close()
+
+    assert applied == [Applied(2, "operations"), Applied(3, "terminal_index")]
+    require_current(conn)
+    assert during > 0, "claims and settlements went on while the migration ran"
+    valid = conn.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'work_item_terminal'::regclass"
+    )
+    assert valid.fetchone() == (True,)
+    states = dict(
+        conn.execute(
+            "SELECT state, count(*) FROM work_item WHERE tenant_id = 't1' GROUP BY state"
+        ).fetchall()
+    )
+    assert set(states) <= {"queued", "succeeded"}, "nothing failed, parked or left claimed"
+    assert states["succeeded"] == settled.count()
+    # While the index was being built over the million rows, the bridge kept settling: a
+    # build inside the migration's transaction would have held every claim and settlement.
+    assert watch.seen, "the index build was observed"
+    assert watch.settled_during >= 10

@@ -1,10 +1,9 @@
 -- Operator commands: retention (purge), erasure of a tenant, and the record of both.
 
--- Purge finds terminal rows by age without scanning the table. Only succeeded and failed rows
--- are in it, so a claim (queued -> claimed) never writes to it; a settlement into a terminal
--- state adds one entry.
-CREATE INDEX work_item_terminal ON work_item (settled_at)
-    WHERE state IN ('succeeded', 'failed_terminal');
+-- The index purge reads (work_item_terminal) is built by 0003, concurrently, outside this
+-- transaction: built here it would block every claim and settlement for as long as the build
+-- takes on a live table. (As first released, 0002 built it here; the runner accepts databases
+-- that applied that text, and 0003 then finds the index in place.)
 
 -- A redriven rejected delivery carries its own audit: who, why and what the inbox made of it.
 ALTER TABLE rejected_delivery
