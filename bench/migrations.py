@@ -14,7 +14,7 @@ recorded by the monotonic clock, while the schema is brought up to date in one o
 
 The stall is the longest time between two consecutive completions (over all threads) that
 overlaps the migration; a ``baseline`` window of the same length with no migration, measured
-just before, gives the machine's own noise. Each round starts from a fresh database; the arms
+just after, gives the machine's own noise. Each round starts from a fresh database; the arms
 alternate from round to round, and the report gives the median of the rounds with min..max::
 
     python -m bench.migrations                 # full run: 3 rounds per arm, 1M rows
@@ -248,11 +248,11 @@ def one_round(admin_url: str, plan: Plan, arm: str, label: str) -> Round:
                     one_transaction(conn)
                 ended = time.monotonic()
                 took = ended - started
-                time.sleep(max(took, 0.5))  # the claimers after it, for the window's edge
+                # The baseline: a window of the same length just after, with no migration.
+                base_start = ended + 0.1
+                time.sleep(took + 0.3)
                 stall, rate = claimers.window(started, ended)
-                # The baseline: a window of the same length, the second before the migration.
-                base_end = started - 0.05
-                baseline, base_rate = claimers.window(base_end - took, base_end)
+                baseline, base_rate = claimers.window(base_start, base_start + took)
         finally:
             store.close()
     log(f"{arm}: migration {took:.2f}s, longest claim stall {stall * 1000:.0f} ms")
