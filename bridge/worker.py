@@ -133,6 +133,8 @@ class WorkerPool:
                     f"worker-{i}",
                     partial(self._work_round, done),
                     label="worker",
+                    # Not "fencebridge-worker-N": the connection pool's own threads are named so.
+                    thread_name=f"fencebridge-handler-{i}",
                     stop=done,
                     backoff=backoff,
                     limits=limits,
