@@ -10,6 +10,10 @@ attempt is not counted); running handlers get until the deadline to finish. Past
 abandoned: their context reports the lease as lost, and nothing is written for them, so their
 rows come back through lease expiry and the next claim reconciles.
 
+The claimer and every worker run as supervised services (:mod:`bridge.service`): an exception
+out of a claim or a run, of whatever type, is logged by type, counted and followed by a
+jittered, capped backoff, and the loop carries on; while claims fail the pool is not ready.
+
 Final settlements of concurrent runs are written together: runs hand them to a
 :class:`~bridge.executors.completer.BatchCompleter` and the claimer writes what has gathered,
 in the same transaction as the claim that refills the workers they free (one commit for both,
