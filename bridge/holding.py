@@ -52,6 +52,8 @@ from bridge.types import Key, State
 
 log = logging.getLogger(__name__)
 
+Item = TypeVar("Item")
+
 #: keys per watch statement
 WATCH_CHUNK = 1000
 #: how often held rows are watched for a settled outcome (seconds)
@@ -81,19 +83,18 @@ class HeldDelivery(Protocol):
 
 
 T = TypeVar("T", bound=HeldDelivery)
-Item = TypeVar("Item")
 
 
 @dataclass(frozen=True, slots=True)
-class CallResult(Generic[T]):
+class CallResult(Generic[Item]):
     """What the broker said of one batch call, copy by copy."""
 
     #: confirmed by the broker
-    done: Sequence[T] = ()
+    done: Sequence[Item] = ()
     #: refused for good: the broker no longer honours these handles
-    lost: Sequence[T] = ()
+    lost: Sequence[Item] = ()
     #: not confirmed (a transient failure or no answer): worth trying again
-    retry: Sequence[T] = ()
+    retry: Sequence[Item] = ()
 
 
 class BrokerLeases(Protocol[T]):
@@ -163,6 +164,7 @@ class Holder(Generic[T]):
         self._limit = limit
         #: extend this long before a copy's deadline: half the extension leaves room for one
         #: slow call and one retry before the copy is lost
+        self._margin_given = margin
         self._margin = extension / 2 if margin is None else margin
         self._settle_interval = settle_interval
         self._clock = clock
@@ -204,6 +206,13 @@ class Holder(Generic[T]):
                 log.info("%s: could not release held copies (%s)", self.name, type(exc).__name__)
                 continue
             self._count("released", len(chunk))
+
+    def set_extension(self, seconds: float) -> None:
+        """The lease each extension asks for, from now on (a subscription's ack deadline)."""
+        if seconds <= 0:
+            raise ValueError("an extension must be positive")
+        self._extension = seconds
+        self._margin = seconds / 2 if self._margin_given is None else self._margin_given
 
     def status(self) -> tuple[bool, str]:
         started = self._thread.ident is not None
@@ -388,7 +397,13 @@ class Holder(Generic[T]):
 
     def _settle(self, chunk: list[_Entry[T]]) -> None:
         budget = max(min(e.deadline for e in chunk) - self._clock(), 0.0)
-        done, lost, left = self._retrying(self._broker.settle, [e.item for e in chunk], budget)
+        done, lost, left = confirm(
+            self._broker.settle,
+            [e.item for e in chunk],
+            budget=budget,
+            stopping=self._stopping,
+            name=self.name,
+        )
         self.forget(e.item for e in chunk)
         self._count("settled", len(done))
         self._count("settle_refused", len(lost))
@@ -411,7 +426,9 @@ class Holder(Generic[T]):
             sent = self._clock()
             return self._broker.extend(items, seconds)
 
-        done, lost, left = self._retrying(extend, [e.item for e in chunk], budget)
+        done, lost, left = confirm(
+            extend, [e.item for e in chunk], budget=budget, stopping=self._stopping, name=self.name
+        )
         by_handle = {e.item.handle: e for e in chunk}
         with self._lock:
             for item in done:
@@ -430,43 +447,52 @@ class Holder(Generic[T]):
             log.info("%s: %d broker lease(s) lost", self.name, len(lost) + len(left))
         self._wake.set()
 
-    def _pause_retry(self, seconds: float) -> None:
-        self._stopping.wait(seconds)
-
-    def _retrying(
-        self, call: Callable[[Sequence[T]], CallResult[T]], items: list[T], budget: float
-    ) -> tuple[list[T], list[T], list[T]]:
-        """Call, retrying what is not confirmed with jittered backoff within ``budget`` seconds."""
-        done: list[T] = []
-        lost: list[T] = []
-        pending: list[T] = list(items)
-
-        def attempt() -> list[T]:
-            nonlocal pending
-            try:
-                result = call(pending)
-            except Exception as exc:  # noqa: BLE001  (the whole batch is unconfirmed)
-                self._count("call_errors")
-                log.info("%s: broker call failed (%s)", self.name, type(exc).__name__)
-                return pending
-            done.extend(result.done)
-            lost.extend(result.lost)
-            pending = list(result.retry)
-            return pending
-
-        def give_up(state: RetryCallState) -> list[T]:
-            return pending
-
-        retrying = Retrying(
-            stop=stop_any(stop_after_delay(budget), stop_when_event_set(self._stopping)),
-            wait=wait_random_exponential(multiplier=_RETRY_INITIAL, max=_RETRY_MAX),
-            retry=retry_if_result(bool),
-            retry_error_callback=give_up,
-            sleep=self._pause_retry,
-        )
-        left: list[T] = retrying(attempt)
-        return done, lost, left
-
 
 def _chunks(items: Sequence[Item], size: int) -> list[list[Item]]:
     return [list(items[i : i + size]) for i in range(0, len(items), max(size, 1))]
+
+
+def confirm(
+    call: Callable[[Sequence[Item]], CallResult[Item]],
+    items: Sequence[Item],
+    *,
+    budget: float,
+    stopping: threading.Event,
+    name: str,
+) -> tuple[list[Item], list[Item], list[Item]]:
+    """Call; retry what the broker did not confirm, jittered and backed off, within ``budget``.
+
+    Returns (confirmed, refused for good, still unconfirmed when the budget or the consumer ran
+    out). A call that raises leaves its whole batch unconfirmed; it never propagates.
+    """
+    done: list[Item] = []
+    lost: list[Item] = []
+    pending: list[Item] = list(items)
+
+    def attempt() -> list[Item]:
+        nonlocal pending
+        try:
+            result = call(pending)
+        except Exception as exc:  # noqa: BLE001  (the whole batch is unconfirmed)
+            log.info("%s: broker call failed (%s)", name, type(exc).__name__)
+            return pending
+        done.extend(result.done)
+        lost.extend(result.lost)
+        pending = list(result.retry)
+        return pending
+
+    def give_up(_state: RetryCallState) -> list[Item]:
+        return pending
+
+    def pause(seconds: float) -> None:
+        stopping.wait(seconds)
+
+    retrying = Retrying(
+        stop=stop_any(stop_after_delay(budget), stop_when_event_set(stopping)),
+        wait=wait_random_exponential(multiplier=_RETRY_INITIAL, max=_RETRY_MAX),
+        retry=retry_if_result(bool),
+        retry_error_callback=give_up,
+        sleep=pause,
+    )
+    left: list[Item] = retrying(attempt)
+    return done, lost, left

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -107,6 +107,11 @@ class Inbox:
             if fresh:
                 self._hand_off(fresh)
         return written
+
+    def observe_stream(self, subscription: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        """A consumer's running counters, exported as metrics when telemetry is on."""
+        if self._telemetry is not None:
+            self._telemetry.observe_stream(subscription, counts)
 
     def acked(self, subscription: str, received_at: float) -> None:
         """A consumer acknowledged a delivery received at ``received_at`` (monotonic)."""

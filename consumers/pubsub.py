@@ -7,26 +7,45 @@ message only after that transaction has committed. If the write raises, every me
 batch is nacked so it returns at once instead of after its ack deadline.
 
 Exactly-once delivery is read from the subscription (``GetSubscription``) each time the stream
-opens, never assumed. With it on, acks go through ``ack_with_response()`` and their results are
-awaited: ``INVALID_ACK_ID`` means the ack id expired before the ack arrived (the message was
-already handed out again and that copy will be a replay), counted as ``ack_id_expired`` and
-never treated as a processing failure; ``OTHER`` results are retried within the ack deadline,
-then left to redelivery. Without it, acks are best effort, as the service defines them.
+opens, never assumed. With it on, the bridge sends its acknowledgements itself, as unary
+``Acknowledge`` calls of up to ``ACK_BATCH`` ack ids on a few call threads, so a writer never
+waits for an answer, and reads the service's answer per ack id:
+
+- confirmed: counted ``acked``;
+- ``PERMANENT_FAILURE_INVALID_ACK_ID``: the ack id expired and the service handed the message
+  out again; that copy will be a replay. Counted ``ack_id_expired``, never a processing failure;
+- ``TRANSIENT_*`` or no answer: retried with jittered backoff within the ack deadline, then
+  counted ``ack_unanswered`` (the copy comes back as a replay).
+
+Whatever the answer, the message then leaves the client's lease management (``drop``): nothing
+stays leased, unacked and unredelivered. Without exactly-once, acks are best effort, as the
+service defines them, and go through the client library.
+
+Two limits of the client library are handled here. Its channel to the emulator keeps gRPC's
+8 KiB limit on response metadata, and the service lists every refused ack id in the error's
+metadata: past about 80 refused ids the error cannot be read (``RESOURCE_EXHAUSTED`` with a
+mismatched status), the library's dispatcher then leaves the futures of that whole request
+unresolved and its lease manager can wait on them for ever. The bridge builds its emulator
+channel with the 4 MiB limit the library uses for the real service (:func:`subscriber_client`).
+And the library's minimum lease extension for exactly-once (60 s) is honoured for messages that
+wait for their write.
 
 ``after_inbox`` (default): every delivery the database now holds (new, replay, conflict,
 quarantined) is acked right after COMMIT; the broker was only a wake-up signal.
 
 ``after_outcome``: deliveries with a work row are held. They leave the client's own lease
-management (``Message.drop``) and a holder thread decides, every third of the ack deadline,
-from the rows' state (:meth:`~bridge.store.PostgresStore.watch`): ack those terminal or
-parked, extend (``ModifyAckDeadline``) those still queued or whose claim's lease is live, and
-let go of those whose claim stalled, so the service redelivers them (a replay) once their
-deadline lapses. A delivery is never held longer than ``max_lease_duration``, the same cap the
-client applies to messages waiting for their write, so nothing is kept alive forever.
+management (``Message.drop``) and a :class:`~bridge.holding.Holder` keeps each one's ack deadline
+itself: it extends (``ModifyAckDeadline``) a copy whose row is still queued or whose claim's
+lease is live once that copy's own deadline comes near, acks it as soon as its row is terminal or
+parked, and lets go of a copy whose claim stalled, so the service redelivers it (a replay). A
+delivery is never held longer than ``max_lease_duration``.
 
-The subscription's ack deadline (``ack_deadline_seconds``) is the one lease length used: for
-the client's receipt and lease extensions and for the holder's extensions. It is how long a
-delivery stays out of reach after the bridge stops extending it.
+The subscription's ack deadline (``ack_deadline_seconds``) is the lease length of held copies:
+how long a delivery stays out of reach after the bridge stops extending it.
+
+On stop, messages received but not yet written are nacked at once, held ones are handed back
+(deadline 0), and whatever was written is acked first: another replica takes them without
+waiting out a deadline.
 
 Ordering keys and ``delivery_attempt`` (set when the subscription has a dead-letter policy) are
 recorded on the row; rows of one ordering key are claimed in order by the store.
@@ -35,32 +54,41 @@ Stream errors: the client reconnects by itself after transient errors (``UNAVAIL
 probe (``GetSubscription``) checks the service every ``probe_interval`` seconds; while it
 fails, :meth:`PubSubConsumer.status` is ``(False, reason)``. When the stream ends with an error
 (the subscription is gone, a permission was revoked, an emulator restarted), the consumer logs
-why and opens a new stream with backoff. Messages received on the ended stream can no longer be
-acked through it (the client library's dispatcher for it is gone): if already received they are
-still written, and they come back as replays. The consumer never dies silently.
+why and opens a new stream with jittered backoff. Messages received on the ended stream are
+still written; without exactly-once they can no longer be acked (the library's dispatcher for
+that stream is gone) and come back as replays. The consumer never dies silently.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from google.api_core import exceptions as api_exceptions
 from google.cloud import pubsub_v1
-from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
 from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
+from bridge.demo.emulator import EMULATOR_HOST_ENV, emulator_subscriber
 from bridge.errors import ConfigError, FenceBridgeError
-from bridge.inbox import HeldDeliveries, Inbox
+from bridge.holding import CallResult, Holder, confirm
+from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -76,11 +104,32 @@ PROBE_INTERVAL_DEFAULT: Final = 10.0
 #: the service's bounds for one ack deadline (seconds)
 ACK_DEADLINE_MIN: Final = 10
 ACK_DEADLINE_MAX: Final = 600
+#: the client library's floor for lease extensions with exactly-once delivery (seconds)
+EXACTLY_ONCE_LEASE_MIN: Final = 60
+#: ack ids per Acknowledge / ModifyAckDeadline call
+ACK_BATCH: Final = 500
+#: acknowledgement batches in flight at once before a writer waits for room
+ACKS_IN_FLIGHT: Final = 16
+ACK_THREADS: Final = 4
 _BACKOFF_MAX: Final = 10.0
 #: seconds a stream must have run for its end to restart the reconnect backoff
 _HEALTHY_STREAM: Final = 60.0
-_ACK_RETRY_PAUSE: Final = 0.5
 _ACK_MODES: Final = ("after_inbox", "after_outcome")
+_INVALID_ACK_ID: Final = "PERMANENT_FAILURE_INVALID_ACK_ID"
+#: refusals that no retry can change
+_PERMANENT_CODES: Final = (
+    api_exceptions.NotFound,
+    api_exceptions.PermissionDenied,
+    api_exceptions.FailedPrecondition,
+)
+
+
+def subscriber_client() -> Any:
+    """A subscriber client; towards an emulator, with the real service's channel limits."""
+    host = os.environ.get(EMULATOR_HOST_ENV)
+    if not host:
+        return pubsub_v1.SubscriberClient()
+    return emulator_subscriber(host)
 
 
 def to_raw(subscription: str, message: Any) -> RawDelivery:
@@ -99,15 +148,28 @@ def to_raw(subscription: str, message: Any) -> RawDelivery:
     )
 
 
+class _AckId(Protocol):
+    @property
+    def handle(self) -> str: ...
+
+
+A = TypeVar("A", bound=_AckId)
+
+
 @dataclass(frozen=True, slots=True)
 class _Received:
     """A message waiting for its inbox transaction."""
 
     message: Any
     raw: RawDelivery
-    #: the stream it came from; it cannot be acked once that stream has ended
+    #: the stream it came from; without exactly-once it cannot be acked once that stream ended
     stream: int
     received_at: float
+
+    @property
+    def handle(self) -> str:
+        ack_id: str = self.message.ack_id
+        return ack_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +178,73 @@ class Held:
 
     key: Key
     message: Any
-    stream: int
     received_at: float
 
     @property
     def handle(self) -> str:
         ack_id: str = self.message.ack_id
         return ack_id
+
+
+class AckCalls:
+    """Acknowledge and ModifyAckDeadline as unary calls, answered per ack id."""
+
+    max_batch = ACK_BATCH
+
+    def __init__(self, client: Any, subscription_path: str) -> None:
+        self._client = client
+        self._path = subscription_path
+
+    def settle(self, held: Sequence[A]) -> CallResult[A]:
+        def ack() -> None:
+            self._client.acknowledge(
+                request={"subscription": self._path, "ack_ids": [h.handle for h in held]},
+                retry=None,
+                timeout=30,
+            )
+
+        return _answered(held, ack)
+
+    def extend(self, held: Sequence[A], seconds: float) -> CallResult[A]:
+        return self._modify(held, int(seconds))
+
+    def release(self, held: Sequence[A]) -> None:
+        self._modify(held, 0)
+
+    def _modify(self, held: Sequence[A], seconds: int) -> CallResult[A]:
+        def modify() -> None:
+            self._client.modify_ack_deadline(
+                request={
+                    "subscription": self._path,
+                    "ack_ids": [h.handle for h in held],
+                    "ack_deadline_seconds": seconds,
+                },
+                retry=None,
+                timeout=30,
+            )
+
+        return _answered(held, modify)
+
+
+def _answered(held: Sequence[A], call: Any) -> CallResult[A]:
+    """Run an ack or modack call and sort its ack ids by the service's answer."""
+    try:
+        call()
+    except api_exceptions.GoogleAPICallError as exc:
+        exactly_once = exc.reason == "EXACTLY_ONCE_ACKID_FAILURE"
+        per_id: Mapping[str, str] = (exc.metadata or {}) if exactly_once else {}
+        if per_id:
+            # Exactly-once: the refused ack ids are listed; the others are worth another try.
+            lost = [h for h in held if per_id.get(h.handle, "").startswith("PERMANENT_")]
+            return CallResult(lost=lost, retry=[h for h in held if h not in lost])
+        if isinstance(exc, _PERMANENT_CODES):
+            return CallResult(lost=list(held))
+        return CallResult(retry=list(held))
+    except ValueError:
+        # The client library could not read the service's error (its status and details
+        # disagree): unconfirmed, so try again.
+        return CallResult(retry=list(held))
+    return CallResult(done=list(held))
 
 
 class PubSubConsumer:
@@ -166,14 +288,15 @@ class PubSubConsumer:
         self._probe_interval = probe_interval
         self._close_client = close_client
 
-        self.counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: deque[_Received] = deque()
-        self._held: HeldDeliveries[Held] = HeldDeliveries()
         self._stopping = threading.Event()
+        #: stop's deadline ran out: unanswered acks are given up (their messages come back)
+        self._abandon = threading.Event()
         self._wake = threading.Event()
-        #: the current stream; messages of earlier streams cannot be acked any more
+        #: the current stream; without exactly-once, earlier streams' messages cannot be acked
         self._stream = 0
         self._exactly_once = False
         self._ack_deadline = ACK_DEADLINE_MIN
@@ -184,54 +307,67 @@ class PubSubConsumer:
         self._reopen: str | None = None
         self._closed = False
 
+        self._calls = AckCalls(client, subscription_path)
+        self._acks = ThreadPoolExecutor(
+            ACK_THREADS, thread_name_prefix=f"pubsub-{subscription}-ack"
+        )
+        self._acks_room = threading.BoundedSemaphore(ACKS_IN_FLIGHT)
+        self._holder: Holder[Held] | None = None
+        if ack_mode == "after_outcome":
+            assert store is not None
+            self._holder = Holder(
+                f"pubsub-{subscription}",
+                store,
+                self._calls,
+                extension=ACK_DEADLINE_MIN,  # the subscription's, once the stream opens
+                limit=max_lease_duration,
+            )
+
         self._supervisor = threading.Thread(
             target=self._supervise, name=f"pubsub-{subscription}-stream", daemon=True
         )
         self._writers = [
-            threading.Thread(target=self._write_loop, name=f"pubsub-{subscription}-write-{i}")
+            threading.Thread(
+                target=self._write_loop, name=f"pubsub-{subscription}-write-{i}", daemon=True
+            )
             for i in range(writers)
         ]
-        for t in self._writers:
-            t.daemon = True
-        self._holder = (
-            threading.Thread(
-                target=self._hold_loop, name=f"pubsub-{subscription}-hold", daemon=True
-            )
-            if ack_mode == "after_outcome"
-            else None
-        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
         for t in self._writers:
             t.start()
-        if self._holder is not None:
-            self._holder.start()
         self._supervisor.start()
+        # The inbox reports these counts as metrics (acks, extensions, lost leases...).
+        self._inbox.observe_stream(self.subscription, lambda: self.counts)
 
     def stop(self, deadline: float = 30.0) -> None:
-        """Stop receiving; messages already received are written and acknowledged.
+        """Stop receiving: hand back what was not written, ack what was, release what is held.
 
-        Messages that arrive after this are nacked; held deliveries (after_outcome) are nacked
-        so another bridge gets them at once. The stream is closed last, so those acks and nacks
-        still reach the service.
+        Messages received but not yet written are nacked at once, and so is anything that
+        arrives after this; the batches being written finish and are acknowledged; held
+        deliveries (after_outcome) are handed back (deadline 0) so another bridge gets them
+        now. The stream is closed last, so those calls still reach the service.
         """
         if self._closed:
             return
         end = time.monotonic() + deadline
         self._stopping.set()
         with self._cond:
-            self._cond.notify_all()
-        for t in self._writers:
-            _join(t, end)
-        with self._cond:
             leftover = list(self._pending)
             self._pending.clear()
+            self._cond.notify_all()
         self._nack(leftover)
+        for t in self._writers:
+            _join(t, end)
+        # Acks in flight end within their ack deadline, or when the deadline here runs out.
+        closer = threading.Thread(target=self._acks.shutdown, name=f"{self.subscription}-close")
+        closer.start()
+        _join(closer, end)
+        self._abandon.set()
         if self._holder is not None:
-            _join(self._holder, end)
-            self._let_go_all()
+            self._holder.stop(max(end - time.monotonic(), 1.0))
         self._wake.set()
         _join(self._supervisor, end)
         self._closed = True
@@ -239,19 +375,38 @@ class PubSubConsumer:
             self._client.close()
 
     def status(self) -> tuple[bool, str]:
-        """Ready, and why not."""
+        """Ready, and why not; when ready, the stream's counters."""
         if self._stopping.is_set():
             return True, "stopping"
         threads = [self._supervisor, *self._writers]
-        if self._holder is not None:
-            threads.append(self._holder)
         dead = [t.name for t in threads if t.ident is not None and not t.is_alive()]
         if dead:
             return False, f"{self.subscription}: thread {dead[0]} died"
         error = self._stream_error or self._write_error
         if error:
             return False, f"{self.subscription}: {error}"
-        return True, "ok"
+        if self._holder is not None:
+            ok, why = self._holder.status()
+            if not ok:
+                return False, why
+        counts = self.counts
+        shown = ", ".join(f"{name} {counts[name]}" for name in STREAM_COUNTS if counts[name])
+        return True, f"ok ({shown})" if shown else "ok"
+
+    @property
+    def counts(self) -> Counter[str]:
+        """What happened on this subscription so far, by event (a copy)."""
+        with self._lock:
+            counts = Counter(self._counts)
+        if self._holder is not None:
+            for theirs, ours in _HOLDER_COUNTS.items():
+                counts[ours] += self._holder.counts[theirs]
+            counts["held"] = len(self._holder)
+        return counts
+
+    def held(self) -> int:
+        """Deliveries held until their rows' outcomes (after_outcome)."""
+        return len(self._holder) if self._holder is not None else 0
 
     @property
     def exactly_once(self) -> bool:
@@ -266,35 +421,52 @@ class PubSubConsumer:
     def _count(self, name: str, n: int = 1) -> None:
         if n:
             with self._lock:
-                self.counts[name] += n
+                self._counts[name] += n
 
     # -- the stream -------------------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        failures = 0
         while not self._stopping.is_set():
+            # A fresh backoff for every run of failures; a healthy stream's end starts one anew.
+            retrying = Retrying(
+                stop=stop_when_event_set(self._stopping),
+                wait=wait_random_exponential(multiplier=0.2, max=_BACKOFF_MAX),
+                retry=retry_if_exception_type(_StreamEndedError),
+                sleep=self._pause,
+                retry_error_callback=lambda _state: None,
+            )
             try:
-                future = self._open()
-            except Exception as exc:  # noqa: BLE001  (any failure to open: report, retry)
-                failures += 1
-                self._report_stream_error(f"cannot open the subscription: {_describe(exc)}")
-                self._stopping.wait(_backoff(failures))
-                continue
-            opened = time.monotonic()
-            ended = self._watch(future)
-            if ended is None:  # stopping
-                future.cancel()
-                try:
-                    future.result(timeout=10)
-                except Exception as exc:  # noqa: BLE001
-                    log.info("%s: stream closed with %s", self.subscription, _describe(exc))
-                return
-            # A stream that ran for a while was healthy: start the backoff afresh.
-            failures = 1 if time.monotonic() - opened > _HEALTHY_STREAM else failures + 1
-            self._end_stream()
-            self._count("reconnects")
-            self._report_stream_error(f"stream ended: {ended}")
-            self._stopping.wait(_backoff(failures))
+                retrying(self._stream_once)
+            except Exception:  # never die silently: log by type, go round again
+                self._count("supervisor_errors")
+                log.exception("%s: unexpected error supervising the stream", self.subscription)
+                self._pause(1.0)
+
+    def _pause(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def _stream_once(self) -> None:
+        """Open a stream and watch it; raises :class:`_StreamEndedError` when it ends badly."""
+        try:
+            future = self._open()
+        except Exception as exc:
+            self._report_stream_error(f"cannot open the subscription: {_describe(exc)}")
+            raise _StreamEndedError from exc
+        opened = time.monotonic()
+        ended = self._watch(future)
+        if ended is None:  # stopping
+            future.cancel()
+            try:
+                future.result(timeout=10)
+            except Exception as exc:  # noqa: BLE001
+                log.info("%s: stream closed with %s", self.subscription, _describe(exc))
+            return
+        self._end_stream()
+        self._count("reconnects")
+        self._report_stream_error(f"stream ended: {ended}")
+        if time.monotonic() - opened < _HEALTHY_STREAM:
+            raise _StreamEndedError
+        self._pause(0.2)  # a stream that ran for a while was healthy: reconnect at once
 
     def _open(self) -> Any:
         """Read the subscription's settings and open a streaming pull with them."""
@@ -304,12 +476,19 @@ class PubSubConsumer:
         self._exactly_once = bool(found.enable_exactly_once_delivery)
         deadline = int(found.ack_deadline_seconds) or ACK_DEADLINE_MIN
         self._ack_deadline = min(max(deadline, ACK_DEADLINE_MIN), ACK_DEADLINE_MAX)
+        if self._holder is not None:
+            self._holder.set_extension(self._ack_deadline)
+        # Messages waiting for their write stay in the library's lease management; with
+        # exactly-once its lease extensions must not go below its own floor.
+        lease = self._ack_deadline
+        if self._exactly_once:
+            lease = max(lease, EXACTLY_ONCE_LEASE_MIN)
         flow = pubsub_v1.types.FlowControl(
             max_messages=self._max_messages,
             max_bytes=self._max_bytes,
             max_lease_duration=self._max_lease,
-            min_duration_per_lease_extension=self._ack_deadline,
-            max_duration_per_lease_extension=self._ack_deadline,
+            min_duration_per_lease_extension=lease,
+            max_duration_per_lease_extension=lease,
         )
         with self._lock:
             stream = self._stream
@@ -372,13 +551,9 @@ class PubSubConsumer:
         self._stream_error = reason
 
     def _end_stream(self) -> None:
-        """The stream ended: its ack ids are void; held deliveries of it will come back."""
+        """The stream ended: without exactly-once, its messages can no longer be acked."""
         with self._lock:
-            ended = self._stream
             self._stream += 1
-        void = [h for h in self._held.snapshot() if h.stream == ended]
-        self._held.forget(void)
-        self._count("stream_lost", len(void))
 
     def _on_message(self, stream: int, message: Any) -> None:
         """The client's callback: queue only, so its threads are never blocked."""
@@ -403,42 +578,55 @@ class PubSubConsumer:
     # -- writing ----------------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        failures = 0
-        while True:
-            batch = self._next_batch()
-            if not batch:
-                return
-            try:
-                ok = self._write(batch)
-            except Exception:
-                # Never die silently: whatever went wrong, nothing of this batch was acked.
-                log.exception("%s: unexpected error in the writer", self.subscription)
-                ok = False
-            if ok:
-                failures = 0
-                continue
-            failures += 1
-            self._stopping.wait(_backoff(failures))
+        """Write batches until stopped; consecutive failures back off, jittered (tenacity)."""
+        while not self._stopping.is_set():
+            retrying = Retrying(
+                stop=stop_when_event_set(self._stopping),
+                wait=wait_random_exponential(multiplier=0.2, max=_BACKOFF_MAX),
+                retry=retry_if_result(lambda ok: ok is False),
+                sleep=self._pause,
+                retry_error_callback=lambda _state: None,
+            )
+            retrying(self._write_next)
+
+    def _write_next(self) -> bool | None:
+        """Write the next batch: True when written, False when it failed, None when stopping."""
+        batch = self._next_batch()
+        if not batch:
+            return None
+        try:
+            return self._write(batch)
+        except Exception:
+            # Never die silently: whatever went wrong, nothing of this batch was acked.
+            self._count("writer_errors")
+            log.exception("%s: unexpected error in the writer", self.subscription)
+            return False
 
     def _next_batch(self) -> list[_Received]:
-        """Wait for a batch: full, or the first message waited ``batch_max_wait_ms``."""
+        """Wait for a batch: full, or the first message waited ``batch_max_wait_ms``.
+
+        Returns an empty batch only when stopping; another writer taking the messages this one
+        waited for sends it back to waiting.
+        """
         with self._cond:
-            while not self._pending or self._held_full():
-                if self._stopping.is_set() and (not self._pending or self._held_full()):
-                    return []
-                self._cond.wait(timeout=1.0 if self._pending else None)
-            first = self._pending[0].received_at
-            while len(self._pending) < self._batch_max and not self._stopping.is_set():
-                left = first + self._batch_wait - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(timeout=left)
-            take = min(len(self._pending), self._batch_max)
-            return [self._pending.popleft() for _ in range(take)]
+            while True:
+                while not self._pending or self._held_full():
+                    if self._stopping.is_set():
+                        return []
+                    self._cond.wait(timeout=1.0)
+                first = self._pending[0].received_at
+                while len(self._pending) < self._batch_max and not self._stopping.is_set():
+                    left = first + self._batch_wait - time.monotonic()
+                    if left <= 0 or not self._pending:
+                        break
+                    self._cond.wait(timeout=left)
+                take = min(len(self._pending), self._batch_max)
+                if take:
+                    return [self._pending.popleft() for _ in range(take)]
 
     def _held_full(self) -> bool:
         """after_outcome: held deliveries have left the client's flow control; bound them here."""
-        return len(self._held) >= self._max_messages
+        return self._holder is not None and len(self._holder) >= self._max_messages
 
     def _write(self, batch: list[_Received]) -> bool:
         try:
@@ -466,21 +654,22 @@ class PubSubConsumer:
         self._write_error = None
         for w in written:
             self._count(f"decision.{w.decision.value}")
-        if self._ack_mode == "after_inbox":
-            self._ack(self._live(batch))
+        if self._holder is None:
+            self._ack(batch)
             return True
         now_done: list[_Received] = []
         hold: list[Held] = []
-        current = self._current_stream()
         for item, w in zip(batch, written, strict=True):
-            if item.stream != current:
-                self._count("stream_lost")
-            elif w.awaits_outcome and w.result.key is not None:
-                hold.append(Held(w.result.key, item.message, item.stream, item.received_at))
+            if w.awaits_outcome and w.result.key is not None:
+                hold.append(Held(w.result.key, item.message, item.received_at))
             else:
                 now_done.append(item)
         self._ack(now_done)
-        self._hold(hold)
+        for h in hold:
+            # From now on the holder keeps the deadline; the client must not extend it too.
+            h.message.drop()
+        # Due at once: the holder's first extension confirms the copy's deadline itself.
+        self._holder.hold(hold, deadline=time.monotonic())
         return True
 
     def _current_stream(self) -> int:
@@ -488,7 +677,7 @@ class PubSubConsumer:
             return self._stream
 
     def _live(self, items: Sequence[_Received]) -> list[_Received]:
-        """The items whose stream is still open; the others cannot be acked or nacked."""
+        """The items whose stream is still open; the others cannot go through the library."""
         current = self._current_stream()
         live = [i for i in items if i.stream == current]
         self._count("stream_lost", len(items) - len(live))
@@ -500,134 +689,103 @@ class PubSubConsumer:
             item.message.nack()
         self._count("nacked", len(live))
 
-    def _ack(self, items: Sequence[_Received | Held]) -> None:
-        """Ack committed deliveries; with exactly-once, wait for the service's answer."""
+    def _ack(self, items: Sequence[_Received]) -> None:
+        """Ack committed deliveries; with exactly-once, on a call thread, answered per ack id."""
         if not items:
             return
         if not self._exactly_once:
-            for item in items:
+            live = self._live(items)
+            for item in live:
                 item.message.ack()
                 self._inbox.acked(self.subscription, item.received_at)
-            self._count("acked", len(items))
+            self._count("acked", len(live))
             return
-        give_up = time.monotonic() + self._ack_deadline
-        pending = list(items)
-        while pending:
-            futures = [(item, item.message.ack_with_response()) for item in pending]
-            retry: list[_Received | Held] = []
-            for item, future in futures:
-                outcome = _outcome(future, give_up)
-                if outcome is AcknowledgeStatus.SUCCESS:
-                    self._count("acked")
-                    self._inbox.acked(self.subscription, item.received_at)
-                elif outcome is AcknowledgeStatus.INVALID_ACK_ID:
-                    # Expired: the service handed the message out again; that copy replays.
-                    self._count("ack_id_expired")
-                elif outcome is AcknowledgeStatus.OTHER:
-                    retry.append(item)
-                else:
-                    self._count("ack_failed")
-                    log.warning("%s: ack refused (%s)", self.subscription, outcome)
-            if retry and time.monotonic() + _ACK_RETRY_PAUSE < give_up:
-                time.sleep(_ACK_RETRY_PAUSE)
-            elif retry:
-                # Left to redelivery: the copy that comes back is a replay.
-                self._count("ack_failed", len(retry))
-                log.warning(
-                    "%s: %d ack(s) failed until the ack deadline; they return as replays",
-                    self.subscription,
-                    len(retry),
-                )
-                retry = []
-            pending = retry
-
-    # -- after_outcome ----------------------------------------------------------------------------
-
-    def held(self) -> int:
-        return len(self._held)
-
-    def _hold(self, held: Sequence[Held]) -> None:
-        self._held.add(held)
-        for h in held:
-            # From now on the holder decides; the client must not keep it alive by itself.
-            h.message.modify_ack_deadline(self._ack_deadline)
-            h.message.drop()
-
-    def _hold_loop(self) -> None:
-        while not self._stopping.wait(max(self._ack_deadline / 3, 0.2)):
+        for i in range(0, len(items), ACK_BATCH):
+            chunk = list(items[i : i + ACK_BATCH])
+            # Bounded: a writer waits here only while ACKS_IN_FLIGHT batches are unanswered.
+            while not self._acks_room.acquire(timeout=1.0):
+                if self._abandon.is_set():
+                    self._drop(chunk, "ack_unanswered")
+                    return
             try:
-                self.tend_held()
-            except Exception:
-                log.exception("%s: could not tend held deliveries", self.subscription)
+                self._acks.submit(self._ack_confirmed, chunk)
+            except RuntimeError:  # shut down while stopping
+                self._acks_room.release()
+                self._drop(chunk, "ack_unanswered")
 
-    def tend_held(self) -> None:
-        """One round: ack settled, extend progressing, let go of stalled deliveries."""
-        assert self._store is not None
-        triage = self._held.triage(self._store, extension=self._ack_deadline, limit=self._max_lease)
-        self._count("let_go", len(triage.let_go))
-        current = self._current_stream()
-        self._ack([h for h in triage.done if h.stream == current])
-        self._extend(triage.extend)
-        with self._cond:
-            self._cond.notify_all()  # writers may wait for room among held deliveries
+    def _ack_confirmed(self, chunk: list[_Received]) -> None:
+        try:
+            done, lost, left = confirm(
+                self._calls.settle,
+                chunk,
+                budget=float(self._ack_deadline),
+                stopping=self._abandon,
+                name=self.subscription,
+            )
+            self._count("acked", len(done))
+            for item in done:
+                self._inbox.acked(self.subscription, item.received_at)
+            # Refused for good: the ack id expired and the message went out again (a replay).
+            self._drop(lost, "ack_id_expired")
+            self._drop(left, "ack_unanswered")
+            if left:
+                log.warning(
+                    "%s: %d ack(s) unanswered within the ack deadline; they return as replays",
+                    self.subscription,
+                    len(left),
+                )
+            for item in done:
+                item.message.drop()
+        except Exception:  # a call thread never dies; the messages come back as replays
+            self._count("ack_errors")
+            log.exception("%s: unexpected error acknowledging", self.subscription)
+            self._drop(chunk, "ack_unanswered")
+        finally:
+            self._acks_room.release()
 
-    def _extend(self, held: Sequence[Held]) -> None:
-        if not held:
-            return
-        if not self._exactly_once:
-            for h in held:
-                h.message.modify_ack_deadline(self._ack_deadline)
-            self._count("extended", len(held))
-            return
-        give_up = time.monotonic() + self._ack_deadline / 3
-        futures = [
-            (h, h.message.modify_ack_deadline_with_response(self._ack_deadline)) for h in held
-        ]
-        lost: list[Held] = []
-        for h, future in futures:
-            outcome = _outcome(future, give_up)
-            if outcome is AcknowledgeStatus.SUCCESS:
-                self._count("extended")
-            elif outcome is AcknowledgeStatus.INVALID_ACK_ID:
-                lost.append(h)
-            else:
-                log.info("%s: extension not confirmed (%s)", self.subscription, outcome)
-        if lost:
-            # The service no longer honours these ack ids: a redelivery will replay.
-            self._held.forget(lost)
-            self._count("broker_lease_lost", len(lost))
-
-    def _let_go_all(self) -> None:
-        """On stop: nack held deliveries so another bridge picks them up now."""
-        held = self._held.take_all()
-        current = self._current_stream()
-        live = [h for h in held if h.stream == current]
-        for h in live:
-            h.message.nack()
-        self._count("nacked", len(live))
+    def _drop(self, items: Sequence[_Received], counted_as: str) -> None:
+        """Out of the client's lease management: nothing stays leased and unacked."""
+        for item in items:
+            with suppress(Exception):
+                item.message.drop()
+        self._count(counted_as, len(items))
 
 
-def _outcome(future: Any, give_up: float) -> AcknowledgeStatus | str:
-    """The result of an ack or modack future, waiting until ``give_up`` at most."""
-    try:
-        future.result(timeout=max(give_up - time.monotonic(), 0.05))
-    except AcknowledgeError as exc:
-        status: AcknowledgeStatus = exc.error_code
-        return status
-    except FutureTimeout:
-        return "no answer within the ack deadline"
-    except Exception as exc:  # noqa: BLE001
-        return _describe(exc)
-    return AcknowledgeStatus.SUCCESS
+class _StreamEndedError(Exception):
+    """The stream ended before it was healthy for long: reconnect after a backoff."""
+
+
+#: counters shown in /readyz and exported as metrics, in this order
+STREAM_COUNTS: Final = (
+    "received",
+    "acked",
+    "ack_id_expired",
+    "ack_unanswered",
+    "nacked",
+    "held",
+    "extended",
+    "broker_lease_lost",
+    "let_go",
+    "released",
+    "stream_lost",
+    "reconnects",
+    "write_failed",
+)
+#: the holder's counters under the consumer's names
+_HOLDER_COUNTS: Final = {
+    "settled": "acked",
+    "settle_refused": "ack_id_expired",
+    "settle_unanswered": "ack_unanswered",
+    "extended": "extended",
+    "broker_lease_lost": "broker_lease_lost",
+    "let_go": "let_go",
+    "released": "released",
+}
 
 
 def _join(thread: threading.Thread, end: float) -> None:
     if thread.ident is not None:
         thread.join(timeout=max(end - time.monotonic(), 0))
-
-
-def _backoff(failures: int) -> float:
-    return float(min(_BACKOFF_MAX, 0.2 * 2**failures))
 
 
 def _describe(exc: BaseException) -> str:
@@ -653,7 +811,7 @@ def from_config(config: SubscriptionConfig, inbox: Inbox, store: PostgresStore) 
         raise ConfigError(f"subscription {config.name!r} is not a Pub/Sub subscription")
     flow = config.flow_control
     return PubSubConsumer(
-        pubsub_v1.SubscriberClient(),
+        subscriber_client(),
         config.subscription,
         config.name,
         inbox,

@@ -69,6 +69,9 @@ METRIC_OLDEST_UNKNOWN: Final = "fencebridge.unknown.oldest_age"
 METRIC_QUARANTINED: Final = "fencebridge.quarantined"
 METRIC_QUEUE_DEPTH: Final = "fencebridge.queue.depth"
 METRIC_THREAD_RESTARTS: Final = "fencebridge.thread.restarts"
+#: what happened on a broker stream: acks confirmed / refused / unanswered, extensions, lost
+#: broker leases, deliveries let go or handed back (label ``event``)
+METRIC_STREAM_EVENTS: Final = "fencebridge.stream.events"
 
 # metric label keys (never identifiers)
 LABEL_SUBSCRIPTION: Final = "subscription"
@@ -80,3 +83,4 @@ LABEL_ACTION: Final = "action"
 LABEL_KIND: Final = "kind"
 #: a supervised service of the bridge (claimer, worker, heartbeater, sweeper, gauges, health)
 LABEL_SERVICE: Final = "service"
+LABEL_EVENT: Final = "event"

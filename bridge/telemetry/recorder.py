@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from bridge.decode import RawDelivery
     from bridge.inbox import Written
     from bridge.store import PostgresStore
+
+log = logging.getLogger(__name__)
 
 decisions_log = logging.getLogger("fencebridge.decisions")
 
@@ -114,6 +116,14 @@ class Telemetry:
         #: the supervised thread that refreshes the gauges, once :meth:`observe` started it
         self.gauges: Supervised | None = None
         self._meter = meter
+        self._streams: dict[str, Callable[[], Mapping[str, int]]] = {}
+        self._streams_lock = threading.Lock()
+        meter.create_observable_counter(
+            n.METRIC_STREAM_EVENTS,
+            [self._observe_streams],
+            unit="{event}",
+            description="Broker stream events by subscription: acks, extensions, lost leases",
+        )
         self._stats: Stats | None = None
         self._stats_lock = threading.Lock()
         self._observing: threading.Event | None = None
@@ -283,6 +293,25 @@ class Telemetry:
             claim,
             **{n.ACTION: action},
         )
+
+    def observe_stream(self, subscription: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export a consumer's running counters (event name -> total) as stream events."""
+        with self._streams_lock:
+            self._streams[subscription] = counts
+
+    def _observe_streams(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._streams_lock:
+            streams = list(self._streams.items())
+        for subscription, counts in streams:
+            try:
+                snapshot = dict(counts())
+            except Exception as exc:  # noqa: BLE001  (an exporter callback must not raise)
+                log.debug("stream counters unavailable (%s)", type(exc).__name__)
+                continue
+            for event, total in sorted(snapshot.items()):
+                if event.startswith("decision.") or event == "held":
+                    continue  # decisions are fencebridge.deliveries; held is not a total
+                yield Observation(total, {n.LABEL_SUBSCRIPTION: subscription, n.LABEL_EVENT: event})
 
     # -- supervision -------------------------------------------------------------------------------
 

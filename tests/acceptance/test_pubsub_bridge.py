@@ -1,0 +1,273 @@
+"""Pub/Sub end to end at volume: two ``fencebridge run`` processes on one exactly-once subscription.
+
+Google's emulator (over gRPC, exactly-once delivery enforced), real PostgreSQL, real processes.
+Every test pre-publishes a backlog of more than a thousand operations over three tenants with
+duplicate publishes, conflicting payloads and ordering keys on part of them, and then asks what
+a team would ask of a queue consumer: was every operation ingested once and applied once, is the
+subscription drained (a pull after the run finds nothing), and did every acknowledgement get an
+answer. The counters come from each bridge's ``/readyz`` detail; assertions never time anything.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.bridge_process import BridgeProcess, Job, bridge_env
+from tests.support.handlers import create_tables
+from tests.support.pubsub_bridge import Backlog, Publication, PubSubBridgeConfig, backlog
+from tests.support.pubsub_emulator import (
+    EMULATOR_HOST_ENV,
+    PubSubEmulator,
+    pubsub_emulator,
+    require_launcher,
+)
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+RECORD = "record"
+STEADY = "steady"
+RECORD_JOB = Job("tests.support.handlers:RecordEffect", "A", lease_seconds=5.0)
+STEADY_JOB = Job("tests.support.handlers:SteadyProgress", "B", lease_seconds=4.0)
+OPERATIONS = 1050
+DRAIN_SECONDS = 300.0
+_COUNT = re.compile(r"([a-z_]+) (\d+)")
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[PubSubEmulator]:
+    with pubsub_emulator(require_launcher()) as running:
+        yield running
+
+
+@pytest.fixture
+def live_emulator(emulator: PubSubEmulator) -> PubSubEmulator:
+    emulator.start()  # a test may have killed it
+    return emulator
+
+
+def publish(emulator: PubSubEmulator, topic: str, pubs: list[Publication]) -> None:
+    publisher = emulator.publisher()
+    futures = [
+        publisher.publish(topic, p.data, ordering_key=p.ordering_key, **p.attributes) for p in pubs
+    ]
+    for f in futures:
+        f.result(timeout=120)
+
+
+def counts(bridge: BridgeProcess) -> Counter[str]:
+    """The subscription's stream counters, read from the bridge's /readyz detail."""
+    _, body = bridge.probe("/readyz")
+    found: Counter[str] = Counter()
+    for name, reason in body.get("checks", {}).items():
+        if name.startswith("subscription:"):
+            found.update({k: int(v) for k, v in _COUNT.findall(reason)})
+    return found
+
+
+def total(bridges: list[BridgeProcess]) -> Counter[str]:
+    summed: Counter[str] = Counter()
+    for b in bridges:
+        summed.update(counts(b))
+    return summed
+
+
+def work_rows(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT state, count(*) FROM work_item GROUP BY state").fetchall()
+    return {str(s): int(n) for s, n in rows}
+
+
+def effects_per_operation(db_url: str, table: str) -> Counter[tuple[str, str]]:
+    column = "count(*)" if table == "test_effect" else "sum(writes)"
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            f"SELECT tenant_id, operation_id, {column} FROM {table} GROUP BY 1, 2"
+        ).fetchall()
+    return Counter({(str(t), str(o)): int(n) for t, o, n in rows})
+
+
+def rejected_conflicts(db_url: str) -> set[tuple[str, str]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT tenant_id, operation_id FROM rejected_delivery WHERE kind = 'conflict'"
+        ).fetchall()
+    return {(str(t), str(o)) for t, o in rows}
+
+
+def start_bridges(
+    tmp_path: Path, emulator: PubSubEmulator, db_url: str, path: str, **settings: Any
+) -> list[BridgeProcess]:
+    env = bridge_env(db_url, extra={EMULATOR_HOST_ENV: emulator.host})
+    bridges = []
+    for i, consumers in enumerate((2, 1)):  # one process with two writers, one with one
+        config = PubSubBridgeConfig(subscription_path=path, consumers=consumers, **settings)
+        bridges.append(config.start(tmp_path, env, f"bridge-{i}"))
+    for b in bridges:
+        b.wait_ready()
+    return bridges
+
+
+def stop(bridges: list[BridgeProcess]) -> None:
+    for b in bridges:
+        assert b.terminate() == 0, b.logs()
+
+
+def assert_settled_once(
+    db_url: str, stream: Backlog, effects: Counter[tuple[str, str]], state: str = "succeeded"
+) -> None:
+    assert work_rows(db_url) == {state: len(stream.operations)}
+    assert set(effects) == stream.operations
+    assert max(effects.values()) == 1, "an operation was applied twice"
+    conflicts = rejected_conflicts(db_url)
+    assert conflicts <= stream.conflicts
+    assert conflicts, "the conflicting payloads were not recorded"
+
+
+def drained(emulator: PubSubEmulator, path: str) -> list[Any]:
+    return emulator.deliverable(path)
+
+
+def wait_all_acked(bridges: list[BridgeProcess], publications: int) -> Counter[str]:
+    """Every publication acked once (an expired ack's redelivery is acked in its place)."""
+    eventually(
+        lambda: total(bridges)["acked"] >= publications,
+        "every publication to be acknowledged",
+        timeout=DRAIN_SECONDS,
+    )
+    return total(bridges)
+
+
+def test_an_exactly_once_backlog_drains_through_two_bridges(
+    live_emulator: PubSubEmulator, db_url: str, tmp_path: Path
+) -> None:
+    emulator = live_emulator
+    create_tables(db_url)
+    topic, path = emulator.create(
+        ack_deadline=10, enable_exactly_once_delivery=True, enable_message_ordering=True
+    )
+    stream = backlog(OPERATIONS, job_type=RECORD)
+    publish(emulator, topic, stream.publications)
+
+    bridges = start_bridges(tmp_path, emulator, db_url, path, jobs={RECORD: RECORD_JOB})
+    try:
+        eventually(
+            lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
+            "every operation to succeed",
+            timeout=DRAIN_SECONDS,
+        )
+        seen = wait_all_acked(bridges, len(stream.publications))
+    finally:
+        stop(bridges)
+
+    assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
+    assert seen["ack_unanswered"] == 0
+    assert seen["acked"] == len(stream.publications)
+    assert drained(emulator, path) == []
+
+
+def test_after_outcome_holds_deliveries_through_handlers_that_outlive_the_ack_deadline(
+    live_emulator: PubSubEmulator, db_url: str, tmp_path: Path
+) -> None:
+    emulator = live_emulator
+    create_tables(db_url)
+    topic, path = emulator.create(
+        ack_deadline=10, enable_exactly_once_delivery=True, enable_message_ordering=True
+    )
+    # Most handlers are quick; one in twenty works 15 s (past the 10 s ack deadline and its
+    # 4 s lease), reporting progress all along.
+    stream = backlog(
+        OPERATIONS,
+        job_type=STEADY,
+        payload={"work_seconds": 0},
+        slow={"work_seconds": 15, "step_seconds": 0.5},
+        slow_share=0.05,
+    )
+    publish(emulator, topic, stream.publications)
+
+    bridges = start_bridges(
+        tmp_path,
+        emulator,
+        db_url,
+        path,
+        jobs={STEADY: STEADY_JOB},
+        ack_mode="after_outcome",
+        worker_threads=16,
+    )
+    try:
+        eventually(
+            lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
+            "every operation to succeed",
+            timeout=DRAIN_SECONDS,
+        )
+        seen = wait_all_acked(bridges, len(stream.publications))
+    finally:
+        stop(bridges)
+
+    assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_target"))
+    assert seen["extended"] > 0, "no held delivery needed an extension"
+    assert seen["broker_lease_lost"] == 0
+    assert seen["let_go"] == 0
+    assert seen["ack_unanswered"] == 0
+    # Held deliveries were never handed out again while their rows made progress.
+    assert seen["received"] == len(stream.publications)
+    assert drained(emulator, path) == []
+
+
+def test_an_emulator_crash_mid_run_and_a_republished_backlog_are_ingested_once(
+    live_emulator: PubSubEmulator, db_url: str, tmp_path: Path
+) -> None:
+    emulator = live_emulator
+    create_tables(db_url)
+    options = {"enable_exactly_once_delivery": True, "enable_message_ordering": True}
+    topic, path = emulator.create(ack_deadline=10, **options)
+    name = path.rsplit("/", 1)[1]
+    stream = backlog(OPERATIONS, job_type=RECORD, seed=17)
+    publish(emulator, topic, stream.publications)
+
+    bridges = start_bridges(tmp_path, emulator, db_url, path, jobs={RECORD: RECORD_JOB})
+    try:
+        eventually(
+            lambda: sum(work_rows(db_url).values()) >= len(stream.operations) // 4,
+            "a quarter of the backlog to be ingested",
+            timeout=DRAIN_SECONDS,
+        )
+        # The emulator keeps everything in memory: after the crash the topic, the subscription
+        # and every unacknowledged message are gone. The producer creates them again and
+        # republishes its whole backlog, as a producer without confirmations must.
+        emulator.restart()
+        time.sleep(1.0)  # let both bridges see the stream fail before the subscription returns
+        topic, path = emulator.create(name, ack_deadline=10, **options)
+        publish(emulator, topic, stream.publications)
+        eventually(
+            lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
+            "every operation to succeed",
+            timeout=DRAIN_SECONDS,
+        )
+        eventually(
+            lambda: drained_while_running(bridges),
+            "the bridges to have acknowledged everything republished",
+            timeout=DRAIN_SECONDS,
+        )
+        seen = total(bridges)
+    finally:
+        stop(bridges)
+
+    assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
+    assert seen["reconnects"] >= 2  # both bridges noticed and came back
+    assert drained(emulator, path) == []
+
+
+def drained_while_running(bridges: list[BridgeProcess]) -> bool:
+    """Nothing received is waiting: every delivery received was acknowledged or came back."""
+    seen = total(bridges)
+    settled = seen["acked"] + seen["ack_id_expired"] + seen["ack_unanswered"] + seen["nacked"]
+    return seen["received"] > 0 and settled >= seen["received"] - seen["stream_lost"]
