@@ -86,6 +86,9 @@ _LEASE_LOST_CODES = frozenset(
 BACKOFF_INITIAL: Final = 0.2
 #: ... up to this
 BACKOFF_MAX: Final = 10.0
+#: the holder's threads for deletes and extensions: SQS calls are short but many (ten copies
+#: each), and one slow call must not hold up the extensions queued behind it
+HOLD_CALL_THREADS: Final = 8
 #: what a hand-back on stop may spend retrying a failed call
 _HAND_BACK_SECONDS = 2.0
 #: an after_inbox delete stops retrying this long before the copy's visibility ends
@@ -178,6 +181,7 @@ class SqsConsumer:
                 self._calls,
                 extension=visibility_timeout,
                 limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
+                call_threads=HOLD_CALL_THREADS,
             )
         self._receivers = [
             threading.Thread(target=self._receive_loop, name=f"sqs-{subscription}-{i}", daemon=True)

@@ -7,8 +7,10 @@ with botocore's ``before-send`` event as real-shaped HTTP responses, which botoc
 as it would parse AWS's own.
 
 What is shown here: ``after_outcome`` keeps a delivery in flight while its row makes progress
-and lets it go when the row stalls; lost broker leases are absorbed; a FIFO group's rows are
-claimed in group order, with the broker's receive count on the row.
+and lets it go when the row stalls; a slow delete does not hold up the extension of another
+delivery (through the SQS proxy, which gives moto real-AWS receipt-handle rules); lost broker
+leases are absorbed; a failing receive is counted and retried; a FIFO group's rows are claimed
+in group order, with the broker's receive count on the row.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from bridge.worker import WorkerPool
 from consumers.sqs import SqsConsumer
 from tests.support.bridge_process import Job, SqsBridgeConfig
 from tests.support.handlers import RecordEffect, SteadyProgress, create_tables
+from tests.support.sqs_proxy import DELETE_BATCH, RECEIVE, Fault, sqs_proxy
 from tests.support.sqs_server import SqsServer, sqs_server
 from tests.support.waiting import eventually
 
@@ -226,6 +229,101 @@ def test_a_stalled_handler_is_let_go_and_its_redelivery_replays(
     assert handler.started == [("op-1", 1), ("op-1", 2)]
     assert row(db_url, "op-1")["attempts"] == 2
     assert target(db_url, "op-1") == (2, 1)  # written once, by the takeover
+
+
+def proxied_client(endpoint: str) -> Any:
+    """A boto3 client that does not retry: each injected fault reaches the consumer."""
+    import boto3  # noqa: PLC0415
+    from botocore.config import Config  # noqa: PLC0415
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+    )
+
+
+def test_a_slow_delete_does_not_hold_up_another_deliverys_extension(
+    moto: SqsServer, store: PostgresStore, db_url: str
+) -> None:
+    create_tables(db_url)
+    sqs = moto.client()
+    queue_url = moto.create_queue("slow-delete", VisibilityTimeout="3")
+    handler = SteadyProgress(db_url)
+    # The delete of the quick operation takes longer than the long one's whole visibility.
+    with sqs_proxy(moto.endpoint, latency_seconds=5.0) as proxy:
+        client = proxied_client(proxy.url)
+        sqs.send_message(QueueUrl=queue_url, **message("long", {"work_seconds": 9}))
+        with bridge(
+            store,
+            client,
+            queue_url,
+            handler,
+            target_class="B",
+            ack_mode="after_outcome",
+            visibility=3,
+            threads=2,
+        ) as consumer:
+            eventually(lambda: consumer.held() == 1, "the long operation to be held")
+            proxy.inject(Fault.LATENCY, DELETE_BATCH)
+            sqs.send_message(QueueUrl=queue_url, **message("quick", {"work_seconds": 0}))
+            eventually(
+                lambda: (
+                    row(db_url, "long").get("state") == "succeeded"
+                    and row(db_url, "quick").get("state") == "succeeded"
+                    and queue_empty(sqs, queue_url)
+                    and consumer.held() == 0
+                ),
+                "both succeeded and both deliveries were deleted",
+            )
+        counts = dict(consumer.counts)
+        operations = {m: a["operation_id"] for m, a in proxy.attributes(queue_url).items()}
+        receives = {operations[m]: n for m, n in proxy.receives(queue_url).items()}
+        assert proxy.counts["fault.latency.DeleteMessageBatch"] == 1
+        assert proxy.counts["refused.MessageNotInflight"] == 0
+        assert proxy.counts["refused.ReceiptHandleIsInvalid"] == 0
+    # The long delivery was extended on time while the quick one's delete hung: it was never
+    # redelivered. (The quick one may have been: its delete outlasted its own visibility, and
+    # its redelivery was a replay.)
+    assert receives["long"] == 1
+    assert counts["deleted"] == sum(receives.values())  # SQS confirms a stale handle's delete
+    assert "broker_lease_lost" not in counts
+    assert counts.get("decision.replay", 0) == receives["quick"] - 1
+    assert sorted(handler.started) == [("long", 1), ("quick", 1)]
+
+
+def test_a_failing_receive_is_counted_reported_and_retried(
+    moto: SqsServer, store: PostgresStore, db_url: str
+) -> None:
+    create_tables(db_url)
+    queue_url = moto.create_queue("receive-fails", VisibilityTimeout="3")
+    with sqs_proxy(moto.endpoint) as proxy:
+        proxy.inject(Fault.ERROR, RECEIVE, times=4)
+        with bridge(
+            store,
+            proxied_client(proxy.url),
+            queue_url,
+            RecordEffect(),
+            target_class="A",
+            ack_mode="after_inbox",
+            visibility=3,
+            threads=1,
+        ) as consumer:
+            eventually(lambda: consumer.counts["receive_failed"] == 4, "four failed receives")
+            moto.client().send_message(QueueUrl=queue_url, **message("op-1", {}))
+            eventually(
+                lambda: (
+                    row(db_url, "op-1").get("state") == "succeeded"
+                    and queue_empty(moto.client(), queue_url)
+                ),
+                "the message ingested once the receive works again",
+            )
+            assert consumer.status() == (True, "ok")
+    assert consumer.counts["receive_failed"] == 4
+    assert consumer.counts["deleted"] == 1
 
 
 def _headers(**values: str) -> HTTPHeaders:

@@ -37,7 +37,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -81,6 +81,8 @@ class _Message:
     deadline: float
     receives: int = 1
     deleted: bool = False
+    #: its string message attributes, as the receive returned them
+    attributes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +121,13 @@ class SqsProxy:
         self._rates: _Rates | None = None
         self._local = threading.local()
         #: what happened: ``forwarded.<Action>``, ``fault.<kind>.<Action>``, ``stale_delete``,
-        #: ``refused.<code>``, ``proxy_error`` (a bug here: tests assert there is none)
+        #: ``refused.<code>``, ``released`` (messages made visible at once by visibility 0),
+        #: ``proxy_error`` (a bug here: tests assert there is none)
         self.counts: Counter[str] = Counter()
+        #: seconds moto took to answer each forwarded call, by action (for diagnostics)
+        self.timings: dict[str, list[float]] = {}
+        #: how long after its deadline each refused extension came (for diagnostics)
+        self.late: list[float] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -202,6 +209,15 @@ class SqsProxy:
             return Counter(
                 {m.message_id: m.receives for m in self._messages.values() if m.queue == queue_url}
             )
+
+    def attributes(self, queue_url: str) -> dict[str, dict[str, str]]:
+        """The string attributes of each message received from the queue, by message id."""
+        with self._lock:
+            return {
+                m.message_id: dict(m.attributes)
+                for m in self._messages.values()
+                if m.queue == queue_url
+            }
 
     def in_flight(self, queue_url: str) -> int:
         """Messages received and neither deleted nor past their visibility deadline."""
@@ -293,7 +309,14 @@ class SqsProxy:
                 key = (queue, m["MessageId"])
                 known = self._messages.get(key)
                 if known is None:
-                    known = _Message(queue, m["MessageId"], m["ReceiptHandle"], deadline)
+                    attributes = {
+                        name: str(value.get("StringValue"))
+                        for name, value in m.get("MessageAttributes", {}).items()
+                        if isinstance(value, dict)
+                    }
+                    known = _Message(
+                        queue, m["MessageId"], m["ReceiptHandle"], deadline, attributes=attributes
+                    )
                     self._messages[key] = known
                 else:
                     known.handle = m["ReceiptHandle"]
@@ -321,6 +344,7 @@ class SqsProxy:
                 )
             if action in (CHANGE, CHANGE_BATCH) and now >= known.deadline:
                 self.counts[f"refused.{NOT_IN_FLIGHT}"] += 1
+                self.late.append(now - known.deadline)
                 return (NOT_IN_FLIGHT, "Message is not in flight.")
         return None
 
@@ -370,8 +394,11 @@ class SqsProxy:
                     continue
                 if action in (DELETE, DELETE_BATCH):
                     known.deleted = True
-                else:
-                    known.deadline = sent + int(entry.get("VisibilityTimeout", 0))
+                    continue
+                seconds = int(entry.get("VisibilityTimeout", 0))
+                known.deadline = sent + seconds
+                if seconds == 0:
+                    self.counts["released"] += 1
 
     def _queue_visibility(self, request: BaseHTTPRequestHandler, queue: str) -> int:
         """The queue's own visibility timeout, for a receive that does not name one."""
@@ -401,6 +428,7 @@ class SqsProxy:
         headers["Content-Length"] = str(len(body))
         if action is not None:
             headers["X-Amz-Target"] = f"AmazonSQS.{action}"
+        started = time.monotonic()
         for attempt in range(2):
             conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
             if conn is None:
@@ -416,6 +444,9 @@ class SqsProxy:
                 if attempt:
                     raise
                 continue
+            with self._lock:
+                name = action or headers.get("X-Amz-Target", "").rpartition(".")[2]
+                self.timings.setdefault(name, []).append(time.monotonic() - started)
             kept = [
                 (k, v)
                 for k, v in response.getheaders()
@@ -425,12 +456,15 @@ class SqsProxy:
         raise AssertionError("unreachable")
 
     def _reply(self, request: BaseHTTPRequestHandler, answer: _Answer) -> None:
-        request.send_response(answer.status)
-        for name, value in answer.headers:
-            request.send_header(name, value)
-        request.send_header("Content-Length", str(len(answer.body)))
-        request.end_headers()
-        request.wfile.write(answer.body)
+        try:
+            request.send_response(answer.status)
+            for name, value in answer.headers:
+                request.send_header(name, value)
+            request.send_header("Content-Length", str(len(answer.body)))
+            request.end_headers()
+            request.wfile.write(answer.body)
+        except OSError:  # the client went away (a bridge stopped mid-call): nothing to answer
+            request.close_connection = True
 
     def _reset(self, request: BaseHTTPRequestHandler) -> None:
         request.close_connection = True

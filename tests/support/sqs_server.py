@@ -1,7 +1,16 @@
-"""A local SQS endpoint for tests: moto's server on a free port, spoken to over real HTTP."""
+"""A local SQS endpoint for tests: moto's server on a free port, spoken to over real HTTP.
+
+:func:`sqs_server` runs it on threads of the test process; :func:`sqs_server_process` in a
+process of its own, for tests whose volume would otherwise share one interpreter lock between
+moto, the test and whatever else the test runs in process (the SQS proxy).
+"""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,3 +56,35 @@ def sqs_server() -> Iterator[SqsServer]:
         yield SqsServer(f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+@contextmanager
+def sqs_server_process(start_seconds: float = 60.0) -> Iterator[SqsServer]:
+    """``python -m moto.server`` on 127.0.0.1 and a free port, in its own process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + start_seconds
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's server did not start") from None
+                time.sleep(0.1)
+        yield SqsServer(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
