@@ -1,41 +1,41 @@
-"""SQS end to end: the bridge beside a bare receive/delete loop on the same local SQS server.
+"""SQS end to end: two bridge processes beside two bare receive/delete processes, one moto.
 
-Two arms drain the same number of messages from a fresh queue on one moto server (its own
-process, so its work does not share this process's interpreter lock), interleaved round by
-round with the order alternating:
+Two arms drain the same backlog from a fresh queue on one moto server (its own process),
+interleaved round by round with the order alternating:
 
-* ``bare``: one thread, ``ReceiveMessage`` (10, long poll) then ``DeleteMessageBatch``. Nothing
-  is written anywhere: the ceiling the broker itself allows for one receiving loop.
-* ``bridge``: the bridge in this process, wired as ``fencebridge run`` wires it (one receiving
-  loop, the inbox, the worker pool with its default eight threads, ``after_inbox``), with a
-  no-op class B handler. A run ends when every message is deleted *and* every work row has
-  succeeded, so the rate is end to end; the rate at which deletes completed is shown too.
+* ``bare``: two processes, each one loop of ``ReceiveMessage`` (10, long poll) then
+  ``DeleteMessageBatch``. Nothing is written anywhere: the ceiling the broker itself allows
+  for two receiving processes.
+* ``bridge``: two ``fencebridge run`` processes (real subprocesses started from their TOML
+  file, ``after_inbox``, default worker threads, a no-op class B handler). A run ends when
+  every message is deleted *and* every work row has succeeded, so the rate is end to end.
 
-In both arms the client is wrapped to time every message from the moment its
-``ReceiveMessage`` answer arrived to the moment the ``DeleteMessageBatch`` that carried it
-completed (receive → ack), and each phase of the receiving loop (the receive call, the inbox
-write, the delete call), which shows where the loop's time goes. Medians over rounds are
-reported, with min..max; CPU per delivery is this process's, every thread included.
+The backlog (``--messages``, 5,000 by default) is sent beforehand in batches of 10. Timing
+starts once both processes of an arm are up: the bare processes wait for a go after importing
+boto3; the bridges cannot be held back, so their clock starts when both answer ``/readyz`` and
+the rows one of them settled before that are not counted. CPU per delivery is the two
+processes' user + system time, read from ``/proc`` before they stop (moto and PostgreSQL not
+included).
 
 moto's ``ReceiveMessage`` walks every message the queue holds, so the broker's cost per receive
 falls as a round drains its queue (the same way in both arms) and the deeper the queue, the
 more the broker alone decides the rate.
 
-Memory: one ``fencebridge run`` process (a real subprocess) with ``after_outcome`` and a
-handler that keeps its rows busy, so that 1,000 deliveries are held in flight at once; its
-peak resident set (``VmHWM`` from ``/proc/<pid>/status``) is read while they are held.
+Memory: one ``fencebridge run`` process with ``after_outcome`` and a handler that keeps its rows
+busy, so that 1,000 deliveries are held in flight at once; its peak resident set (``VmHWM``
+from ``/proc/<pid>/status``) is read while they are held.
 
-Messages are sent beforehand in batches of 10, never while an arm runs. The database is
-``--database-url``, else ``$FENCEBRIDGE_DATABASE_URL``, else an embedded PostgreSQL; the
-benchmark creates its own database and drops it. It prints a markdown section for
-``docs/benchmarks.md`` on stdout and its progress on stderr::
+The database is ``--database-url``, else ``$FENCEBRIDGE_DATABASE_URL``, else an embedded
+PostgreSQL; the benchmark creates its own database and drops it. It prints a markdown section
+for ``docs/benchmarks.md`` on stdout and its progress on stderr::
 
-    python -m bench.sqs              # full run: minutes on a quiet machine, mostly the memory run
-    python -m bench.sqs --quick --no-memory   # smoke run, well under a minute
+    python -m bench.sqs              # full run: several minutes on a quiet machine
+    python -m bench.sqs --quick --no-memory   # smoke run, about a minute
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -43,15 +43,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import boto3
 
@@ -67,12 +68,9 @@ from bench.store import (
     spread,
     work_rows,
 )
-from bridge.config import parse_config
 from bridge.database import DATABASE_URL_ENV
 from bridge.handlers import ConditionalWriteHandler, Context, Success
-from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.runtime import open_bridge
-from consumers.sqs import SqsConsumer
+from bridge.identity import IDENTITY_KEY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -85,13 +83,18 @@ RSS_GOAL_MB = 150.0
 RATIO_GOAL = 0.8
 IDENTITY_KEY = "bench-identity-key-0123456789"
 MEMORY_VISIBILITY = 900
+PROCESSES = 2
 BARE = "bare"
 BRIDGE = "bridge"
+GO = "go"
+READY = "ready"
+#: how often the end of a run is looked for (moto counts a queue by walking it: not too often)
+POLL_SECONDS = 0.25
 
 CONFIG = """
 [bridge]
-worker_id = "bench"
-health_port = 0
+worker_id = "{worker}"
+health_port = {health_port}
 shutdown_deadline_seconds = {deadline}
 
 [jobs.{job}]
@@ -125,8 +128,8 @@ class Plan:
     in_flight: int
 
 
-FULL = Plan(rounds=5, messages=300, in_flight=IN_FLIGHT)
-QUICK = Plan(rounds=2, messages=100, in_flight=IN_FLIGHT)
+FULL = Plan(rounds=3, messages=5000, in_flight=IN_FLIGHT)
+QUICK = Plan(rounds=1, messages=500, in_flight=IN_FLIGHT)
 
 
 class NoOp(ConditionalWriteHandler):
@@ -149,12 +152,17 @@ class Busy(ConditionalWriteHandler):
 # -- the local SQS server --------------------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @contextmanager
 def moto_server() -> Iterator[str]:
     """``python -m moto.server`` on a free port, in its own process."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -233,64 +241,67 @@ def on_queue(sqs: Any, url: str) -> tuple[int, int]:
     )
 
 
-# -- timing receive → ack ------------------------------------------------------------------------
+def queue_empty(sqs: Any, url: str) -> bool:
+    """Empty on two reads in a row: moto counts visible and in-flight messages one by one."""
+    return on_queue(sqs, url) == (0, 0) and on_queue(sqs, url) == (0, 0)
 
 
-RECEIVE_CALL = "ReceiveMessage call"
-INBOX_WRITE = "from the receive to the delete (the bridge: decode, inbox transaction, hand-off)"
-DELETE_CALL = "DeleteMessageBatch call"
-PHASES = (RECEIVE_CALL, INBOX_WRITE, DELETE_CALL)
+# -- processes ------------------------------------------------------------------------------------
 
 
-class TimedClient:
-    """A boto3 SQS client that times each message from its receive to its delete batch.
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
 
-    It also keeps the phases of each turn of a receiving loop: the receive call, the time from
-    its answer to the delete call on the same thread (for the bridge: decoding, the inbox
-    transaction and the hand-off), and the delete call.
-    """
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._lock = threading.Lock()
-        self._received: dict[str, float] = {}
-        self.latencies: list[float] = []
-        self.deleted = 0
-        self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
-        self._turn = threading.local()
+def child_env(db_url: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "AWS_"))}
+    env.update(CREDENTIALS)
+    env["PYTHONUNBUFFERED"] = "1"
+    if db_url is not None:
+        env[DATABASE_URL_ENV] = db_url
+        env[IDENTITY_KEY_ENV] = IDENTITY_KEY
+    return env
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
-    def receive_message(self, **kwargs: Any) -> Any:
-        sent = time.perf_counter()
-        response = self._inner.receive_message(**kwargs)
-        now = time.perf_counter()
-        self._turn.received = now
-        with self._lock:
-            if response.get("Messages"):
-                self.phases[RECEIVE_CALL].append(now - sent)
-            for m in response.get("Messages", []):
-                self._received[m["ReceiptHandle"]] = now
-        return response
+def stop(proc: subprocess.Popen[Any], timeout: float = 60.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
-    def delete_message_batch(self, **kwargs: Any) -> Any:
-        sent = time.perf_counter()
-        received = getattr(self._turn, "received", None)
-        self._turn.received = None
-        response = self._inner.delete_message_batch(**kwargs)
-        now = time.perf_counter()
-        by_id = {e["Id"]: e["ReceiptHandle"] for e in kwargs["Entries"]}
-        with self._lock:
-            self.phases[DELETE_CALL].append(now - sent)
-            if received is not None:
-                self.phases[INBOX_WRITE].append(sent - received)
-            for ok in response.get("Successful", []):
-                started = self._received.pop(by_id[ok["Id"]], None)
-                if started is not None:
-                    self.latencies.append(now - started)
-                self.deleted += 1
-        return response
+
+def bare_loop(endpoint: str, url: str) -> int:
+    """One bare receiving process: ready, wait for go, receive and delete until SIGTERM."""
+    stopping = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    sqs = client(endpoint)
+    sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])  # warm up
+    print(READY, flush=True)
+    if sys.stdin.readline().strip() != GO:
+        return 1
+    deleted = 0
+    while not stopping:
+        got = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, MessageAttributeNames=["All"]
+        ).get("Messages", [])
+        if got:
+            entries = [
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)
+            ]
+            deleted += len(sqs.delete_message_batch(QueueUrl=url, Entries=entries)["Successful"])
+    print(f"deleted {deleted}", flush=True)
+    return 0
 
 
 # -- the arms ------------------------------------------------------------------------------------
@@ -300,88 +311,128 @@ class TimedClient:
 class Sample:
     """One arm, one round."""
 
+    #: messages counted (those settled after the clock started)
     messages: int
     seconds: float
-    #: seconds until the last delete completed (the bridge keeps working after that)
-    ack_seconds: float
-    #: CPU seconds this process spent (every thread: receiving loop, bridge, timing wrapper)
+    #: CPU seconds of the arm's processes
     cpu_seconds: float
-    latencies: list[float]
-    #: durations of the receiving loop's phases, one per batch
-    phases: dict[str, list[float]]
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds
 
     @property
-    def ack_rate(self) -> float:
-        return self.messages / self.ack_seconds
-
-    @property
     def cpu_us(self) -> float:
-        """CPU microseconds of this process per delivery."""
+        """CPU microseconds of the arm's processes per delivery."""
         return self.cpu_seconds / self.messages * 1e6
 
 
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    procs: Sequence[subprocess.Popen[Any]],
+    *,
+    interval: float = POLL_SECONDS,
+    timeout: float = 1800.0,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a process exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
 def bare_arm(endpoint: str, url: str, plan: Plan) -> Sample:
-    sqs = TimedClient(client(endpoint))
-    cpu = time.process_time()
-    started = time.perf_counter()
-    while sqs.deleted < plan.messages:
-        got = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, MessageAttributeNames=["All"]
-        ).get("Messages", [])
-        if got:
-            entries = [
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)
-            ]
-            sqs.delete_message_batch(QueueUrl=url, Entries=entries)
-    took = time.perf_counter() - started
-    cpu = time.process_time() - cpu
-    return Sample(plan.messages, took, took, cpu, sqs.latencies, sqs.phases)
+    sqs = client(endpoint)
+    with ExitStack() as stack:
+        procs = []
+        for _ in range(PROCESSES):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.sqs", "--bare-loop", endpoint, url],
+                cwd=REPO,
+                env=child_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            stack.callback(stop, proc)
+            procs.append(proc)
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != READY:
+                raise RuntimeError("a bare receiving process did not start")
+        cpu = sum(cpu_seconds(p.pid) for p in procs)
+        started = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{GO}\n")
+            proc.stdin.flush()
+        wait_until("the queue drained", lambda: queue_empty(sqs, url), procs)
+        took = time.perf_counter() - started
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu
+    return Sample(plan.messages, took, cpu)
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return int(answer.status) == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def bridge_arm(endpoint: str, url: str, plan: Plan, db_url: str) -> Sample:
-    """The bridge as ``fencebridge run`` opens it, with a timed client; until all succeeded."""
-    messages = plan.messages
+    """Two ``fencebridge run`` processes on the queue; until every row has succeeded."""
     empty_work(db_url)
-    config = parse_config(
-        CONFIG.format(
-            deadline=10,
-            job=JOB,
-            handler="bench.sqs:NoOp",
-            queue_url=url,
-            region=REGION,
-            endpoint=endpoint,
-            ack_mode="after_inbox",
-            visibility=60,
-        ),
-        file="bench.toml",
-    )
-    bridge = open_bridge(config, db_url, IdentityHasher(IDENTITY_KEY.encode()))
-    (consumer,) = bridge.consumers
-    assert isinstance(consumer, SqsConsumer)
-    # The one intrusion: the benchmark's timing wrapper around the client the runtime built.
-    sqs = TimedClient(consumer._client)
-    consumer._client = sqs
-    try:
-        cpu = time.process_time()
+    sqs = client(endpoint)
+    with tempfile.TemporaryDirectory(prefix="fencebridge-bench-") as tmp, ExitStack() as stack:
+        procs: list[subprocess.Popen[bytes]] = []
+        ports = []
+        for n in range(PROCESSES):
+            port = free_port()
+            path = Path(tmp) / f"bridge-{n}.toml"
+            path.write_text(
+                CONFIG.format(
+                    worker=f"bench-{n}",
+                    health_port=port,
+                    deadline=10,
+                    job=JOB,
+                    handler="bench.sqs:NoOp",
+                    queue_url=url,
+                    region=REGION,
+                    endpoint=endpoint,
+                    ack_mode="after_inbox",
+                    visibility=60,
+                ),
+                encoding="utf-8",
+            )
+            out: IO[bytes] = stack.enter_context((Path(tmp) / f"bridge-{n}.log").open("wb"))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bridge", "run", "--config", str(path)],
+                cwd=REPO,
+                env=child_env(db_url),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            stack.callback(stop, proc)
+            procs.append(proc)
+            ports.append(port)
+        wait_until("both bridges ready", lambda: all(ready(p) for p in ports), procs, interval=0.05)
         started = time.perf_counter()
-        bridge.start()
-        acked = None
-        while True:
-            if acked is None and sqs.deleted >= messages:
-                acked = time.perf_counter() - started
-            if acked is not None and work_rows(db_url, succeeded=True) >= messages:
-                break
-            time.sleep(0.05)
+        early = work_rows(db_url, succeeded=True)
+        cpu = sum(cpu_seconds(p.pid) for p in procs)
+        wait_until(
+            "every row succeeded and the queue drained",
+            lambda: work_rows(db_url, succeeded=True) >= plan.messages and queue_empty(sqs, url),
+            procs,
+        )
         took = time.perf_counter() - started
-        cpu = time.process_time() - cpu
-    finally:
-        bridge.stop(10)
-        bridge.store.close()
-    return Sample(messages, took, acked, cpu, sqs.latencies, sqs.phases)
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu
+    return Sample(plan.messages - early, took, cpu)
 
 
 # -- peak memory of one bridge process ------------------------------------------------------------
@@ -411,6 +462,8 @@ def memory_run(endpoint: str, db_url: str, in_flight: int) -> Memory:
         path = Path(tmp) / "bridge.toml"
         path.write_text(
             CONFIG.format(
+                worker="bench",
+                health_port=0,
                 deadline=1,
                 job=JOB,
                 handler="bench.sqs:Busy",
@@ -418,77 +471,39 @@ def memory_run(endpoint: str, db_url: str, in_flight: int) -> Memory:
                 region=REGION,
                 endpoint=endpoint,
                 ack_mode="after_outcome",
-                # Long enough that no extension round runs while the memory is read.
+                # Long enough that no extension is due while the memory is read.
                 visibility=MEMORY_VISIBILITY,
             ),
             encoding="utf-8",
         )
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "AWS_"))},
-            **CREDENTIALS,
-            DATABASE_URL_ENV: db_url,
-            IDENTITY_KEY_ENV: IDENTITY_KEY,
-        }
         log_file = Path(tmp) / "bridge.log"
         with log_file.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bridge", "run", "--config", str(path)],
                 cwd=REPO,
-                env=env,
+                env=child_env(db_url),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
         try:
-            wait_for("start-up", lambda: "bridge started" in log_file.read_text(), proc, log_file)
+            wait_until("start-up", lambda: "bridge started" in log_file.read_text(), [proc])
             idle_mb = status_mb(proc.pid, "VmHWM")
             # Every message received and held: all in the table, none visible, all in flight.
             # Polled slowly: moto counts by walking the queue, and it has its hands full.
-            wait_for(
+            wait_until(
                 f"{in_flight:,} deliveries held",
                 lambda: work_rows(db_url) == in_flight and on_queue(sqs, url) == (0, in_flight),
-                proc,
-                log_file,
+                [proc],
                 interval=2.0,
             )
             peak = status_mb(proc.pid, "VmHWM")  # the high-water mark so far
             held = on_queue(sqs, url)[1]
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
     return Memory(idle_mb, peak, held)
 
 
-def wait_for(
-    what: str,
-    check: Callable[[], bool],
-    proc: subprocess.Popen[bytes],
-    log_file: Path,
-    *,
-    interval: float = 0.1,
-    timeout: float = 1800.0,  # moto's receive slows down with 1,000 messages in flight
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the bridge exited before {what}:\n{log_file.read_text()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 # -- the report ------------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 @dataclass
@@ -509,58 +524,36 @@ class Report:
         out = [
             "## SQS end to end",
             "",
-            "`python -m bench.sqs` ([bench/sqs.py](../bench/sqs.py)): the bridge beside a bare"
-            " boto3 `ReceiveMessage`(10) + `DeleteMessageBatch` loop, one receiving loop each,"
-            " on one local SQS server (moto, its own process) and the same host's PostgreSQL."
-            f" {plan.rounds} interleaved rounds of {plan.messages:,} messages per arm, sent"
-            " beforehand in batches of 10; the bridge runs in process with its default eight"
-            " worker threads, `after_inbox` and a no-op class B handler, and a round ends when"
-            " every row has succeeded. Medians over rounds (min..max); receive → ack is each"
-            " message's time from its `ReceiveMessage` answer to the completion of the"
-            " `DeleteMessageBatch` that carried it, pooled over rounds; CPU is this process's"
-            " (every thread) per delivery, moto and PostgreSQL not included. moto's"
-            " `ReceiveMessage` walks every message of the queue, so its cost falls as a round"
-            " drains the queue, the same way in both arms.",
+            "`python -m bench.sqs` ([bench/sqs.py](../bench/sqs.py)): two `fencebridge run`"
+            " processes beside two bare boto3 `ReceiveMessage`(10) + `DeleteMessageBatch`"
+            " processes, on one local SQS server (moto, its own process) and the same host's"
+            f" PostgreSQL. {plan.rounds} interleaved rounds of a {plan.messages:,}-message"
+            " backlog per arm, sent beforehand in batches of 10; the bridges run `after_inbox`"
+            " with their default eight worker threads and a no-op class B handler, and a round"
+            " ends when every row has succeeded and the queue is empty. Each arm's clock starts"
+            " once both its processes are up (the bridges: both answer `/readyz`; rows settled"
+            " before that are not counted). Medians over rounds (min..max); CPU is the two"
+            " processes' user + system time per delivery, moto and PostgreSQL not included."
+            " moto's `ReceiveMessage` walks every message of the queue, so its cost falls as a"
+            " round drains the queue, the same way in both arms.",
             "",
             *facts_table(self.facts),
             "",
-            "| arm | deliveries/s, end to end | deletes/s | CPU us/delivery | receive → ack p50"
-            " | p99 |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| arm | deliveries/s, end to end | CPU us/delivery |",
+            "| --- | ---: | ---: |",
         ]
         for arm in (BARE, BRIDGE):
             samples = self.samples[arm]
-            pooled = [x for s in samples for x in s.latencies]
             out.append(
-                f"| {arm} | {spread([s.rate for s in samples])} "
-                f"| {spread([s.ack_rate for s in samples])} "
-                f"| {statistics.median(s.cpu_us for s in samples):,.0f} "
-                f"| {percentile(pooled, 0.5) * 1000:.1f} ms "
-                f"| {percentile(pooled, 0.99) * 1000:.1f} ms |"
+                f"| {arm} ({PROCESSES} processes) | {spread([s.rate for s in samples])} "
+                f"| {statistics.median(s.cpu_us for s in samples):,.0f} |"
             )
         ratio = statistics.median(self.ratios())
         out += [
             "",
             f"bridge / bare, end to end: median of the per-round ratios {ratio:.2f}x"
             f" ({min(self.ratios()):.2f}..{max(self.ratios()):.2f}).",
-            "",
-            "Where a receiving loop's time goes, per batch of up to 10 (median, p99; pooled"
-            " over rounds):",
-            "",
-            "| phase | bare | bridge |",
-            "| --- | ---: | ---: |",
         ]
-        for phase in PHASES:
-            cells = []
-            for arm in (BARE, BRIDGE):
-                pooled = [x for s in self.samples[arm] for x in s.phases[phase]]
-                cells.append(
-                    f"{percentile(pooled, 0.5) * 1000:.1f} / {percentile(pooled, 0.99) * 1000:.1f}"
-                    " ms"
-                    if pooled
-                    else "-"
-                )
-            out.append(f"| {phase} | {cells[0]} | {cells[1]} |")
         goals = [
             "| goal | measured | met |",
             "| --- | --- | --- |",
@@ -592,8 +585,6 @@ class Report:
 
 def run(database_url: str | None, plan: Plan, argv: list[str], *, memory: bool) -> Report:
     report = Report(plan)
-    # The in-process bridge builds its SQS client from the environment, as in production.
-    os.environ.update(CREDENTIALS)
     sqs_fact = (
         "SQS",
         f"moto {metadata.version('moto')} server on 127.0.0.1, boto3 {metadata.version('boto3')}",
@@ -618,7 +609,7 @@ def run(database_url: str | None, plan: Plan, argv: list[str], *, memory: bool) 
                     report.samples[arm].append(sample)
                     log(
                         f"round {n + 1}/{plan.rounds} {arm}: {sample.rate:,.0f}/s end to end,"
-                        f" {sample.ack_rate:,.0f}/s deletes"
+                        f" {sample.cpu_us:,.0f} us CPU/delivery"
                     )
                     sqs.delete_queue(QueueUrl=url)
             if memory:
@@ -631,11 +622,21 @@ def run(database_url: str | None, plan: Plan, argv: list[str], *, memory: bool) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = arguments("bench.sqs", "SQS end to end: the bridge beside a bare receive/delete loop.")
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--bare-loop"]:
+        loop = argparse.ArgumentParser(prog="python -m bench.sqs --bare-loop")
+        loop.add_argument("endpoint")
+        loop.add_argument("queue_url")
+        found = loop.parse_args(args_list[1:])
+        return bare_loop(found.endpoint, found.queue_url)
+    parser = arguments("bench.sqs", "SQS end to end: two bridges beside two bare loops.")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per arm")
-    parser.add_argument("--messages", type=int, help="messages per arm and round")
+    parser.add_argument("--messages", type=int, help="backlog per arm and round")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS run")
-    args, command = command_line(parser, argv)
+    parser.add_argument(
+        "--bare-loop", nargs=2, metavar=("ENDPOINT", "QUEUE_URL"), help=argparse.SUPPRESS
+    )
+    args, command = command_line(parser, args_list)
     plan = QUICK if args.quick else FULL
     plan = Plan(
         rounds=args.rounds or plan.rounds,

@@ -12,8 +12,9 @@ production. The proxy tracks every message from the traffic it forwards and answ
   ``ReceiptHandleIsInvalid``; with the current handle after the message's visibility deadline
   (no longer in flight) with ``MessageNotInflight``.
 
-A message's deadline is counted from the moment the proxy sent the call on (a little before moto
-counts it), so when the proxy says a message is in flight, moto agrees.
+A received message's deadline is counted from the moment the broker's answer came back (SQS
+starts the visibility timeout when it returns a message); an extension's from the moment the
+proxy sent it on (the broker applies it at once, whenever its answer arrives).
 
 Faults, on demand (:meth:`SqsProxy.inject`) or on a share of calls (:meth:`SqsProxy.set_faults`):
 ``error`` (a 500 ``InternalError``, the call never reaches moto), ``throttle`` (a 400
@@ -298,11 +299,11 @@ class SqsProxy:
         visibility = params.get("VisibilityTimeout")
         if visibility is None:
             visibility = self._queue_visibility(request, queue)
-        sent = time.monotonic()
         answer = self._forward(request, body)
         if answer.status != 200:
             return answer
-        deadline = sent + int(visibility)
+        # SQS starts a message's visibility timeout when it returns the message.
+        deadline = time.monotonic() + int(visibility)
         with self._lock:
             self.counts[f"forwarded.{RECEIVE}"] += 1
             for m in answer.json().get("Messages", []):
