@@ -187,6 +187,8 @@ class SqsConsumer:
             threading.Thread(target=self._receive_loop, name=f"sqs-{subscription}-{i}", daemon=True)
             for i in range(threads)
         ]
+        # The inbox reports these counts as metrics (deletes, extensions, lost leases...).
+        self._inbox.observe_stream(subscription, lambda: self.counts)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -208,7 +210,8 @@ class SqsConsumer:
         # replica take them now rather than after their visibility timeout.
         reserve = min(_HAND_BACK_SECONDS, deadline / 2)
         for t in self._receivers:
-            t.join(timeout=max(end - reserve - time.monotonic(), 0))
+            if t.ident is not None:
+                t.join(timeout=max(end - reserve - time.monotonic(), 0))
         with self._lock:
             self._closed = True
         if self._holder is not None:
@@ -224,8 +227,12 @@ class SqsConsumer:
         if self._error:
             return False, f"{self.subscription}: {self._error}"
         if self._holder is not None:
-            return self._holder.status()
-        return True, "ok"
+            ok, why = self._holder.status()
+            if not ok:
+                return False, why
+        counts = self.counts
+        shown = ", ".join(f"{name} {counts[name]}" for name in STREAM_COUNTS if counts[name])
+        return True, f"ok ({shown})" if shown else "ok"
 
     @property
     def counts(self) -> Counter[str]:
@@ -390,6 +397,19 @@ class SqsConsumer:
             self._count(counter, len(done))
 
 
+#: the counters shown in ``/readyz`` (all of them are metrics)
+STREAM_COUNTS: Final = (
+    "received",
+    "deleted",
+    "delete_failed",
+    "held",
+    "extended",
+    "broker_lease_lost",
+    "let_go",
+    "released",
+    "handed_back",
+    "receive_failed",
+)
 #: counters the holder keeps under the names the consumer reports
 _HOLDER_COUNTS: Final = ("extended", "broker_lease_lost", "let_go", "released")
 #: the key of a copy that has no work row (a conflict or a quarantined delivery): never watched
