@@ -16,7 +16,15 @@ Three arms drain the same number of messages from a fresh subscription on one Pu
   succeeded. It shows what the whole bridge sustains end to end on the same machine.
 
 All arms use the same flow control (1,000 messages outstanding) and run once with
-exactly-once delivery off and once with it on. Messages are published beforehand, never while
+exactly-once delivery off and once with it on.
+
+A second section drains a **backlog** the way a deployment meets one: 5,000 messages published
+beforehand to an exactly-once subscription with the service's default 10 s ack deadline, drained
+by **two processes** at once, either two bare subscribers (``bare``) or two consumers with their
+inboxes (``consumer``) on the same database. A round ends when the two processes together have
+had every message's ack confirmed; the consumer's rows are counted afterwards (one per message).
+
+Messages are published beforehand, never while
 an arm runs. The emulator is started here (found as the tests find it: ``gcloud info`` or
 ``$FENCEBRIDGE_PUBSUB_EMULATOR``) unless ``--emulator-host`` names a running one. The database
 is ``--database-url``, else ``$FENCEBRIDGE_DATABASE_URL``, else an embedded PostgreSQL; the
@@ -29,12 +37,13 @@ benchmark creates its own database and drops it. It prints a markdown section fo
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
@@ -56,14 +65,20 @@ from bench.store import (
 )
 from bridge.config import parse_config
 from bridge.decode import decode
-from bridge.demo.emulator import EMULATOR_ENV, PubSubEmulator, find_launcher, with_emulator_host
+from bridge.demo.emulator import (
+    EMULATOR_ENV,
+    PubSubEmulator,
+    emulator_subscriber,
+    find_launcher,
+    with_emulator_host,
+)
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.runtime import build_registry
 from bridge.store import PostgresStore
 from bridge.worker import WorkerPool
-from consumers.pubsub import from_config
+from consumers.pubsub import PubSubConsumer, from_config
 
 JOB = "noop"
 TENANT = "bench"
@@ -105,10 +120,15 @@ class Plan:
     rounds: int
     #: messages per arm, mode and round
     messages: int
+    #: the two-process backlog section: rounds and messages per round
+    backlog_rounds: int = 3
+    backlog: int = 5000
 
 
 FULL = Plan(rounds=5, messages=3000)
-QUICK = Plan(rounds=2, messages=1000)
+QUICK = Plan(rounds=2, messages=1000, backlog_rounds=1, backlog=2000)
+PROCESSES = 2
+BACKLOG_ACK_DEADLINE = 10
 
 
 class NoOp(ConditionalWriteHandler):
@@ -139,11 +159,13 @@ def emulator_at(host: str | None) -> Iterator[PubSubEmulator]:
         emulator.stop()
 
 
-def fresh_subscription(emulator: PubSubEmulator, label: str, exactly_once: bool, n: int) -> str:
+def fresh_subscription(
+    emulator: PubSubEmulator, label: str, exactly_once: bool, n: int, ack_deadline: int = 60
+) -> str:
     """A new topic and subscription holding ``n`` published messages; returns its path."""
     topic, path = emulator.create(
         f"bench-{label}-{time.monotonic_ns()}",
-        ack_deadline=60,
+        ack_deadline=ack_deadline,
         enable_exactly_once_delivery=exactly_once,
     )
     name = path.rpartition("/")[2]
@@ -265,6 +287,91 @@ def bridge_arm(
     return Sample(plan.messages, took, acked)
 
 
+# -- two processes on one backlog ----------------------------------------------------------------
+
+
+def _bare_process(host: str, path: str, acked: Any, go: Any, stop: Any) -> None:
+    """A bare subscriber in its own process: counts each confirmed ack into ``acked``."""
+
+    def confirmed(_: Any) -> None:
+        with acked.get_lock():
+            acked.value += 1
+
+    def callback(message: Any) -> None:
+        message.ack_with_response().add_done_callback(confirmed)
+
+    client = emulator_subscriber(host)
+    go.wait()
+    future = client.subscribe(
+        path, callback, flow_control=pubsub_v1.types.FlowControl(max_messages=FLOW_MAX_MESSAGES)
+    )
+    stop.wait()
+    future.cancel()
+    with suppress(Exception):  # a cancelled stream ends with an error
+        future.result(timeout=30)
+    client.close()
+
+
+def _consumer_process(  # noqa: PLR0917  (the child process entry point)
+    host: str,
+    path: str,
+    db_url: str,
+    acked: Any,
+    go: Any,
+    stop: Any,
+) -> None:
+    """A consumer with its inbox in its own process, as ``fencebridge run`` builds it."""
+    config = parse_config(
+        CONFIG.format(job=JOB, path=path, flow=FLOW_MAX_MESSAGES), file="bench.toml"
+    )
+    store = PostgresStore.connect(db_url, max_size=4)
+    inbox = Inbox(store, partial(decode, config.decode_rules("bench")))
+    consumer = PubSubConsumer(emulator_subscriber(host), path, "bench", inbox, close_client=True)
+    go.wait()
+    consumer.start()
+    reported = 0
+    while not stop.wait(0.02):
+        now = consumer.counts["acked"]
+        with acked.get_lock():
+            acked.value += now - reported
+        reported = now
+    consumer.stop(10)
+    store.close()
+
+
+def two_processes(emulator: PubSubEmulator, path: str, n: int, arm: str, db_url: str) -> Sample:
+    """``PROCESSES`` processes of one arm drain ``n`` messages; timed from a common start."""
+    spawn = multiprocessing.get_context("spawn")
+    acked = spawn.Value("q", 0)
+    go, stop = spawn.Event(), spawn.Event()
+    if arm == BARE:
+        target: Any = _bare_process
+        args: tuple[Any, ...] = (emulator.host, path, acked, go, stop)
+    else:
+        empty_work(db_url)
+        target = _consumer_process
+        args = (emulator.host, path, db_url, acked, go, stop)
+    children = [spawn.Process(target=target, args=args, daemon=True) for _ in range(PROCESSES)]
+    for child in children:
+        child.start()
+    time.sleep(3.0)  # imports and clients ready before the clock starts
+    started = time.perf_counter()
+    go.set()
+    deadline = started + 600
+    while acked.value < n:
+        if time.perf_counter() > deadline:
+            stop.set()
+            raise RuntimeError(f"{arm}: only {acked.value} of {n} acks confirmed in 600 s")
+        time.sleep(0.005)
+    took = time.perf_counter() - started
+    stop.set()
+    for child in children:
+        child.join(30)
+    if arm != BARE and work_rows(db_url) != n:
+        raise RuntimeError(f"{arm}: {work_rows(db_url)} rows for {n} messages")
+    return Sample(n, took, took)
+
+
 # -- the report ------------------------------------------------------------------------------------
 
 
@@ -279,6 +386,7 @@ class Report:
     samples: dict[tuple[bool, str], list[Sample]] = field(
         default_factory=lambda: {(m, a): [] for m in MODES for a in ARMS}
     )
+    backlog: dict[str, list[Sample]] = field(default_factory=lambda: {BARE: [], CONSUMER: []})
 
     def ratios(self, exactly_once: bool, arm: str) -> list[float]:
         bare, other = self.samples[exactly_once, BARE], self.samples[exactly_once, arm]
@@ -327,6 +435,27 @@ class Report:
                 f"| {_mode(mode)}: consumer deliveries/s >= {RATIO_GOAL}x the bare subscriber"
                 f" | {ratio:.2f}x | {'yes' if ratio >= RATIO_GOAL else 'NO'} |"
             )
+        if self.backlog[BARE]:
+            ratios = [
+                c.rate / b.rate
+                for b, c in zip(self.backlog[BARE], self.backlog[CONSUMER], strict=True)
+            ]
+            ratio = statistics.median(ratios)
+            out += [
+                "",
+                f"Backlog of {plan.backlog:,} messages, exactly-once on, {BACKLOG_ACK_DEADLINE} s"
+                f" ack deadline, {PROCESSES} processes per arm, {plan.backlog_rounds} rounds:",
+                "",
+                "| arm | deliveries/s | / bare |",
+                "| --- | ---: | ---: |",
+                f"| bare | {spread([s.rate for s in self.backlog[BARE]])} | |",
+                f"| consumer | {spread([s.rate for s in self.backlog[CONSUMER]])} "
+                f"| {ratio:.2f}x ({min(ratios):.2f}..{max(ratios):.2f}) |",
+            ]
+            goals.append(
+                f"| backlog, two processes: consumer >= {RATIO_GOAL}x the bare subscriber"
+                f" | {ratio:.2f}x | {'yes' if ratio >= RATIO_GOAL else 'NO'} |"
+            )
         out += ["", *goals]
         return "\n".join(out) + "\n"
 
@@ -359,6 +488,15 @@ def run(database_url: str | None, emulator_host: str | None, plan: Plan, argv: l
                             f"round {n + 1}/{plan.rounds} {_mode(mode)} {arm}: "
                             f"{sample.rate:,.0f}/s, {sample.ack_rate:,.0f}/s acks"
                         )
+            for n in range(plan.backlog_rounds):
+                order = (BARE, CONSUMER) if n % 2 == 0 else (CONSUMER, BARE)
+                for arm in order:
+                    path = fresh_subscription(
+                        emulator, f"backlog-{arm}", True, plan.backlog, BACKLOG_ACK_DEADLINE
+                    )
+                    sample = two_processes(emulator, path, plan.backlog, arm, db_url)
+                    report.backlog[arm].append(sample)
+                    log(f"backlog round {n + 1}/{plan.backlog_rounds} {arm}: {sample.rate:,.0f}/s")
     return report
 
 
@@ -371,9 +509,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, help="interleaved rounds per arm and mode")
     parser.add_argument("--messages", type=int, help="messages per arm, mode and round")
+    parser.add_argument("--backlog", type=int, help="messages of the two-process backlog")
+    parser.add_argument("--backlog-rounds", type=int, help="rounds of the backlog section")
     args, command = command_line(parser, argv)
     plan = QUICK if args.quick else FULL
-    plan = Plan(rounds=args.rounds or plan.rounds, messages=args.messages or plan.messages)
+    plan = Plan(
+        rounds=plan.rounds if args.rounds is None else args.rounds,
+        messages=args.messages or plan.messages,
+        backlog_rounds=(
+            plan.backlog_rounds if args.backlog_rounds is None else args.backlog_rounds
+        ),
+        backlog=args.backlog or plan.backlog,
+    )
     print(run(args.database_url, args.emulator_host, plan, command).markdown(), end="")
     return 0
 

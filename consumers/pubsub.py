@@ -234,9 +234,14 @@ def _answered(held: Sequence[A], call: Any) -> CallResult[A]:
         exactly_once = exc.reason == "EXACTLY_ONCE_ACKID_FAILURE"
         per_id: Mapping[str, str] = (exc.metadata or {}) if exactly_once else {}
         if per_id:
-            # Exactly-once: the refused ack ids are listed; the others are worth another try.
-            lost = [h for h in held if per_id.get(h.handle, "").startswith("PERMANENT_")]
-            return CallResult(lost=lost, retry=[h for h in held if h not in lost])
+            # Exactly-once: the service lists the ack ids it refused, each with why; it applied
+            # every other one of the call.
+            answers = [(h, per_id.get(h.handle, "")) for h in held]
+            return CallResult(
+                done=[h for h, why in answers if not why],
+                lost=[h for h, why in answers if why.startswith("PERMANENT_")],
+                retry=[h for h, why in answers if why and not why.startswith("PERMANENT_")],
+            )
         if isinstance(exc, _PERMANENT_CODES):
             return CallResult(lost=list(held))
         return CallResult(retry=list(held))
@@ -338,6 +343,8 @@ class PubSubConsumer:
     def start(self) -> None:
         for t in self._writers:
             t.start()
+        if self._holder is not None:
+            self._holder.start()
         self._supervisor.start()
         # The inbox reports these counts as metrics (acks, extensions, lost leases...).
         self._inbox.observe_stream(self.subscription, lambda: self.counts)

@@ -21,6 +21,7 @@ import pytest
 
 from bridge import sources
 from bridge.config import parse_config
+from bridge.database import SessionTimeouts
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import Key
@@ -38,6 +39,9 @@ from tests.support.pubsub_emulator import PROJECT, PubSubEmulator, with_emulator
 #: a redelivery takes the 10 s ack deadline plus the client's lease loop; leave room for a
 #: loaded machine
 REDELIVERY_WAIT = 90.0
+#: with exactly-once delivery the client library leases a message for at least 60 s, so a
+#: message whose write hangs comes back only after that
+EXACTLY_ONCE_REDELIVERY_WAIT = 180.0
 
 
 class Consumers:
@@ -94,16 +98,22 @@ def test_exactly_once_is_read_from_the_subscription(
 
 @pytest.mark.slow
 def test_a_late_ack_fails_with_invalid_ack_id_and_the_redelivery_is_a_replay(
-    emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db_url: str, db: Db
+    emulator: PubSubEmulator, consumers: Consumers, db_url: str, db: Db
 ) -> None:
     topic, path = emulator.create(enable_exactly_once_delivery=True)
+    # No lock timeout: the inbox transaction must wait behind the test's lock for as long as
+    # it holds it (a deployment's lock_timeout would roll it back and nack instead).
+    store = PostgresStore.connect(db_url, max_size=4, timeouts=SessionTimeouts(None, None, None))
     consumer = consumers.start(path, inbox_for(store), max_lease_duration=1)
     with psycopg.connect(db_url) as locker:
-        # The inbox transaction waits for this lock, far past the 10 s ack deadline.
+        # The inbox transaction waits for this lock, far past the ack deadline: the client
+        # stops leasing the message after a second and it is handed out again.
         locker.execute("LOCK TABLE work_item IN ACCESS EXCLUSIVE MODE")
         message_id = publish(emulator, topic, "t1", "op-1", 5)
         eventually(
-            lambda: consumer.counts["received"] >= 2, "the redelivery", timeout=REDELIVERY_WAIT
+            lambda: consumer.counts["received"] >= 2,
+            "the redelivery",
+            timeout=EXACTLY_ONCE_REDELIVERY_WAIT,
         )
         assert consumer.counts["acked"] == 0
         locker.rollback()
@@ -120,14 +130,16 @@ def test_a_late_ack_fails_with_invalid_ack_id_and_the_redelivery_is_a_replay(
     ]
     # The work is there once: one claim, and nothing else to claim.
     assert len(store.claim("w", 10, timedelta(seconds=30))) == 1
+    store.close()
     assert emulator.deliverable(path) == []
 
 
 @pytest.mark.slow
 def test_a_delivery_whose_write_outlives_its_ack_deadline_is_ingested_once(
-    emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db_url: str, db: Db
+    emulator: PubSubEmulator, consumers: Consumers, db_url: str, db: Db
 ) -> None:
     topic, path = emulator.create()
+    store = PostgresStore.connect(db_url, max_size=4, timeouts=SessionTimeouts(None, None, None))
     consumer = consumers.start(path, inbox_for(store), max_lease_duration=1)
     with psycopg.connect(db_url) as locker:
         # An uncommitted row with the same key: the inbox's insert waits on its unique index.
@@ -153,6 +165,7 @@ def test_a_delivery_whose_write_outlives_its_ack_deadline_is_ingested_once(
     ).fetchall()
     assert (tenant, operation) == ("t1", "op-1")
     assert ref != "pg:held-by-test"
+    store.close()
     assert emulator.deliverable(path) == []
 
 
