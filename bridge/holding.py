@@ -63,6 +63,9 @@ CALL_THREADS_DEFAULT = 4
 _RETRY_INITIAL = 0.1
 #: ... up to this
 _RETRY_MAX = 2.0
+#: seconds an acknowledgement is retried at least (a copy past its estimated deadline may
+#: still be leased: the estimate errs early)
+_SETTLE_BUDGET_MIN = 2.0
 
 
 class HeldDelivery(Protocol):
@@ -396,7 +399,8 @@ class Holder(Generic[T]):
         self._wake.set()
 
     def _settle(self, chunk: list[_Entry[T]]) -> None:
-        budget = max(min(e.deadline for e in chunk) - self._clock(), 0.0)
+        # Until the copies' deadline; at least one retry even if it is (nearly) past.
+        budget = max(min(e.deadline for e in chunk) - self._clock(), _SETTLE_BUDGET_MIN)
         done, lost, left = confirm(
             self._broker.settle,
             [e.item for e in chunk],

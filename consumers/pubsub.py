@@ -231,6 +231,7 @@ def _answered(held: Sequence[A], call: Any) -> CallResult[A]:
     try:
         call()
     except api_exceptions.GoogleAPICallError as exc:
+        log.info("ack or deadline call not confirmed: %s", _describe(exc))
         exactly_once = exc.reason == "EXACTLY_ONCE_ACKID_FAILURE"
         per_id: Mapping[str, str] = (exc.metadata or {}) if exactly_once else {}
         if per_id:
@@ -248,6 +249,7 @@ def _answered(held: Sequence[A], call: Any) -> CallResult[A]:
     except ValueError:
         # The client library could not read the service's error (its status and details
         # disagree): unconfirmed, so try again.
+        log.info("ack or deadline call answered with an unreadable error")
         return CallResult(retry=list(held))
     return CallResult(done=list(held))
 
@@ -487,9 +489,7 @@ class PubSubConsumer:
             self._holder.set_extension(self._ack_deadline)
         # Messages waiting for their write stay in the library's lease management; with
         # exactly-once its lease extensions must not go below its own floor.
-        lease = self._ack_deadline
-        if self._exactly_once:
-            lease = max(lease, EXACTLY_ONCE_LEASE_MIN)
+        lease = self._client_lease()
         flow = pubsub_v1.types.FlowControl(
             max_messages=self._max_messages,
             max_bytes=self._max_bytes,
@@ -675,9 +675,18 @@ class PubSubConsumer:
         for h in hold:
             # From now on the holder keeps the deadline; the client must not extend it too.
             h.message.drop()
-        # Due at once: the holder's first extension confirms the copy's deadline itself.
-        self._holder.hold(hold, deadline=time.monotonic())
+        if hold:
+            # The client leased each copy for ``lease`` seconds from its receipt at least (and
+            # may have renewed it since): the earliest its ack deadline can end.
+            lease = self._client_lease()
+            self._holder.hold(hold, deadline=min(h.received_at for h in hold) + lease)
         return True
+
+    def _client_lease(self) -> int:
+        """The lease the client library gives messages awaiting their write (seconds)."""
+        if self._exactly_once:
+            return max(self._ack_deadline, EXACTLY_ONCE_LEASE_MIN)
+        return self._ack_deadline
 
     def _current_stream(self) -> int:
         with self._lock:

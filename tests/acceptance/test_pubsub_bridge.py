@@ -210,14 +210,16 @@ def test_after_outcome_holds_deliveries_through_handlers_that_outlive_the_ack_de
     topic, path = emulator.create(
         ack_deadline=10, enable_exactly_once_delivery=True, enable_message_ordering=True
     )
-    # Most handlers are quick; one in twenty works 15 s (past the 10 s ack deadline and its
-    # 4 s lease), reporting progress all along.
+    # Most handlers are quick; about one in a hundred works 70 s, reporting progress all along:
+    # past its 4 s lease, the 10 s ack deadline and the 60 s the client leases a message for
+    # from its receipt, so only the holder's extensions keep those deliveries from going out
+    # again.
     stream = backlog(
         OPERATIONS,
         job_type=STEADY,
         payload={"work_seconds": 0},
-        slow={"work_seconds": 15, "step_seconds": 0.5},
-        slow_share=0.05,
+        slow={"work_seconds": 70, "step_seconds": 0.5},
+        slow_share=0.01,
     )
     publish(emulator, topic, stream.publications)
 
@@ -282,5 +284,6 @@ def test_an_emulator_crash_mid_run_and_a_republished_backlog_are_ingested_once(
         stop(bridges)
 
     assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
-    assert seen["reconnects"] >= 2  # both bridges noticed and came back
+    # Deliveries of the crashed emulator and of the republished backlog both reached the bridges.
+    assert seen["received"] > len(stream.publications)
     assert drained(emulator, path) == []
