@@ -18,8 +18,10 @@ processes' user + system time, read from ``/proc`` before they stop (moto and Po
 included).
 
 moto's ``ReceiveMessage`` walks every message the queue holds, so the broker's cost per receive
-falls as a round drains its queue (the same way in both arms) and the deeper the queue, the
-more the broker alone decides the rate.
+falls as a round drains its queue (the same way in both arms). moto also recomputes every count
+of a queue several times for each message it sends or returns, which at 5,000 messages made one
+receive take seconds; the benchmark's moto server keeps a queue's attributes for half a second
+(:func:`serve_moto`), the same for both arms.
 
 Memory: one ``fencebridge run`` process with ``after_outcome`` and a handler that keeps its rows
 busy, so that 1,000 deliveries are held in flight at once; its peak resident set (``VmHWM``
@@ -410,7 +412,7 @@ def bare_arm(endpoint: str, url: str, plan: Plan) -> Sample:
         for i, proc in enumerate(procs):
             assert proc.stdout is not None
             threading.Thread(target=tally, args=(i, proc.stdout), daemon=True).start()
-        cpu = sum(cpu_seconds(p.pid) for p in procs)
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
         started = time.perf_counter()
         for proc in procs:
             assert proc.stdin is not None
@@ -418,9 +420,13 @@ def bare_arm(endpoint: str, url: str, plan: Plan) -> Sample:
             proc.stdin.flush()
         wait_until("every message deleted", lambda: sum(deleted) >= plan.messages, procs)
         took = time.perf_counter() - started
-        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu
-    if not queue_empty(sqs, url):
-        raise RuntimeError("the bare loops deleted the backlog but the queue is not empty")
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+        # moto may hand one message to two concurrent receives, and both deletes succeed: the
+        # sum can reach the backlog early. The queue itself has the last word.
+        if not queue_empty(sqs, url):
+            wait_until("the queue drained", lambda: queue_empty(sqs, url), procs, interval=1.0)
+            took = time.perf_counter() - started
+            cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
     return Sample(plan.messages, took, cpu)
 
 
@@ -472,19 +478,20 @@ def bridge_arm(endpoint: str, url: str, plan: Plan, db_url: str) -> Sample:
         wait_until("both bridges ready", lambda: all(ready(p) for p in ports), procs, interval=0.05)
         started = time.perf_counter()
         early = work_rows(db_url, succeeded=True)
-        cpu = sum(cpu_seconds(p.pid) for p in procs)
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
         wait_until(
             "every row succeeded",
             lambda: work_rows(db_url, succeeded=True) >= plan.messages,
             procs,
         )
         took = time.perf_counter() - started
-        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
         # Deletes follow each commit at once; counting the queue is slow in moto, so it is
         # checked after the rows, and the clock runs on only if it is not empty yet.
         if not queue_empty(sqs, url):
             wait_until("the queue drained", lambda: queue_empty(sqs, url), procs, interval=1.0)
             took = time.perf_counter() - started
+            cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
     return Sample(plan.messages - early, took, cpu)
 
 
