@@ -595,7 +595,9 @@ class Report:
             " before that are not counted). Medians over rounds (min..max); CPU is the two"
             " processes' user + system time per delivery, moto and PostgreSQL not included."
             " moto's `ReceiveMessage` walks every message of the queue, so its cost falls as a"
-            " round drains the queue, the same way in both arms.",
+            " round drains the queue, the same way in both arms; the benchmark's moto server"
+            " keeps a queue's attributes for half a second, as moto otherwise recomputes every"
+            " count of the queue several times for each message it sends or returns.",
             "",
             *facts_table(self.facts),
             "",
