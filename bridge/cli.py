@@ -62,7 +62,12 @@ def _run(args: argparse.Namespace) -> int:
     from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
 
     config = load_config(args.config)
-    bridge = open_bridge(config, database_url(args.database_url), IdentityHasher.from_env())
+    bridge = open_bridge(
+        config,
+        database_url(args.database_url),
+        IdentityHasher.from_env(),
+        limits=config.bridge.limits(),
+    )
     telemetry = configure_telemetry()
     if telemetry.metrics:
         bridge.telemetry.observe(bridge.store)

@@ -53,6 +53,11 @@ from bridge.decode import (
     identifier_problem,
 )
 from bridge.errors import ConfigError
+from bridge.service import (
+    UNHEALTHY_AFTER_RESTARTS_DEFAULT,
+    UNHEALTHY_AFTER_SECONDS_DEFAULT,
+    Limits,
+)
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -571,6 +576,26 @@ class BridgeSettings:
             _Number(0, 86400),
         ),
     )
+    unhealthy_after_seconds: float = field(
+        default=UNHEALTHY_AFTER_SECONDS_DEFAULT,
+        metadata=_key(
+            """
+            How long a service of the bridge (claimer, workers, heartbeater, sweeper...) may
+            keep failing before `/healthz` fails too, so the orchestrator restarts the process.
+            Until then only `/readyz` fails. A dependency that cannot be reached at all never
+            fails `/healthz`: a restart would not bring it back.
+            """,
+            _Number(1, 86400),
+        ),
+    )
+    unhealthy_after_restarts: int = field(
+        default=UNHEALTHY_AFTER_RESTARTS_DEFAULT,
+        metadata=_key(
+            "Restarts in a row of one service, without a good round between them, after which"
+            " `/healthz` fails.",
+            _Integer(1, 1_000_000),
+        ),
+    )
     health_host: str = field(
         default=HEALTH_HOST_DEFAULT,
         metadata=_key(
@@ -584,6 +609,12 @@ class BridgeSettings:
             _Integer(0, 65535),
         ),
     )
+
+    def limits(self) -> Limits:
+        """When a failing service makes the process unhealthy, not only unready."""
+        return Limits(
+            failing_seconds=self.unhealthy_after_seconds, restarts=self.unhealthy_after_restarts
+        )
 
     def session_timeouts(self) -> SessionTimeouts:
         """The limits every pooled connection of the bridge starts with."""

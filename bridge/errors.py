@@ -8,7 +8,9 @@
     │   └── FencedOut             the target itself refused a write carrying a stale fence
     ├── TransientError            retry later with backoff; nothing was decided
     │   ├── StoreUnavailable      the database could not be reached, or the connection broke
-    │   └── BrokerUnavailable     the broker could not be reached
+    │   ├── BrokerUnavailable     the broker could not be reached
+    │   └── DeadlineExceeded      a class A handler ran past its deadline; rolled back, retried
+    │                             (defined in :mod:`bridge.deadline`)
     ├── StoreError                the database answered, but not as the schema expects
     │   └── MigrationError        the schema cannot be brought to the version this code needs
     └── BrokerError               the broker refused the request for a reason retrying won't fix

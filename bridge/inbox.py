@@ -17,21 +17,17 @@ wait for the next poll.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
 
 from bridge.decode import RawDelivery, undecodable
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
-from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
+from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T", bound="HeldDelivery")
 
 Decoder = Callable[[RawDelivery], Delivery | Rejection]
 HandOff = Callable[[Sequence[tuple[Key, str]]], None]
@@ -117,101 +113,3 @@ class Inbox:
         """A consumer acknowledged a delivery received at ``received_at`` (monotonic)."""
         if self._telemetry is not None:
             self._telemetry.acked(subscription, time.monotonic() - received_at)
-
-
-class HeldDelivery(Protocol):
-    """A delivery an ``after_outcome`` consumer keeps in flight until its row's outcome."""
-
-    @property
-    def handle(self) -> str:
-        """The broker's handle for this copy (SQS receipt handle, Pub/Sub ack id)."""
-        ...
-
-    @property
-    def key(self) -> Key: ...
-
-    @property
-    def received_at(self) -> float:
-        """Monotonic time of the receive."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Triage(Generic[T]):
-    """What to do with each held delivery this round."""
-
-    #: the row is terminal or parked: acknowledge
-    done: list[T]
-    #: the row is queued or its claim's lease is live: extend the broker's deadline
-    extend: list[T]
-    #: the claim stalled, the row is gone, or the hold reached its limit: let the broker redeliver
-    let_go: list[T]
-
-
-class HeldDeliveries(Generic[T]):
-    """The deliveries an ``after_outcome`` consumer holds, by broker handle; thread-safe.
-
-    Only the bookkeeping and the decision are here: acknowledging, extending and letting go
-    are the broker's calls, made by the consumer.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[str, T] = {}
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._held)
-
-    def add(self, held: Iterable[T]) -> None:
-        with self._lock:
-            for h in held:
-                self._held[h.handle] = h
-
-    def forget(self, held: Iterable[T]) -> None:
-        """Stop holding these: the broker no longer honours their handles, or they are done."""
-        with self._lock:
-            for h in held:
-                self._held.pop(h.handle, None)
-
-    def snapshot(self) -> list[T]:
-        with self._lock:
-            return list(self._held.values())
-
-    def take_all(self) -> list[T]:
-        """Everything held, no longer held (on stop)."""
-        with self._lock:
-            held = list(self._held.values())
-            self._held.clear()
-        return held
-
-    def triage(self, store: PostgresStore, *, extension: float, limit: float) -> Triage[T]:
-        """Sort held deliveries by their work rows; those done or let go are no longer held.
-
-        A delivery is extended only while its row waits in the queue or its claim's lease is
-        being renewed by handler progress; a stalled claim gets no more broker time, so the
-        broker redelivers it (a replay). ``limit`` caps the total hold from the receive,
-        counting the ``extension`` about to be granted.
-        """
-        triage: Triage[T] = Triage([], [], [])
-        held = self.snapshot()
-        if not held:
-            return triage
-        rows = store.watch(list({h.key for h in held}))
-        now = time.monotonic()
-        for h in held:
-            row = rows.get(h.key)
-            if row is None:
-                triage.let_go.append(h)
-                continue
-            state, lease_live = row
-            if state.terminal or state.parked:
-                triage.done.append(h)
-            elif now - h.received_at + extension >= limit:
-                triage.let_go.append(h)
-            elif state is State.QUEUED or lease_live:
-                triage.extend.append(h)
-            else:
-                triage.let_go.append(h)
-        self.forget(triage.done + triage.let_go)
-        return triage

@@ -254,7 +254,9 @@ def open_bridge(
     limits: Limits | None = None,
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
-    store = PostgresStore.connect(database_url, max_size=pool_size(config))
+    store = PostgresStore.connect(
+        database_url, max_size=pool_size(config), timeouts=config.bridge.session_timeouts()
+    )
     try:
         with store.pool.connection() as conn:
             require_current(conn)
