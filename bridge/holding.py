@@ -63,8 +63,10 @@ CALL_THREADS_DEFAULT = 4
 _RETRY_INITIAL = 0.1
 #: ... up to this
 _RETRY_MAX = 2.0
-#: seconds an acknowledgement is retried at least (a copy past its estimated deadline may
-#: still be leased: the estimate errs early)
+#: seconds an acknowledgement is retried in one round before its copy goes back to being held
+_SETTLE_TRY = 4.0
+#: seconds an extension is retried at least (a copy past its estimated deadline may still be
+#: leased: the estimate errs early)
 _SETTLE_BUDGET_MIN = 2.0
 
 
@@ -77,7 +79,9 @@ class HeldDelivery(Protocol):
         ...
 
     @property
-    def key(self) -> Key: ...
+    def key(self) -> Key | None:
+        """The work row whose outcome the copy waits for; None for a copy already settled."""
+        ...
 
     @property
     def received_at(self) -> float:
@@ -133,6 +137,10 @@ class _Entry(Generic[T]):
     version: int = 0
     #: last state seen by a watch: None until the first watch
     progressing: bool | None = None
+    #: an acknowledgement of this copy went unconfirmed: it is tried again, and extended
+    settle_retried: bool = False
+    #: nothing to wait for (a conflict, a quarantined delivery): acknowledge at once
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,13 +244,17 @@ class Holder(Generic[T]):
 
     # -- holding ------------------------------------------------------------------------------
 
-    def hold(self, items: Sequence[T], deadline: float) -> None:
-        """Hold these copies; the broker's lease on them ends at ``deadline`` (monotonic)."""
+    def hold(self, items: Sequence[T], deadline: float, *, settled: bool = False) -> None:
+        """Hold these copies; the broker's lease on them ends at ``deadline`` (monotonic).
+
+        ``settled`` copies wait for no row: they are acknowledged at once, and kept (extended)
+        only while the broker does not confirm it.
+        """
         if not items:
             return
         with self._lock:
             for item in items:
-                entry = _Entry(item, deadline)
+                entry = _Entry(item, deadline, settled=settled or item.key is None)
                 self._entries[item.handle] = entry
                 self._schedule(entry)
         self._count("held", len(items))
@@ -303,7 +315,7 @@ class Holder(Generic[T]):
         rows: dict[Key, tuple[State, bool]] | None
         problem: str | None = None
         try:
-            rows = self._watch([e.item.key for e in idle])
+            rows = self._watch([e.item.key for e in idle if e.item.key is not None])
         except Exception as exc:  # noqa: BLE001  (the database is slow or gone: keep extending)
             self._count("watch_failed")
             problem = f"cannot watch held rows ({type(exc).__name__})"
@@ -342,27 +354,39 @@ class Holder(Generic[T]):
             for entry in idle:
                 if entry.item.handle not in self._entries:
                     continue
-                if rows is not None:
-                    row = rows.get(entry.item.key)
-                    if row is None:
-                        out.let_go.append(entry)
-                        continue
-                    state, lease_live = row
-                    if state.terminal or state.parked:
-                        entry.busy = True
-                        out.settle.append(entry)
-                        continue
-                    entry.progressing = state is State.QUEUED or lease_live
-                if entry.item.handle not in due:
-                    continue
-                too_long = now - entry.item.received_at + self._extension >= self._limit
-                if too_long or entry.progressing is False:
-                    out.let_go.append(entry)
-                else:
-                    # Progressing, or not watched yet (the database did not answer): keep it.
-                    entry.busy = True
-                    out.extend.append(entry)
+                decision = self._decide(out, entry, rows, entry.item.handle in due, now)
+                if decision is not None:
+                    entry.busy = decision is not out.let_go
+                    decision.append(entry)
         return out
+
+    def _decide(
+        self,
+        out: _Sorted[T],
+        entry: _Entry[T],
+        rows: dict[Key, tuple[State, bool]] | None,
+        due: bool,
+        now: float,
+    ) -> list[_Entry[T]] | None:
+        """The list of ``out`` this copy goes to this round, or None to wait (lock held)."""
+        settled = entry.settled
+        if not settled and rows is not None and entry.item.key is not None:
+            row = rows.get(entry.item.key)
+            if row is None:
+                return out.let_go  # the row is gone (erased)
+            state, lease_live = row
+            settled = state.terminal or state.parked
+            entry.progressing = state is State.QUEUED or lease_live
+        if settled:
+            # An acknowledgement that waits on the broker keeps its copy leased meanwhile.
+            return out.extend if entry.settle_retried and due else out.settle
+        if not due:
+            return None
+        too_long = now - entry.item.received_at + self._extension >= self._limit
+        if too_long or entry.progressing is False:
+            return out.let_go
+        # Progressing, or not watched yet (the database did not answer): keep it.
+        return out.extend
 
     def _pop_due(self, now: float) -> set[str]:
         """Handles whose extension is due (lock held); stale timetable entries are dropped."""
@@ -399,30 +423,37 @@ class Holder(Generic[T]):
         self._wake.set()
 
     def _settle(self, chunk: list[_Entry[T]]) -> None:
-        # Until the copies' deadline; at least one retry even if it is (nearly) past.
-        budget = max(min(e.deadline for e in chunk) - self._clock(), _SETTLE_BUDGET_MIN)
+        """Acknowledge; what stays unconfirmed is still held, so it is extended and tried again.
+
+        An acknowledgement can be refused for a while for reasons of the broker's own (with
+        Pub/Sub ordering, a copy is acknowledged only after the copies before it of the same
+        key): giving up would let the copy lapse and the broker hand out it and every later
+        copy of its key again. Only ``limit`` ends a hold.
+        """
+        budget = min(max(min(e.deadline for e in chunk) - self._clock(), 0.0), _SETTLE_TRY)
         done, lost, left = confirm(
             self._broker.settle,
             [e.item for e in chunk],
-            budget=budget,
+            budget=max(budget, _SETTLE_TRY / 4),
             stopping=self._stopping,
             name=self.name,
         )
-        self.forget(e.item for e in chunk)
+        self.forget([*done, *lost])
         self._count("settled", len(done))
         self._count("settle_refused", len(lost))
-        self._count("settle_unanswered", len(left))
         if left:
-            log.info(
-                "%s: %d acknowledgement(s) unanswered before the deadline; they return as replays",
-                self.name,
-                len(left),
-            )
+            self._count("settle_retried", len(left))
+            keep = {item.handle for item in left}
+            retried = [e for e in chunk if e.item.handle in keep]
+            for e in retried:
+                e.settle_retried = True
+            self._idle(retried)
 
     def _extend(self, chunk: list[_Entry[T]]) -> None:
         sent = self._clock()
-        # Worth retrying while the copies are still leased, less a moment for the last try.
-        budget = max(min(e.deadline for e in chunk) - sent - 0.2, 0.0)
+        # Worth retrying while the copies are still leased, less a moment for the last try;
+        # briefly even when the estimate says the deadline passed (it errs early).
+        budget = max(min(e.deadline for e in chunk) - sent - 0.2, _SETTLE_BUDGET_MIN)
         seconds = self._extension
 
         def extend(items: Sequence[T]) -> CallResult[T]:

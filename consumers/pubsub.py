@@ -176,7 +176,8 @@ class _Received:
 class Held:
     """A delivery kept unacknowledged until its work row's outcome (after_outcome)."""
 
-    key: Key
+    #: None for a copy with no outcome to wait for (a conflict, a quarantined delivery)
+    key: Key | None
     message: Any
     received_at: float
 
@@ -231,9 +232,11 @@ def _answered(held: Sequence[A], call: Any) -> CallResult[A]:
     try:
         call()
     except api_exceptions.GoogleAPICallError as exc:
-        log.info("ack or deadline call not confirmed: %s", _describe(exc))
         exactly_once = exc.reason == "EXACTLY_ONCE_ACKID_FAILURE"
         per_id: Mapping[str, str] = (exc.metadata or {}) if exactly_once else {}
+        # The service's reasons only (codes such as TRANSIENT_FAILURE_UNORDERED_ACK_ID).
+        reasons = ",".join(sorted(set(per_id.values()))) or "no reasons"
+        log.info("ack or deadline call not confirmed: %s [%s]", _describe(exc), reasons)
         if per_id:
             # Exactly-once: the service lists the ack ids it refused, each with why; it applied
             # every other one of the call.
@@ -664,22 +667,21 @@ class PubSubConsumer:
         if self._holder is None:
             self._ack(batch)
             return True
-        now_done: list[_Received] = []
-        hold: list[Held] = []
-        for item, w in zip(batch, written, strict=True):
-            if w.awaits_outcome and w.result.key is not None:
-                hold.append(Held(w.result.key, item.message, item.received_at))
-            else:
-                now_done.append(item)
-        self._ack(now_done)
+        # Every copy goes through the holder, those with nothing to wait for too: with message
+        # ordering and exactly-once, a copy can be acknowledged only after the copies before it
+        # of its key, so an ack may wait on the broker, and the copy must stay leased meanwhile.
+        hold = [
+            Held(w.result.key if w.awaits_outcome else None, item.message, item.received_at)
+            for item, w in zip(batch, written, strict=True)
+        ]
         for h in hold:
             # From now on the holder keeps the deadline; the client must not extend it too.
             h.message.drop()
-        if hold:
-            # The client leased each copy for ``lease`` seconds from its receipt at least (and
-            # may have renewed it since): the earliest its ack deadline can end.
-            lease = self._client_lease()
-            self._holder.hold(hold, deadline=min(h.received_at for h in hold) + lease)
+        # The client's receipt acknowledgement may have asked for as little as the ack deadline
+        # (its lease grows to its floor only once its lease manager has run), and it may have
+        # renewed it since: the earliest the copies' deadline can end.
+        earliest = min(h.received_at for h in hold) + self._ack_deadline
+        self._holder.hold(hold, deadline=earliest)
         return True
 
     def _client_lease(self) -> int:
@@ -777,6 +779,7 @@ STREAM_COUNTS: Final = (
     "acked",
     "ack_id_expired",
     "ack_unanswered",
+    "ack_retried",
     "nacked",
     "held",
     "extended",
@@ -791,7 +794,7 @@ STREAM_COUNTS: Final = (
 _HOLDER_COUNTS: Final = {
     "settled": "acked",
     "settle_refused": "ack_id_expired",
-    "settle_unanswered": "ack_unanswered",
+    "settle_retried": "ack_retried",
     "extended": "extended",
     "broker_lease_lost": "broker_lease_lost",
     "let_go": "let_go",
