@@ -385,6 +385,13 @@ class PubSubConsumer:
         self._closed = True
         if self._close_client:
             self._client.close()
+        counts = self.counts
+        log.info(
+            "%s: stopped; handed back %d unwritten and %d held deliveries",
+            self.subscription,
+            len(leftover),
+            counts["released"],
+        )
 
     def status(self) -> tuple[bool, str]:
         """Ready, and why not; when ready, the stream's counters."""
