@@ -185,7 +185,10 @@ class Holder(Generic[T]):
         self._seq = itertools.count()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-call")
+        #: extensions and acknowledgements on pools of their own: a burst of one never queues
+        #: in front of the other
+        self._extend_calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-x")
+        self._settle_calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-a")
         self._thread = threading.Thread(target=self._run, name=f"hold-{name}", daemon=True)
         self._error: str | None = None
         self.counts: Counter[str] = Counter()
@@ -204,9 +207,14 @@ class Holder(Generic[T]):
             self._thread.join(timeout=max(end - time.monotonic(), 0))
         # Calls in flight end soon (their retries stop with us); release only after them, so a
         # late extension cannot undo a release.
-        closer = threading.Thread(target=self._calls.shutdown, kwargs={"cancel_futures": True})
-        closer.start()
-        closer.join(timeout=max(end - time.monotonic(), 0))
+        closers = [
+            threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+            for pool in (self._extend_calls, self._settle_calls)
+        ]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(timeout=max(end - time.monotonic(), 0))
         held = self.take_all()
         for chunk in _chunks(held, self._broker.max_batch):
             if time.monotonic() > end:
@@ -325,10 +333,10 @@ class Holder(Generic[T]):
         if sorted_.let_go:
             self.forget(e.item for e in sorted_.let_go)
             self._count("let_go", len(sorted_.let_go))
-        for chunk in _chunks(sorted_.settle, self._broker.max_batch):
-            self._submit(self._settle, chunk)
         for chunk in _chunks(sorted_.extend, self._broker.max_batch):
-            self._submit(self._extend, chunk)
+            self._submit(self._extend_calls, self._extend, chunk)
+        for chunk in _chunks(sorted_.settle, self._broker.max_batch):
+            self._submit(self._settle_calls, self._settle, chunk)
         return problem
 
     def _watch(self, keys: list[Key]) -> dict[Key, tuple[State, bool]]:
@@ -400,9 +408,14 @@ class Holder(Generic[T]):
 
     # -- broker calls, on the call threads ----------------------------------------------------
 
-    def _submit(self, call: Callable[[list[_Entry[T]]], None], chunk: list[_Entry[T]]) -> None:
+    def _submit(
+        self,
+        pool: ThreadPoolExecutor,
+        call: Callable[[list[_Entry[T]]], None],
+        chunk: list[_Entry[T]],
+    ) -> None:
         try:
-            self._calls.submit(self._guarded, call, chunk)
+            pool.submit(self._guarded, call, chunk)
         except RuntimeError:  # shut down: stop() releases what is left
             self._idle(chunk)
 

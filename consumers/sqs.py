@@ -243,8 +243,8 @@ class SqsConsumer:
             theirs = Counter(dict(self._holder.counts))
             for name in _HOLDER_COUNTS:
                 counts[name] += theirs[name]
-            counts["delete_failed.unanswered"] += theirs["settle_unanswered"]
-            counts["delete_failed"] += theirs["settle_unanswered"]
+            # A delete left unconfirmed keeps its copy held and is tried again next round.
+            counts["delete_retried"] += theirs["settle_retried"]
             counts["held"] = len(self._holder)
         return +counts
 
@@ -402,6 +402,7 @@ STREAM_COUNTS: Final = (
     "received",
     "deleted",
     "delete_failed",
+    "delete_retried",
     "held",
     "extended",
     "broker_lease_lost",

@@ -201,7 +201,9 @@ class BridgeProcess(ChildProcess):
     def start(
         cls, config: SqsBridgeConfig, directory: Path, env: Mapping[str, str]
     ) -> BridgeProcess:
-        return cls(config.write(directory), env, health_port=config.health_port)
+        # One file per bridge: two bridges of a test in one directory must not share one.
+        name = f"{config.worker_id or 'bridge'}-{config.health_port}.toml"
+        return cls(config.write(directory, name), env, health_port=config.health_port)
 
     @property
     def returncode(self) -> int | None:
