@@ -32,10 +32,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -544,3 +544,26 @@ def confirm(
     )
     left: list[Item] = retrying(attempt)
     return done, lost, left
+
+
+def stream_status(
+    subscription: str,
+    threads: Sequence[threading.Thread],
+    error: str | None,
+    *,
+    holder: Holder[Any] | None,
+    counts: Mapping[str, int],
+    shown: Sequence[str],
+) -> tuple[bool, str]:
+    """A consumer's readiness: a dead thread, its error or its holder's; else its counters."""
+    dead = [t.name for t in threads if t.ident is not None and not t.is_alive()]
+    if dead:
+        return False, f"{subscription}: thread {dead[0]} died"
+    if error:
+        return False, f"{subscription}: {error}"
+    if holder is not None:
+        ok, why = holder.status()
+        if not ok:
+            return False, why
+    listed = ", ".join(f"{name} {counts[name]}" for name in shown if counts.get(name))
+    return True, f"ok ({listed})" if listed else "ok"

@@ -87,7 +87,7 @@ from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.demo.emulator import EMULATOR_HOST_ENV, emulator_subscriber
 from bridge.errors import ConfigError, FenceBridgeError
-from bridge.holding import CallResult, Holder, confirm
+from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
@@ -397,20 +397,14 @@ class PubSubConsumer:
         """Ready, and why not; when ready, the stream's counters."""
         if self._stopping.is_set():
             return True, "stopping"
-        threads = [self._supervisor, *self._writers]
-        dead = [t.name for t in threads if t.ident is not None and not t.is_alive()]
-        if dead:
-            return False, f"{self.subscription}: thread {dead[0]} died"
-        error = self._stream_error or self._write_error
-        if error:
-            return False, f"{self.subscription}: {error}"
-        if self._holder is not None:
-            ok, why = self._holder.status()
-            if not ok:
-                return False, why
-        counts = self.counts
-        shown = ", ".join(f"{name} {counts[name]}" for name in STREAM_COUNTS if counts[name])
-        return True, f"ok ({shown})" if shown else "ok"
+        return stream_status(
+            self.subscription,
+            [self._supervisor, *self._writers],
+            self._stream_error or self._write_error,
+            holder=self._holder,
+            counts=self.counts,
+            shown=STREAM_COUNTS,
+        )
 
     @property
     def counts(self) -> Counter[str]:

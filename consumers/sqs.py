@@ -60,7 +60,7 @@ from tenacity import (
 from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
-from bridge.holding import CallResult, Holder, confirm
+from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
@@ -221,18 +221,14 @@ class SqsConsumer:
         """Ready, and why not."""
         if self._stop.is_set():
             return True, "stopping"
-        dead = [t.name for t in self._receivers if t.ident is not None and not t.is_alive()]
-        if dead:
-            return False, f"{self.subscription}: thread {dead[0]} died"
-        if self._error:
-            return False, f"{self.subscription}: {self._error}"
-        if self._holder is not None:
-            ok, why = self._holder.status()
-            if not ok:
-                return False, why
-        counts = self.counts
-        shown = ", ".join(f"{name} {counts[name]}" for name in STREAM_COUNTS if counts[name])
-        return True, f"ok ({shown})" if shown else "ok"
+        return stream_status(
+            self.subscription,
+            self._receivers,
+            self._error,
+            holder=self._holder,
+            counts=self.counts,
+            shown=STREAM_COUNTS,
+        )
 
     @property
     def counts(self) -> Counter[str]:

@@ -176,6 +176,18 @@ def wait_quiet(bridges: list[BridgeProcess], publications: int) -> Counter[str]:
         time.sleep(0.5)
 
 
+def run_down(bridges: list[BridgeProcess], db_url: str, stream: Backlog) -> Counter[str]:
+    """Until every operation succeeded and every delivery was answered; then stop the bridges."""
+    eventually(
+        lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
+        "every operation to succeed",
+        timeout=DRAIN_SECONDS,
+    )
+    seen = wait_quiet(bridges, len(stream.publications))
+    stop(bridges)
+    return seen
+
+
 def test_an_exactly_once_backlog_drains_through_two_bridges(
     live_emulator: PubSubEmulator, db_url: str, tmp_path: Path
 ) -> None:
@@ -188,13 +200,7 @@ def test_an_exactly_once_backlog_drains_through_two_bridges(
     publish(emulator, topic, stream.publications)
 
     with two_bridges(tmp_path, emulator, db_url, path, jobs={RECORD: RECORD_JOB}) as bridges:
-        eventually(
-            lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
-            "every operation to succeed",
-            timeout=DRAIN_SECONDS,
-        )
-        seen = wait_quiet(bridges, len(stream.publications))
-        stop(bridges)
+        seen = run_down(bridges, db_url, stream)
 
     assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
     assert seen["ack_unanswered"] == 0
@@ -292,13 +298,7 @@ def test_an_emulator_crash_mid_run_and_a_republished_backlog_are_ingested_once(
         time.sleep(1.0)  # let both bridges see the stream fail before the subscription returns
         topic, path = emulator.create(name, ack_deadline=10, **options)
         publish(emulator, topic, stream.publications)
-        eventually(
-            lambda: work_rows(db_url).get("succeeded", 0) == len(stream.operations),
-            "every operation to succeed",
-            timeout=DRAIN_SECONDS,
-        )
-        seen = wait_quiet(bridges, len(stream.publications))
-        stop(bridges)
+        seen = run_down(bridges, db_url, stream)
 
     assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
     # Deliveries of the crashed emulator and of the republished backlog both reached the bridges.

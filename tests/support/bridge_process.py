@@ -60,6 +60,23 @@ class Job:
     max_attempts: int = 5
 
 
+def jobs_toml(jobs: Mapping[str, Job]) -> tuple[str, str]:
+    """The ``[jobs.<name>]`` tables and the quoted list of their names, for a subscription."""
+    tables = "".join(
+        f"""
+[jobs.{name}]
+handler = "{job.handler}"
+target_class = "{job.target_class}"
+lease_seconds = {job.lease_seconds}
+max_attempts = {job.max_attempts}
+backoff_initial_seconds = 0.2
+backoff_max_seconds = 1.0
+"""
+        for name, job in jobs.items()
+    )
+    return tables, ", ".join(f'"{name}"' for name in jobs)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SqsBridgeConfig:
     """A bridge with one SQS subscription, decoding tenant and operation from attributes."""
@@ -80,19 +97,7 @@ class SqsBridgeConfig:
 
     def toml(self) -> str:
         worker = f'worker_id = "{self.worker_id}"\n' if self.worker_id else ""
-        jobs = "".join(
-            f"""
-[jobs.{name}]
-handler = "{job.handler}"
-target_class = "{job.target_class}"
-lease_seconds = {job.lease_seconds}
-max_attempts = {job.max_attempts}
-backoff_initial_seconds = 0.2
-backoff_max_seconds = 1.0
-"""
-            for name, job in self.jobs.items()
-        )
-        job_types = ", ".join(f'"{name}"' for name in self.jobs)
+        jobs, job_types = jobs_toml(self.jobs)
         return f"""[bridge]
 {worker}worker_threads = {self.worker_threads}
 poll_interval_seconds = {self.poll_interval_seconds}

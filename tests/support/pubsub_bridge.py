@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.bridge_process import BridgeProcess, Job, free_port
+from tests.support.bridge_process import BridgeProcess, Job, free_port, jobs_toml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,19 +36,7 @@ class PubSubBridgeConfig:
     max_lease_duration_seconds: int = 600
 
     def toml(self) -> str:
-        jobs = "".join(
-            f"""
-[jobs.{name}]
-handler = "{job.handler}"
-target_class = "{job.target_class}"
-lease_seconds = {job.lease_seconds}
-max_attempts = {job.max_attempts}
-backoff_initial_seconds = 0.2
-backoff_max_seconds = 1.0
-"""
-            for name, job in self.jobs.items()
-        )
-        job_types = ", ".join(f'"{name}"' for name in self.jobs)
+        jobs, job_types = jobs_toml(self.jobs)
         return f"""[bridge]
 worker_threads = {self.worker_threads}
 poll_interval_seconds = {self.poll_interval_seconds}
