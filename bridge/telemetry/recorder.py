@@ -122,7 +122,7 @@ class Telemetry:
             n.METRIC_STREAM_EVENTS,
             [self._observe_streams],
             unit="{event}",
-            description="Broker stream events by subscription: acks, extensions, lost leases",
+            description="What happened on a broker stream: acks, extensions, lost broker leases",
         )
         self._stats: Stats | None = None
         self._stats_lock = threading.Lock()

@@ -72,6 +72,13 @@ def send(sqs: Any, queue_url: str, messages: list[tuple[str, object]]) -> None:
         assert not response.get("Failed"), response
 
 
+def conflicts(db: psycopg.Connection[Any]) -> int:
+    row = db.execute(
+        "SELECT count(DISTINCT operation_id) FROM rejected_delivery WHERE kind = 'conflict'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def succeeded(db: psycopg.Connection[Any]) -> int:
     found = db.execute("SELECT count(*) FROM work_item WHERE state = 'succeeded'").fetchone()
     return int(found[0]) if found else 0
@@ -119,6 +126,9 @@ def test_sixteen_consumers_and_eight_workers_never_wait_out_the_pool(
             )
             cut.set()
             eventually(lambda: succeeded(db) == OPERATIONS, "every operation to succeed")
+            # The conflicting copies were sent last: every one recorded before the stop (a
+            # stopping consumer hands back what it has not written yet).
+            eventually(lambda: conflicts(db) == CONFLICTS, "every conflict to be recorded")
             stats = bridge.store.pool.get_stats()
     finally:
         bridge.stop(deadline=10)

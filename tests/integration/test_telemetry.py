@@ -755,8 +755,14 @@ def documented_metrics() -> dict[str, Instrument]:
     return rows
 
 
+#: emitted only when something fails; a healthy run records none (their instruments are checked
+#: by the fault tests, e.g. integration/test_supervision.py for the restarts)
+FAULT_ONLY = {"fencebridge.thread.restarts"}
+
+
 def test_the_reference_documents_every_emitted_metric_as_emitted(sqs_run: SqsRun) -> None:
-    assert documented_metrics() == instruments(sqs_run.metrics)
+    documented = {k: v for k, v in documented_metrics().items() if k not in FAULT_ONLY}
+    assert documented == instruments(sqs_run.metrics)
 
 
 def test_the_reference_names_every_span_attribute_event_and_label() -> None:
