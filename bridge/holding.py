@@ -67,7 +67,7 @@ _RETRY_MAX = 2.0
 _SETTLE_TRY = 4.0
 #: seconds an extension is retried at least (a copy past its estimated deadline may still be
 #: leased: the estimate errs early)
-_SETTLE_BUDGET_MIN = 2.0
+_EXTEND_BUDGET_MIN = 2.0
 
 
 class HeldDelivery(Protocol):
@@ -281,10 +281,6 @@ class Holder(Generic[T]):
             self._due.clear()
         return held
 
-    def snapshot(self) -> list[T]:
-        with self._lock:
-            return [e.item for e in self._entries.values()]
-
     def _schedule(self, entry: _Entry[T]) -> None:
         """Put ``entry`` on the timetable at its deadline less the margin (lock held)."""
         entry.version += 1
@@ -466,7 +462,7 @@ class Holder(Generic[T]):
         sent = self._clock()
         # Worth retrying while the copies are still leased, less a moment for the last try;
         # briefly even when the estimate says the deadline passed (it errs early).
-        budget = max(min(e.deadline for e in chunk) - sent - 0.2, _SETTLE_BUDGET_MIN)
+        budget = max(min(e.deadline for e in chunk) - sent - 0.2, _EXTEND_BUDGET_MIN)
         seconds = self._extension
 
         def extend(items: Sequence[T]) -> CallResult[T]:

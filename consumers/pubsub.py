@@ -724,7 +724,8 @@ class PubSubConsumer:
             # Bounded: a writer waits here only while ACKS_IN_FLIGHT batches are unanswered.
             while not self._acks_room.acquire(timeout=1.0):
                 if self._abandon.is_set():
-                    self._drop(chunk, "ack_unanswered")
+                    # Stopped past its deadline: this chunk and every later one come back.
+                    self._drop(items[i:], "ack_unanswered")
                     return
             try:
                 self._acks.submit(self._ack_confirmed, chunk)

@@ -295,7 +295,6 @@ def test_an_emulator_crash_mid_run_and_a_republished_backlog_are_ingested_once(
         # and every unacknowledged message are gone. The producer creates them again and
         # republishes its whole backlog, as a producer without confirmations must.
         emulator.restart()
-        time.sleep(1.0)  # let both bridges see the stream fail before the subscription returns
         topic, path = emulator.create(name, ack_deadline=10, **options)
         publish(emulator, topic, stream.publications)
         seen = run_down(bridges, db_url, stream)
