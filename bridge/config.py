@@ -11,6 +11,8 @@ Errors are :class:`~bridge.errors.ConfigError` naming the file, the dotted key a
     bridge.toml: subscriptions.refunds.decode.tenant_id: expected 'attribute:NAME',
     'body:/json/pointer' or 'value:TEXT', got 'tenant'
 
+Every problem in the file is reported at once, one per line; checks across keys of a table
+(a job type a subscription names, say) run once that table's own keys read cleanly.
 Unknown keys are errors (a typo must not silently fall back to a default), and secrets never
 come from the file: a ``database_url`` key anywhere is refused in favour of the environment.
 """
@@ -30,7 +32,8 @@ import sys
 import tomllib
 import types
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import MISSING, Field, dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Final, Protocol
@@ -117,19 +120,49 @@ ACK_MODE_DEFAULT: Final = AckMode.AFTER_INBOX
 # -- how a key is read, checked and documented ------------------------------------------------
 
 
+class _Reported(ConfigError):  # noqa: N818  (a signal inside the reader, never shown)
+    """A table whose problems are already listed: stop building it, add nothing more."""
+
+
+class _Problems:
+    """Every problem found in one file, so that one pass of fixes is enough."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def add(self, error: ConfigError) -> None:
+        if not isinstance(error, _Reported):
+            self.messages.append(str(error))
+
+    @contextmanager
+    def collect(self) -> Iterator[None]:
+        """Record a ConfigError raised inside instead of letting it end the reading."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.add(exc)
+
+    def raise_if_any(self) -> None:
+        if len(self.messages) == 1:
+            raise ConfigError(self.messages[0])
+        if self.messages:
+            raise ConfigError("\n".join(self.messages))
+
+
 @dataclass(frozen=True, slots=True)
 class _At:
     """Where in the file a value sits, so that every error can name it."""
 
     file: str
     key: str = ""
+    problems: _Problems = field(default_factory=_Problems, compare=False, repr=False)
 
     def child(self, name: str) -> _At:
         part = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
-        return _At(self.file, f"{self.key}.{part}" if self.key else part)
+        return _At(self.file, f"{self.key}.{part}" if self.key else part, self.problems)
 
     def index(self, position: int) -> _At:
-        return _At(self.file, f"{self.key}[{position}]")
+        return _At(self.file, f"{self.key}[{position}]", self.problems)
 
     def error(self, problem: str) -> ConfigError:
         where = f"{self.key}: " if self.key else ""
@@ -401,24 +434,37 @@ def _read_table(
         raise at.error(f"expected a table, got {_shown(raw)}")
     specs = _specs(cls)
     known = [f.name for f, _ in specs]
+    before = len(at.problems.messages)
+    failed = False
+    meant: set[str] = set()  # keys a typo was taken for: their absence is not a second problem
     for name in raw:
-        if name not in known:
+        if name not in known and name.lower() != _REFUSED_KEY:  # refused on its own, once
+            meant.update(difflib.get_close_matches(name, known, n=1))
             hint = _did_you_mean(name, known, f"expected one of: {', '.join(known)}")
-            raise at.child(name).error(f"unknown key; {hint}")
+            at.problems.add(at.child(name).error(f"unknown key; {hint}"))
     values: dict[str, Any] = {}
     for f, spec in specs:
         key = at.child(f.name)
-        if f.name in raw:
-            if spec.only is not None and scope is not None and spec.only is not scope:
-                raise key.error(
-                    f"applies to source = '{spec.only}' only, and this subscription's source "
-                    f"is '{scope}'"
-                )
-            values[f.name] = spec.value.read(raw[f.name], key)
-        elif not _has_default(f):
-            raise key.error("required key is missing")
-        elif spec.required and spec.only is not None and spec.only is scope:
-            raise key.error(f"required for source = '{scope}'")
+        try:
+            if f.name in raw:
+                if spec.only is not None and scope is not None and spec.only is not scope:
+                    raise key.error(
+                        f"applies to source = '{spec.only}' only, and this subscription's "
+                        f"source is '{scope}'"
+                    )
+                values[f.name] = spec.value.read(raw[f.name], key)
+            elif not _has_default(f):
+                if f.name in meant:
+                    failed = True
+                    continue
+                raise key.error("required key is missing")
+            elif spec.required and spec.only is not None and spec.only is scope:
+                raise key.error(f"required for source = '{scope}'")
+        except ConfigError as exc:
+            failed = True
+            at.problems.add(exc)
+    if failed or len(at.problems.messages) > before:
+        raise _Reported(at.key)
     return values
 
 
@@ -1063,34 +1109,49 @@ def load_config(path: str | os.PathLike[str]) -> BridgeConfig:
 
 
 def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
-    """Check configuration text; ``file`` is the name errors give it."""
+    """Check configuration text; ``file`` is the name errors give it.
+
+    Every problem in the file is reported at once (one per line), not only the first.
+    """
     at = _At(file)
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise at.error(f"invalid TOML: {exc}") from None
+    problems = at.problems
     _refuse_secrets(document, at)
     for name in document:
-        if name not in _TOP_LEVEL:
+        if name not in _TOP_LEVEL and name.lower() != _REFUSED_KEY:
             hint = _did_you_mean(
                 name, _TOP_LEVEL, "expected [bridge], [jobs.<name>] or [subscriptions.<name>]"
             )
-            raise at.child(name).error(f"unknown section; {hint}")
-    settings = BridgeSettings(
-        **_read_table(BridgeSettings, document.get("bridge", {}), at.child("bridge"))
-    )
-    jobs = {
-        name: _job(name, raw, at.child("jobs").child(name))
-        for name, raw in _named_tables(document, "jobs", "job type", at).items()
-    }
-    subscriptions = {
-        name: _subscription(name, raw, at.child("subscriptions").child(name), jobs)
-        for name, raw in _named_tables(document, "subscriptions", "subscription", at).items()
-    }
+            problems.add(at.child(name).error(f"unknown section; {hint}"))
+    settings = None
+    with problems.collect():
+        settings = BridgeSettings(
+            **_read_table(BridgeSettings, document.get("bridge", {}), at.child("bridge"))
+        )
+    jobs: dict[str, JobConfig] = {}
+    job_tables = _named_tables(document, "jobs", "job type", at)
+    for name, raw in job_tables.items():
+        with problems.collect():
+            jobs[name] = _job(name, raw, at.child("jobs").child(name))
+    # a job type that is declared but invalid is reported once, not again by each user of it
+    jobs_section = document.get("jobs")
+    declared = set(jobs_section) if isinstance(jobs_section, dict) and jobs_section else None
+    subscriptions: dict[str, SubscriptionConfig] = {}
+    for name, raw in _named_tables(document, "subscriptions", "subscription", at).items():
+        with problems.collect():
+            subscriptions[name] = _subscription(
+                name, raw, at.child("subscriptions").child(name), declared
+            )
     retention = None
     if "retention" in document:
         raw = document["retention"]
-        retention = RetentionConfig(**_read_table(RetentionConfig, raw, at.child("retention")))
+        with problems.collect():
+            retention = RetentionConfig(**_read_table(RetentionConfig, raw, at.child("retention")))
+    problems.raise_if_any()
+    assert settings is not None  # no problem was found, so every table was built
     return BridgeConfig(
         bridge=settings,
         jobs=types.MappingProxyType(jobs),
@@ -1107,10 +1168,13 @@ def _refuse_secrets(node: object, at: _At) -> None:
     if isinstance(node, dict):
         for key, value in node.items():
             if key.lower() == _REFUSED_KEY:
-                raise at.child(key).error(
-                    "secrets are never read from the configuration file; remove this key and "
-                    f"set {DATABASE_URL_ENV} in the environment"
+                at.problems.add(
+                    at.child(key).error(
+                        "secrets are never read from the configuration file; remove this key "
+                        f"and set {DATABASE_URL_ENV} in the environment"
+                    )
                 )
+                continue
             _refuse_secrets(value, at.child(key))
     elif isinstance(node, list):
         for position, item in enumerate(node):
@@ -1118,16 +1182,22 @@ def _refuse_secrets(node: object, at: _At) -> None:
 
 
 def _named_tables(document: dict[str, Any], section: str, what: str, at: _At) -> dict[str, Any]:
+    """The section's tables by name; problems are listed and the bad tables left out."""
     tables = document.get(section)
     key = at.child(section)
     if tables is None or tables == {}:
-        raise key.error(f"at least one {what} is required, as [{section}.<name>]")
+        at.problems.add(key.error(f"at least one {what} is required, as [{section}.<name>]"))
+        return {}
     if not isinstance(tables, dict):
-        raise key.error(f"expected tables [{section}.<name>], got {_shown(tables)}")
-    for name in tables:
-        if not _NAME.fullmatch(name):
-            raise key.child(name).error(f"a {what} name is {_NAME_RULE}")
-    return tables
+        at.problems.add(key.error(f"expected tables [{section}.<name>], got {_shown(tables)}"))
+        return {}
+    named: dict[str, Any] = {}
+    for name, table in tables.items():
+        if _NAME.fullmatch(name):
+            named[name] = table
+        else:
+            at.problems.add(key.child(name).error(f"a {what} name is {_NAME_RULE}"))
+    return named
 
 
 def _job(name: str, raw: object, at: _At) -> JobConfig:
@@ -1149,19 +1219,19 @@ def _job(name: str, raw: object, at: _At) -> JobConfig:
     return job
 
 
-def _subscription(
-    name: str, raw: object, at: _At, jobs: Mapping[str, JobConfig]
-) -> SubscriptionConfig:
+def _subscription(name: str, raw: object, at: _At, declared: set[str] | None) -> SubscriptionConfig:
+    """One subscription; ``declared`` names every job table (None: the section is unusable)."""
     if not isinstance(raw, dict):
         raise at.error(f"expected a table, got {_shown(raw)}")
     if "source" not in raw:
         raise at.child("source").error("required key is missing; expected 'sqs' or 'pubsub'")
     source = Source(_Choice(Source).read(raw["source"], at.child("source")))
     sub = SubscriptionConfig(name=name, **_read_table(SubscriptionConfig, raw, at, scope=source))
+    problems: list[ConfigError] = []
 
     for position, job_type in enumerate(sub.job_types):
-        if job_type not in jobs:
-            raise (
+        if declared is not None and job_type not in declared:
+            problems.append(
                 at.child("job_types")
                 .index(position)
                 .error(f"no job type {job_type!r}; define it as [jobs.{job_type}]")
@@ -1171,25 +1241,33 @@ def _subscription(
         decode.operation_id.kind is SourceKind.MESSAGE_ID
         and not decode.operation_id_from_message_id
     ):
-        raise where.child("operation_id").error(
-            "'message_id' needs operation_id_from_message_id = true: a producer's resend gets "
-            "a new message id and would become a second operation"
+        problems.append(
+            where.child("operation_id").error(
+                "'message_id' needs operation_id_from_message_id = true: a producer's resend "
+                "gets a new message id and would become a second operation"
+            )
         )
     if (
         decode.operation_id_from_message_id
         and decode.operation_id.kind is not SourceKind.MESSAGE_ID
     ):
-        raise where.child("operation_id_from_message_id").error(
-            f"is true, but operation_id is {str(decode.operation_id)!r}, not 'message_id'"
+        problems.append(
+            where.child("operation_id_from_message_id").error(
+                f"is true, but operation_id is {str(decode.operation_id)!r}, not 'message_id'"
+            )
         )
     if decode.job_type.kind is SourceKind.VALUE and decode.job_type.argument not in sub.job_types:
-        raise where.child("job_type").error(
-            f"the constant {decode.job_type.argument!r} is not one of job_types"
+        problems.append(
+            where.child("job_type").error(
+                f"the constant {decode.job_type.argument!r} is not one of job_types"
+            )
         )
     if sub.schema_versions and decode.schema_version is None:
-        raise where.child("schema_version").error(
-            "required key is missing: schema_versions lists the accepted versions, so the "
-            "version must be decoded"
+        problems.append(
+            where.child("schema_version").error(
+                "required key is missing: schema_versions lists the accepted versions, so the "
+                "version must be decoded"
+            )
         )
     version = decode.schema_version
     if (
@@ -1198,9 +1276,15 @@ def _subscription(
         and sub.schema_versions
         and version.argument not in sub.schema_versions
     ):
-        raise where.child("schema_version").error(
-            f"the constant {version.argument!r} is not one of schema_versions"
+        problems.append(
+            where.child("schema_version").error(
+                f"the constant {version.argument!r} is not one of schema_versions"
+            )
         )
+    for problem in problems:
+        at.problems.add(problem)
+    if problems:
+        raise _Reported(at.key)
     return sub
 
 
@@ -1221,8 +1305,9 @@ job type and one `[subscriptions.<name>]` table per broker subscription, each wi
 `[subscriptions.<name>.decode]` rules, and the retention plan in `[retention]`.
 `docs/examples/bridge.toml` is a complete example.
 
-The file is checked whole before anything starts. Every error names the file, the dotted key
-and what is wrong; unknown keys are errors, so a typo cannot fall back to a default. Secrets
+The file is checked whole before anything starts, and every problem in it is reported at
+once, one per line. Every error names the file, the dotted key and what is wrong; unknown keys
+are errors, so a typo cannot fall back to a default. Secrets
 never come from the file: the database URL is read from `{DATABASE_URL_ENV}`, and a
 `database_url` key anywhere in the file is an error. AWS and Google credentials, endpoints and
 emulators come from the variables their client libraries read (`AWS_*`,

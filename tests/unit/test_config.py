@@ -277,7 +277,9 @@ INVALID = [
     pytest.param(
         edit(BASE, "[jobs.refund]", '[jobs."re fund"]'),
         "jobs.\"re fund\": a job type name is 1 to 64 letters, digits, '_', '.' or '-', "
-        "starting with a letter or digit",
+        "starting with a letter or digit\n"
+        "bridge.toml: subscriptions.refunds.job_types[0]: no job type 'refund'; "
+        "define it as [jobs.refund]",
         id="job-name",
     ),
     pytest.param(
@@ -585,6 +587,31 @@ INVALID = [
 @pytest.mark.parametrize(("text", "expected"), INVALID)
 def test_each_invalid_file_names_the_key_and_the_problem(text: str, expected: str) -> None:
     assert message(text) == f"bridge.toml: {expected}"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = "[bridge]\ndatabase_url = 'postgresql://u:hunter2@db/x'\n\n" + BASE
+    text = after(text, "[jobs.refund]", "max_attempt = 3")
+    text = edit(text, 'tenant_id = "attribute:tenant_id"', 'tenant_id = "tenant"')
+    lines = message(text).splitlines()
+    assert lines == [
+        "bridge.toml: bridge.database_url: secrets are never read from the configuration file; "
+        "remove this key and set FENCEBRIDGE_DATABASE_URL in the environment",
+        "bridge.toml: jobs.refund.max_attempt: unknown key; did you mean 'max_attempts'?",
+        "bridge.toml: subscriptions.refunds.decode.tenant_id: expected 'attribute:NAME', "
+        "'body:/json/pointer' or 'value:TEXT', got 'tenant'",
+    ]
+    assert "hunter2" not in message(text)
+
+
+def test_checks_across_keys_are_all_reported() -> None:
+    text = edit(BASE, 'job_types = ["refund"]', 'job_types = ["refund", "payout", "fee"]')
+    assert message(text).splitlines() == [
+        "bridge.toml: subscriptions.refunds.job_types[1]: no job type 'payout'; "
+        "define it as [jobs.payout]",
+        "bridge.toml: subscriptions.refunds.job_types[2]: no job type 'fee'; "
+        "define it as [jobs.fee]",
+    ]
 
 
 def test_invalid_toml_names_the_file_and_the_position() -> None:
