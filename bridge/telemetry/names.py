@@ -27,6 +27,7 @@ MESSAGING_SUBSCRIPTION: Final = "messaging.destination.subscription.name"
 MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
 MESSAGING_BATCH_COUNT: Final = "messaging.batch.message_count"
 DB_SYSTEM: Final = "db.system.name"
+ERROR_TYPE: Final = "error.type"
 
 SYSTEM_SQS: Final = "aws_sqs"
 SYSTEM_PUBSUB: Final = "gcp_pubsub"

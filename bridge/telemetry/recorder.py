@@ -59,6 +59,16 @@ DURATION_BUCKETS_SECONDS = (
 )
 
 
+def _failed(span: trace.Span, error_type: str, description: str) -> None:
+    """Mark a run that did not succeed as the semantic conventions ask: status and error.type.
+
+    ``error_type`` is an outcome code or a fixed word, never error text (which may quote a
+    payload).
+    """
+    span.set_status(trace.Status(trace.StatusCode.ERROR, description))
+    span.set_attribute(n.ERROR_TYPE, error_type)
+
+
 class Telemetry:
     """One per process; thread-safe."""
 
@@ -261,6 +271,8 @@ class Telemetry:
         span = trace.get_current_span()
         span.set_attribute(n.OUTCOME, state.value)
         span.set_attribute(n.OUTCOME_CODE, code)
+        if state is not State.SUCCEEDED:  # a retry, a failure, a park: what error searches find
+            _failed(span, code or state.value, f"{state.value}: {code}" if code else state.value)
         if state is State.UNKNOWN:
             span.add_event(n.EVENT_PARKED_UNKNOWN, {n.OUTCOME_CODE: code})
             self._log("operation parked as unknown: reconcile before any retry", claim)
@@ -273,12 +285,16 @@ class Telemetry:
         self._completions.add(1, self._labels(claim, **{n.LABEL_OUTCOME: state.value}))
 
     def lease_lost(self, claim: Claim, action: str) -> None:
-        trace.get_current_span().add_event(n.EVENT_LEASE_LOST, {n.ACTION: action})
+        span = trace.get_current_span()
+        span.add_event(n.EVENT_LEASE_LOST, {n.ACTION: action})
+        _failed(span, "lease_lost", f"lease lost at {action}")
         self._lease_lost.add(1, self._labels(claim, **{n.LABEL_ACTION: action}))
         self._log("lease lost: the fence refused this claim's write", claim, **{n.ACTION: action})
 
     def fenced_out(self, claim: Claim) -> None:
-        trace.get_current_span().add_event(n.EVENT_FENCED_OUT)
+        span = trace.get_current_span()
+        span.add_event(n.EVENT_FENCED_OUT)
+        _failed(span, "fenced_out", "stale write fenced out by the target")
         self._fenced_out.add(1, self._labels(claim))
         self._log("stale write fenced out by the target", claim)
 

@@ -45,7 +45,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bridge.config import parse_config
@@ -589,6 +589,15 @@ def test_one_process_span_per_claim_with_attempt_fence_class_outcome_and_hashes(
             assert attributes[n.TAKEOVER] is expect_takeover, (operation_id, attempt)
             if operation_id != "op-xray":
                 assert linked(span) == {ids(sqs_run.producer)}, (operation_id, attempt)
+            # error searches find every run that did not succeed, by status and error.type
+            outcome = attributes.get(n.OUTCOME)
+            if outcome == "succeeded":
+                assert span.status.status_code is StatusCode.UNSET, operation_id
+                assert n.ERROR_TYPE not in attributes
+            else:
+                assert span.status.status_code is StatusCode.ERROR, (operation_id, attempt)
+                expected = {attributes[n.OUTCOME_CODE]} if outcome else {"lease_lost", "fenced_out"}
+                assert attributes[n.ERROR_TYPE] in expected, (operation_id, attempt)
 
 
 def test_a_message_with_only_an_aws_trace_header_links_to_the_converted_xray_ids(
@@ -1005,6 +1014,18 @@ def probe_setup(env: dict[str, str]) -> dict[str, Any]:
             True,
             id="traces-exporter-none",
         ),
+        pytest.param(
+            {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "console"},
+            True,
+            True,
+            id="console-without-endpoint",
+        ),
+        pytest.param(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "TRUE "},
+            False,
+            False,
+            id="sdk-disabled-any-case",
+        ),
     ],
 )
 def test_exporters_are_installed_only_as_the_environment_asks(
@@ -1016,6 +1037,60 @@ def test_exporters_are_installed_only_as_the_environment_asks(
     assert (found["meter_provider"] == "MeterProvider") is metrics
     if not traces:
         assert found["tracer_provider"] == "ProxyTracerProvider"
+
+
+CONSOLE_PROBE = """
+from opentelemetry import trace
+from bridge.telemetry.setup import configure_telemetry
+setup = configure_telemetry()
+with trace.get_tracer("probe").start_as_current_span("probe span"):
+    pass
+setup.shutdown()
+"""
+
+
+def test_the_console_exporter_prints_each_span() -> None:
+    process = run_probe(CONSOLE_PROBE, {"OTEL_TRACES_EXPORTER": "console"})
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert json.loads(out)["name"] == "probe span"
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        pytest.param(
+            {"OTEL_TRACES_EXPORTER": "consol"},
+            "OTEL_TRACES_EXPORTER: unknown exporter 'consol'; expected a comma-separated list "
+            "of: otlp, console, none",
+            id="typo",
+        ),
+        pytest.param(
+            {"OTEL_METRICS_EXPORTER": "otlp,none"},
+            "OTEL_METRICS_EXPORTER: 'none' cannot be combined with other exporters",
+            id="none-and-more",
+        ),
+        pytest.param(
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "the traces exporter 'otlp_proto_grpc' is not installed in this environment",
+            id="grpc-not-installed",
+        ),
+    ],
+)
+def test_an_exporter_the_environment_cannot_have_is_refused_by_name(
+    env: dict[str, str], error: str
+) -> None:
+    process = run_probe(SETUP_PROBE, env)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert f"ConfigError: {error}" in err
+
+
+def test_a_logs_exporter_is_reported_as_ignored() -> None:
+    process = run_probe(SETUP_PROBE, {"OTEL_LOGS_EXPORTER": "otlp"})
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "OTEL_LOGS_EXPORTER=otlp is ignored" in err
 
 
 PROMETHEUS_PROBE = """
