@@ -62,20 +62,22 @@ def _run(args: argparse.Namespace) -> int:
     from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
 
     config = load_config(args.config)
-    bridge = open_bridge(
-        config,
-        database_url(args.database_url),
-        IdentityHasher.from_env(),
-        limits=config.bridge.limits(),
-    )
-    telemetry = configure_telemetry()
-    if telemetry.metrics:
-        bridge.telemetry.observe(bridge.store)
+    telemetry = configure_telemetry()  # an exporter it cannot honour stops the start here
     try:
-        bridge.run_until_signalled()
+        bridge = open_bridge(
+            config,
+            database_url(args.database_url),
+            IdentityHasher.from_env(),
+            limits=config.bridge.limits(),
+        )
+        if telemetry.metrics:
+            bridge.telemetry.observe(bridge.store)
+        try:
+            bridge.run_until_signalled()
+        finally:
+            bridge.telemetry.stop_observing()
+            bridge.store.close()
     finally:
-        bridge.telemetry.stop_observing()
-        bridge.store.close()
         telemetry.shutdown()
     return 0
 
