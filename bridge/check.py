@@ -6,9 +6,13 @@ the evidence it saw. There is no score: one no-go anywhere makes the whole answe
 that job type and for the check.
 
 What a control cannot see is said in its evidence, not assumed. The check reads; it never
-writes, never instantiates a handler and never calls a target: a handler is judged by its
-class (its base, and whether ``lookup`` has a body that can answer). Passing does not certify a
-system; it means the known, avoidable ways to duplicate a side effect are closed off.
+writes and never calls a target. It builds every handler exactly as ``fencebridge run`` does
+(:func:`bridge.registry.build_job`, the one function both call), so a handler that cannot be
+imported, built or registered fails its job type here, with the reason, instead of failing
+the bridge at start; building a handler must therefore not act on its target. Beyond that a
+handler is judged by its class (its base, and whether ``lookup`` has a body that can answer).
+Passing does not certify a system; it means the known, avoidable ways to duplicate a side
+effect are closed off.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from bridge import sql
 from bridge.config import BridgeConfig, JobConfig, Source, SubscriptionConfig
 from bridge.database import Connection, translate_errors
 from bridge.decode import SourceKind
+from bridge.errors import ConfigError
 from bridge.handlers import (
     ConditionalWriteHandler,
     Handler,
@@ -35,6 +40,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.migrate import current_version
+from bridge.registry import Registry, build_job
 from bridge.sources import ENTRY_POINT_GROUP
 from bridge.types import TargetClass
 
@@ -161,11 +167,11 @@ def read_database(conn: Connection) -> DatabaseFacts:
 
 @dataclass(frozen=True, slots=True)
 class HandlerFacts:
-    """A job type's handler as a class: what it extends, and whether it can be used."""
+    """A job type's handler: its class, and why ``run`` could not start it, if it could not."""
 
     path: str
     cls: type[Handler] | None
-    #: why the handler cannot run as configured, if it cannot
+    #: why building or registering the handler failed, as ``run`` would report it
     problem: str | None = None
 
     @property
@@ -179,24 +185,25 @@ class HandlerFacts:
         return next((b.target_class for b in _BASES if issubclass(self.cls, b)), None)
 
 
-def inspect_handler(path: str) -> HandlerFacts:
-    """Import ``module.path:attribute`` and judge its class, without instantiating it."""
+def build_handler(config: BridgeConfig, job_type: str, registry: Registry) -> HandlerFacts:
+    """Build and register the job type's handler as ``run`` does; a failure is evidence."""
+    path = config.jobs[job_type].handler
+    try:
+        spec = build_job(config, job_type, registry)
+    except ConfigError as exc:
+        return HandlerFacts(path, _handler_class(path), str(exc))
+    return HandlerFacts(path, type(spec.handler))
+
+
+def _handler_class(path: str) -> type[Handler] | None:
+    """The handler class the path names, when a build failed: for the other controls."""
     module_name, _, attribute = path.partition(":")
     try:
         target = getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:  # noqa: BLE001  (any import failure is evidence, not a crash)
-        return HandlerFacts(path, None, f"cannot import {path!r}: {type(exc).__name__}: {exc}")
+    except Exception:  # noqa: BLE001  (the build failure already says why)
+        return None
     cls = target if isinstance(target, type) else type(target)
-    if not issubclass(cls, _BASES):
-        return HandlerFacts(
-            path, None, f"{path!r} does not extend a target-class base of bridge.handlers"
-        )
-    abstract = sorted(getattr(cls, "__abstractmethods__", ()))
-    if abstract:
-        return HandlerFacts(
-            path, cls, f"{cls.__name__} leaves {', '.join(abstract)} abstract (not implemented)"
-        )
-    return HandlerFacts(path, cls)
+    return cls if issubclass(cls, _BASES) else None
 
 
 def lookup_problem(cls: type[IdempotentApiHandler]) -> str | None:
@@ -342,17 +349,16 @@ def fenced_writes(e: JobEvidence) -> Verdict:
 def target_class(e: JobEvidence) -> Verdict:
     """5. The target enforces the fence, or the job is classed C or D with its stated limits."""
     declared = e.job.target_class
-    if e.handler.problem:
-        return Verdict(False, f"handler {e.job.handler}: {e.handler.problem}")
     actual = e.handler.target_class
-    assert e.handler.cls is not None
-    assert actual is not None
-    if actual is not declared:
+    if e.handler.cls is not None and actual is not None and actual is not declared:
         return Verdict(
             False,
             f"declared class {declared.value}, but {e.handler.name} is a class "
             f"{actual.value} handler ({_base(e.handler.cls)})",
         )
+    if e.handler.problem:
+        return Verdict(False, f"`fencebridge run` cannot start it: {e.handler.problem}")
+    assert e.handler.cls is not None
     return Verdict(
         True,
         f"class {declared.value} declared; {e.handler.name} extends {_base(e.handler.cls)}; "
@@ -364,7 +370,7 @@ def ambiguous_outcomes(e: JobEvidence) -> Verdict:
     """6. Ambiguous outcomes go to reconciliation or unknown, never to a blind retry."""
     cls, actual = e.handler.cls, e.handler.target_class
     if cls is None or actual is None:
-        return Verdict(False, f"handler {e.job.handler}: {e.handler.problem}")
+        return Verdict(False, f"no handler class to judge: {e.handler.problem}")
     problems, seen = [], []
     if "'unknown'" not in e.db.state_check:
         problems.append(e.db.schema_problem or "work_item has no 'unknown' state")
@@ -478,10 +484,11 @@ def evaluate(config: BridgeConfig, db: DatabaseFacts) -> Report:
     """Every control for every job type of the configuration."""
     installed = frozenset(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
     findings: list[Finding] = []
+    registry = Registry()
     for name, job in sorted(config.jobs.items()):
         evidence = JobEvidence(
             job=job,
-            handler=inspect_handler(job.handler),
+            handler=build_handler(config, name, registry),
             subscriptions=tuple(s for s in config.subscriptions.values() if name in s.job_types),
             config=config,
             db=db,

@@ -37,7 +37,7 @@ from bridge.errors import ConfigError
 from bridge.handlers import Applied, Context, Handler, IdempotentApiHandler, NotApplied
 from bridge.identity import IdentityHasher
 from bridge.records import ParkedRow, PurgeCounts, QuarantinedDelivery
-from bridge.runtime import resolve_handler
+from bridge.registry import load_handler
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 
@@ -232,7 +232,7 @@ class Redrive:
                 self._handlers[job_type] = "the job type is not in the configuration"
             else:
                 try:
-                    self._handlers[job_type] = resolve_handler(job.handler, job_type=job_type)
+                    self._handlers[job_type] = load_handler(job.handler, job_type=job_type)
                 except Exception as exc:  # noqa: BLE001  (its rows stay; the redrive goes on)
                     why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
                     self._handlers[job_type] = f"the handler cannot be loaded ({why})"

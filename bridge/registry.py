@@ -1,9 +1,27 @@
-"""The job registry: which handler runs each job type, under which retry policy and lease."""
+"""The job registry: which handler runs each job type, under which retry policy and lease.
+
+Handlers are built here, and only here: ``fencebridge run`` (through
+:func:`build_registry`), ``fencebridge check`` and ``fencebridge redrive`` all call
+:func:`build_job`, so a handler that ``check`` passes is one that ``run`` can start. The
+configuration names a handler as ``module.path:attribute``, and the attribute is one of
+
+* a handler instance, used as it is;
+* a handler class, called with no arguments;
+* a factory: any other callable, called with no arguments, returning a handler instance.
+
+A handler needing settings or secrets reads them where the process runs (its environment,
+a mounted file) in its ``__init__`` or its factory, so building it is also the check that they
+are there.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING, Final
 
 from bridge.errors import ConfigError
 from bridge.handlers import (
@@ -16,8 +34,22 @@ from bridge.handlers import (
 )
 from bridge.types import TargetClass
 
+if TYPE_CHECKING:
+    from bridge.config import BridgeConfig
+
 LEASE_DEFAULT = timedelta(seconds=60)
 _BASES = (SameDatabaseHandler, ConditionalWriteHandler, IdempotentApiHandler, UnfencedHandler)
+#: the methods each target class's executor calls, with the arguments it passes
+_CALLS: Final[dict[TargetClass, tuple[tuple[str, tuple[str, ...]], ...]]] = {
+    TargetClass.A: (("handle", ("ctx", "tx")),),
+    TargetClass.B: (("handle", ("ctx",)),),
+    TargetClass.C: (
+        ("validate", ("ctx",)),
+        ("perform", ("ctx", "key")),
+        ("lookup", ("ctx", "key")),
+    ),
+    TargetClass.D: (("validate", ("ctx",)), ("call", ("ctx",))),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +121,104 @@ class Registry:
 
     def specs(self) -> list[JobSpec]:
         return [self._specs[k] for k in self.job_types]
+
+
+def load_handler(path: str, *, job_type: str) -> Handler:
+    """Import ``module.path:attribute`` and build the handler from it (see the module
+    docstring); every failure is a :class:`ConfigError` naming the job type and the cause."""
+    where = f"jobs.{job_type}.handler"
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
+            "it must be importable by the bridge's Python: installed in its environment or "
+            "on PYTHONPATH"
+        ) from exc
+    try:
+        target = getattr(module, attribute)
+    except AttributeError as exc:
+        raise ConfigError(
+            f"{where}: module {module_name!r} has no attribute {attribute!r}"
+        ) from exc
+    handler = target if isinstance(target, Handler) else _build(target, path, where)
+    if not isinstance(handler, _BASES):
+        made = "" if handler is target else " built from it"
+        raise ConfigError(
+            f"{where}: {path!r} is not a fencebridge handler: the object{made} is a "
+            f"{type(handler).__name__}; extend one of "
+            + ", ".join(b.__name__ for b in _BASES)
+            + " (bridge.handlers), or name a factory that returns an instance of one"
+        )
+    _check_shape(handler, path, where)
+    return handler
+
+
+def _build(target: object, path: str, where: str) -> object:
+    if not callable(target):
+        return target  # not a handler and not buildable: refused by the caller
+    abstract = sorted(getattr(target, "__abstractmethods__", ()))
+    if isinstance(target, type) and issubclass(target, _BASES) and abstract:
+        raise ConfigError(
+            f"{where}: {path!r} leaves {', '.join(abstract)} abstract: implement "
+            f"{'it' if len(abstract) == 1 else 'them'} in {target.__name__}"
+        )
+    kind = "class" if isinstance(target, type) else "factory"
+    try:
+        return target()
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: cannot build {path!r}: the {kind} is called with no arguments and "
+            f"raised {type(exc).__name__}: {exc}. Give it defaults that read its settings "
+            "from the environment, or name a factory (or an instance) that supplies them"
+        ) from exc
+
+
+def _check_shape(handler: Handler, path: str, where: str) -> None:
+    """Each method the executor calls must accept the arguments it passes."""
+    for method, arguments in _CALLS[handler.target_class]:
+        function = getattr(handler, method, None)
+        if not callable(function):
+            raise ConfigError(f"{where}: {path!r} has no callable {method}")
+        try:
+            inspect.signature(function).bind(*arguments)
+        except TypeError as exc:
+            raise ConfigError(
+                f"{where}: {type(handler).__name__}.{method} cannot be called as "
+                f"{method}({', '.join(arguments)}), as the class {handler.target_class.value} "
+                f"executor calls it ({exc})"
+            ) from exc
+        except ValueError:
+            continue  # no signature to read (a builtin): taken at its word
+
+
+def build_job(
+    config: BridgeConfig, job_type: str, registry: Registry, handler: Handler | None = None
+) -> JobSpec:
+    """Build one job type's handler (unless given) and register it: what ``run`` does for
+    each job type at start, and what ``check`` does to see that it can."""
+    job = config.jobs[job_type]
+    built = handler if handler is not None else load_handler(job.handler, job_type=job_type)
+    try:
+        return registry.register(
+            job_type,
+            built,
+            retry=RetryPolicy(
+                max_attempts=job.max_attempts,
+                backoff_initial=timedelta(seconds=job.backoff_initial_seconds),
+                backoff_max=timedelta(seconds=job.backoff_max_seconds),
+            ),
+            lease=timedelta(seconds=job.lease_seconds),
+            declared_class=job.target_class,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{config.file}: jobs.{job_type}: {exc}") from exc
+
+
+def build_registry(config: BridgeConfig, handlers: Mapping[str, Handler] | None = None) -> Registry:
+    """Every job type of the configuration; ``handlers`` may supply instances instead."""
+    registry = Registry()
+    for name in config.jobs:
+        build_job(config, name, registry, (handlers or {}).get(name))
+    return registry

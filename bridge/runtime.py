@@ -1,7 +1,8 @@
 """The running bridge: consumers, the worker pool, the sweeper and the health endpoint.
 
-Start order: check the schema version, import every handler (a typo fails here, with the job
-type and the import path), start the pool and the sweeper, then the consumers, then the health
+Start order: check the schema version, build every handler (:func:`bridge.registry.build_job`,
+which ``fencebridge check`` runs too: a typo or a handler that cannot be built fails here, with
+the job type and the reason), start the pool and the sweeper, then the consumers, then the health
 endpoint. Stop order is the reverse of the work's flow: consumers stop receiving (whatever they
 already received is written and acknowledged), the pool releases claims that never started and
 gives running handlers until the deadline, then the sweeper and the endpoint stop.
@@ -14,25 +15,22 @@ long-lived thread of the core is a supervised service (:mod:`bridge.service`); `
 
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import threading
-from datetime import timedelta
 from functools import partial
 from types import FrameType
 
 from bridge import sources
 from bridge.config import AckMode, BridgeConfig
 from bridge.decode import decode
-from bridge.errors import ConfigError
 from bridge.events import WorkEvents
-from bridge.handlers import Handler, RetryPolicy
 from bridge.health import HealthServer
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.migrate import require_current
 from bridge.registry import Registry
+from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
 from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
@@ -47,48 +45,6 @@ MESSAGING_SYSTEMS = {"sqs": names.SYSTEM_SQS, "pubsub": names.SYSTEM_PUBSUB}
 CORE_CONNECTIONS = 4
 #: spare connections: a command-line check, a connection being replaced after an error
 POOL_MARGIN = 2
-
-
-def resolve_handler(path: str, *, job_type: str) -> Handler:
-    """Import ``module.path:attribute``; a class is instantiated without arguments."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-        target = getattr(module, attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"jobs.{job_type}.handler: cannot import {path!r}: {exc}") from exc
-    try:
-        handler = target() if isinstance(target, type) else target
-    except TypeError as exc:  # abstract methods left unimplemented, or required arguments
-        raise ConfigError(f"jobs.{job_type}.handler: cannot create {path!r}: {exc}") from exc
-    if not isinstance(handler, Handler):
-        raise ConfigError(
-            f"jobs.{job_type}.handler: {path!r} is not a fencebridge handler "
-            "(extend one of the target-class bases in bridge.handlers)"
-        )
-    return handler
-
-
-def build_registry(config: BridgeConfig, handlers: dict[str, Handler] | None = None) -> Registry:
-    """Job types from the configuration; ``handlers`` may supply instances instead of imports."""
-    registry = Registry()
-    for name, job in config.jobs.items():
-        handler = (handlers or {}).get(name) or resolve_handler(job.handler, job_type=name)
-        try:
-            registry.register(
-                name,
-                handler,
-                retry=RetryPolicy(
-                    max_attempts=job.max_attempts,
-                    backoff_initial=timedelta(seconds=job.backoff_initial_seconds),
-                    backoff_max=timedelta(seconds=job.backoff_max_seconds),
-                ),
-                lease=timedelta(seconds=job.lease_seconds),
-                declared_class=job.target_class,
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"{config.file}: jobs.{name}: {exc}") from exc
-    return registry
 
 
 class Bridge:

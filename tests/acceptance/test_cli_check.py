@@ -2,7 +2,7 @@
 
 Each configuration below differs from a passing one in one respect, and the check must answer
 no-go for exactly the job type and the control that respect belongs to, with its evidence, and
-exit 1. The handlers are real classes the CLI process imports; none is ever instantiated.
+exit 1. The handlers are real classes the CLI process imports and builds, as `run` does.
 """
 
 from __future__ import annotations
@@ -66,6 +66,33 @@ class Ledger(SameDatabaseHandler):
 class Sms(UnfencedHandler):
     def call(self, ctx: Context) -> None:
         return None
+
+
+class ChargeWithClient(Charge):
+    """Needs its client handed in: the configuration cannot build it."""
+
+    def __init__(self, client: object) -> None:
+        self.client = client
+
+
+def charge_factory() -> Charge:
+    return Charge()
+
+
+CHARGE_INSTANCE = Charge()
+NOT_A_HANDLER = {"perform": "not a handler"}
+
+
+class ChargeWithoutKey(IdempotentApiHandler):
+    def perform(self, ctx: Context) -> Success:  # type: ignore[override]
+        return Success("charged")
+
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        return NotApplied()
+
+
+def broken_factory() -> Charge:
+    raise RuntimeError("PAYMENTS_API_TOKEN is not set")
 
 
 JOBS = {
@@ -208,3 +235,72 @@ def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:
     failed = {n for _, n in no_go(rows)}
     assert failed == {1, 2, 3, 4, 6, 7, 9}
     assert "schema version 0" in rows[("charge", 1)][1]
+
+
+def job(handler: str, target_class: str = "C") -> str:
+    return f'handler = "{handler}"\ntarget_class = "{target_class}"\nowner = "payments"'
+
+
+def test_the_check_builds_each_handler_as_run_does_and_fails_those_it_cannot(
+    check: Any,
+) -> None:
+    jobs = {
+        "factory": job(f"{HERE}:charge_factory"),
+        "instance": job(f"{HERE}:CHARGE_INSTANCE"),
+        "needs_client": job(f"{HERE}:ChargeWithClient"),
+        "broken_factory": job(f"{HERE}:broken_factory"),
+        "no_module": job("payments_that_are_not_installed.handlers:Charge"),
+        "no_attribute": job(f"{HERE}:NoSuchHandler"),
+        "not_a_handler": job(f"{HERE}:NOT_A_HANDLER"),
+        "wrong_shape": job(f"{HERE}:ChargeWithoutKey"),
+    }
+    code, rows, out = check(config(jobs=jobs))
+    assert code == 1, out
+    failed = {"needs_client", "broken_factory", "no_module", "no_attribute", "not_a_handler"}
+    assert {j for j, _ in no_go(rows)} == failed | {"wrong_shape"}
+    # A handler that cannot be built fails control 5, and 6 too when there is no class to judge
+    # (a factory's, or nothing imported); every other control still answers.
+    assert {n for j, n in no_go(rows) if j == "needs_client"} == {5}
+    assert {n for j, n in no_go(rows) if j in {"broken_factory", "no_module"}} == {5, 6}
+    assert "missing 1 required positional argument: 'client'" in rows[("needs_client", 5)][1]
+    assert "called with no arguments" in rows[("needs_client", 5)][1]
+    assert "PAYMENTS_API_TOKEN is not set" in rows[("broken_factory", 5)][1]
+    assert "the factory is called with no arguments" in rows[("broken_factory", 5)][1]
+    assert (
+        "cannot import module 'payments_that_are_not_installed.handlers'"
+        in (rows[("no_module", 5)][1])
+    )
+    assert "PYTHONPATH" in rows[("no_module", 5)][1]
+    assert f"module {HERE!r} has no attribute 'NoSuchHandler'" in rows[("no_attribute", 5)][1]
+    assert "is not a fencebridge handler: the object is a dict" in rows[("not_a_handler", 5)][1]
+    assert ("not_a_handler", 6) in no_go(rows)
+    assert (
+        "ChargeWithoutKey.perform cannot be called as perform(ctx, key)"
+        in (rows[("wrong_shape", 5)][1])
+    )
+    assert {n for j, n in no_go(rows) if j in {"factory", "instance"}} == set()
+    assert "Charge extends IdempotentApiHandler" in rows[("factory", 5)][1]
+    assert "Charge extends IdempotentApiHandler" in rows[("instance", 5)][1]
+
+
+def test_run_refuses_the_handler_check_refused_with_the_same_reason(
+    check: Any, tmp_path: Path, db_url: str
+) -> None:
+    text = config(jobs={"needs_client": job(f"{HERE}:ChargeWithClient")})
+    _, rows, _ = check(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
+    env[DATABASE_URL_ENV] = db_url
+    env["FENCEBRIDGE_IDENTITY_KEY"] = "11" * 32
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge", "run", "--config", str(tmp_path / "bridge.toml")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    reason = rows[("needs_client", 5)][1].removeprefix("`fencebridge run` cannot start it: ")
+    assert f"fencebridge run: {reason}" in done.stderr

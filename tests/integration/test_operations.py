@@ -21,13 +21,14 @@ from psycopg import errors
 
 from bridge import sql
 from bridge.check import (
+    build_handler,
     evaluate,
-    inspect_handler,
     lookup_problem,
     read_database,
 )
 from bridge.config import parse_config
 from bridge.decode import RawDelivery, decode
+from bridge.errors import ConfigError
 from bridge.handlers import (
     Applied,
     CannotTell,
@@ -39,6 +40,7 @@ from bridge.handlers import (
 )
 from bridge.identity import IdentityHasher
 from bridge.operations import Redrive, purge
+from bridge.registry import Registry, load_handler
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Decision, Delivery, Key, RedriveFilter, Rejection, State, TargetClass
 from tests.support.roles import Roles, apply_roles, drop_roles
@@ -97,6 +99,9 @@ class Charge(IdempotentApiHandler):
 class Sms(UnfencedHandler):
     def call(self, ctx: Context) -> None:
         return None
+
+
+A_KEY = Key("tenant", "not a handler")
 
 
 def delivery(op: str, job: str = "charge", *, tenant: str = "acme", body: str = "x") -> Delivery:
@@ -404,13 +409,23 @@ def test_the_check_tells_a_real_lookup_from_a_placeholder() -> None:
     assert lookup_problem(Charge) is None
 
 
-def test_the_check_judges_handler_classes_without_instantiating_them() -> None:
-    facts = inspect_handler("tests.integration.test_operations:_NoLookup")
+def test_the_check_builds_handlers_with_the_function_run_uses() -> None:
+    cfg = parse_config(
+        CONFIG.replace(":Sms", ":_NoLookup")
+        .replace('target_class = "D"', 'target_class = "C"')
+        .replace("{jobs}", '"sms"')
+    )
+    facts = build_handler(cfg, "sms", Registry())
     assert facts.target_class is TargetClass.C
-    assert facts.problem == "_NoLookup leaves lookup abstract (not implemented)"
-    assert inspect_handler("tests.integration.test_operations:Sms").problem is None
-    assert "does not extend" in (inspect_handler("bridge.types:Key").problem or "")
-    assert "ModuleNotFoundError" in (inspect_handler("no.such.module:x").problem or "")
+    assert facts.problem is not None
+    assert "leaves lookup abstract: implement it in _NoLookup" in facts.problem
+    registry = Registry()
+    assert build_handler(config("charge", "sms"), "sms", registry).problem is None
+    assert isinstance(registry["sms"].handler, Sms)  # built and registered, as run does
+    with pytest.raises(ConfigError, match=r"cannot import module 'no\.such\.module'.*PYTHONPATH"):
+        load_handler("no.such.module:x", job_type="x")
+    with pytest.raises(ConfigError, match="not a fencebridge handler: the object is a Key"):
+        load_handler("tests.integration.test_operations:A_KEY", job_type="x")
 
 
 def test_the_check_reads_the_catalog_of_a_migrated_database(db: Db) -> None:
