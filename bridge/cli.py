@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.database import DATABASE_URL_ENV, connect, database_url
@@ -85,7 +86,9 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from bridge.demo import scenario  # noqa: PLC0415
 
-    return scenario.run(broker=args.broker, keep=args.keep)
+    if args.dir is not None and not args.keep:
+        raise _usage("--dir names where --keep writes its files: add --keep, or drop --dir")
+    return scenario.run(broker=args.broker, keep=args.keep, directory=args.dir)
 
 
 # -- operator commands ---------------------------------------------------------------------------
@@ -589,7 +592,18 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole protocol on an embedded PostgreSQL, a local SQS and a payment provider",
     )
-    p.add_argument("--keep", action="store_true", help="keep everything running afterwards")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep everything running afterwards, write bridge.toml and demo.env for the "
+        "operator commands and print what to try (Ctrl-C stops it)",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        help="with --keep: the directory for bridge.toml and demo.env (created if missing; "
+        "default: a fresh temporary directory, removed on exit)",
+    )
     p.add_argument(
         "--broker",
         choices=("sqs", "pubsub"),

@@ -23,10 +23,16 @@ a broken connection, a charge under the key that does not match this payload).
 Payload (JSON)::
 
     {"amount": 1200, "currency": "eur", "reference": "order-1042"}
+
+Built by ``fencebridge run`` (or ``check``) from
+``handler = "bridge.demo.payments:ChargeCustomer"``, the class takes no argument and reads the
+provider's URL from ``FENCEBRIDGE_DEMO_PROVIDER_URL`` (``fencebridge demo --keep`` writes it to
+its env file): settings come from the environment, as secrets would.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from bridge.demo.provider import (
@@ -39,6 +45,7 @@ from bridge.demo.provider import (
     ProviderServerError,
     ProviderTimeout,
 )
+from bridge.errors import ConfigError
 from bridge.handlers import (
     Ambiguous,
     Applied,
@@ -53,6 +60,8 @@ from bridge.handlers import (
 )
 
 JOB_TYPE = "charge_customer"
+#: the payment provider's base URL, for a handler built from the configuration
+PROVIDER_URL_ENV = "FENCEBRIDGE_DEMO_PROVIDER_URL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +99,8 @@ class ChargeRequest:
 class ChargeCustomer(IdempotentApiHandler):
     """Charge once per operation; look the key up whenever an earlier attempt may have acted."""
 
-    def __init__(self, client: PaymentClient) -> None:
-        self._client = client
+    def __init__(self, client: PaymentClient | None = None) -> None:
+        self._client = client or _client_from_env()
 
     def perform(self, ctx: Context, key: str) -> Success:
         request = ChargeRequest.of(ctx)
@@ -120,6 +129,19 @@ class ChargeCustomer(IdempotentApiHandler):
             # Our key, another charge: a person must look; neither answer would be honest.
             raise CannotTell("the charge under this key does not match the payload")
         return Applied("charged", charge.id)
+
+
+def _client_from_env() -> PaymentClient:
+    url = os.environ.get(PROVIDER_URL_ENV, "")
+    if not url:
+        raise ConfigError(
+            f"ChargeCustomer needs the payment provider's URL in {PROVIDER_URL_ENV}: source the "
+            "env file `fencebridge demo --keep` wrote, or set it to the provider's http:// URL"
+        )
+    try:
+        return PaymentClient(url, timeout=1.0)
+    except ValueError as exc:
+        raise ConfigError(f"{PROVIDER_URL_ENV}: {exc}") from exc
 
 
 def _ambiguous_code(exc: ProviderAmbiguous) -> str:

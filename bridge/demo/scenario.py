@@ -9,6 +9,9 @@ response is lost after the provider applied it, and a worker that stalls past it
 charging. It prints a live progress line, then a summary, and checks the one thing that
 matters: the provider's ledger holds exactly one charge per operation that succeeded, and none
 twice.
+
+With ``keep`` it then writes its configuration and an env file (:mod:`bridge.demo.explore`),
+prints the commands to try and keeps everything running until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,26 +19,30 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
 
 from bridge import embedded
-from bridge.config import parse_config
-from bridge.database import connect
+from bridge.config import load_config, parse_config
+from bridge.database import DATABASE_URL_ENV, connect
+from bridge.demo import explore
 from bridge.demo.emulator import EMULATOR_HOST_ENV, PubSubEmulator, find_launcher
-from bridge.demo.payments import JOB_TYPE, ChargeCustomer
+from bridge.demo.payments import JOB_TYPE, PROVIDER_URL_ENV, ChargeCustomer
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.errors import ConfigError
 from bridge.handlers import Context, Success
-from bridge.identity import IdentityHasher
+from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.migrate import migrate
 from bridge.runtime import Bridge, build_registry
 from bridge.store import PostgresStore
@@ -47,7 +54,11 @@ LEASE_SECONDS = 2
 DEADLINE_SECONDS = 50
 STALL_REFERENCE = "stall-past-the-lease"
 
-CONFIG = """
+CONFIG = """\
+# The configuration `fencebridge demo` runs. The demo itself runs a variant of the handler
+# whose first attempt on one operation stalls past its lease after charging. Secrets and
+# endpoints outside this file come from the environment (demo.env beside it).
+
 [bridge]
 worker_id = "demo"
 worker_threads = 4
@@ -63,6 +74,7 @@ max_attempts = 5
 lease_seconds = {lease}
 backoff_initial_seconds = 0.2
 backoff_max_seconds = 1.0
+owner = "payments-oncall"
 
 [subscriptions.payments]
 {source}
@@ -73,6 +85,10 @@ tenant_id = "attribute:tenant_id"
 operation_id = "attribute:operation_id"
 job_type = "value:{job_type}"
 payload = "body"
+
+[retention]
+purge_after_days = 90
+erasure_owner = "privacy-office"
 """
 
 EMULATOR_HINT = (
@@ -93,6 +109,14 @@ class DemoBroker(Protocol):
         """The subscription's source keys, as TOML lines."""
         ...
 
+    def env(self) -> dict[str, str]:
+        """What a shell needs to reach this broker, for the env file."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the operator: what runs where."""
+        ...
+
     def send(self, body: str, **attributes: str) -> None: ...
 
 
@@ -108,6 +132,18 @@ class LocalSqs:
             f'source = "sqs"\nqueue_url = "{self.queue_url}"\nregion = "us-east-1"\n'
             f'endpoint_url = "{self.endpoint}"\nwait_seconds = 1'
         )
+
+    def env(self) -> dict[str, str]:
+        # moto accepts any credentials; boto3 and the aws CLI only need some to sign with.
+        return {
+            "AWS_ACCESS_KEY_ID": "demo",
+            "AWS_SECRET_ACCESS_KEY": "demo",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_SQS": self.endpoint,
+        }
+
+    def describe(self) -> str:
+        return f"SQS (moto) at {self.endpoint}, queue {self.queue_url}"
 
     def send(self, body: str, **attributes: str) -> None:
         self.client.send_message(
@@ -128,6 +164,15 @@ class LocalPubSub:
 
     def source(self) -> str:
         return f'source = "pubsub"\nsubscription = "{self.subscription}"'
+
+    def env(self) -> dict[str, str]:
+        return {EMULATOR_HOST_ENV: self.emulator.host}
+
+    def describe(self) -> str:
+        return (
+            f"Pub/Sub emulator at {self.emulator.host}, topic {self.topic}, "
+            f"subscription {self.subscription}"
+        )
 
     def send(self, body: str, **attributes: str) -> None:
         self.emulator.publish(self.topic, body.encode(), **attributes)
@@ -156,12 +201,20 @@ class StallingCharge(ChargeCustomer):
 
 @dataclass
 class Published:
+    """What the batch holds: deliveries sent, operations they make, and how many are charges.
+
+    An operation is a decodable ``(tenant, operation id)``, whatever its payload: the message
+    whose body is not JSON still becomes a work row (the rules take the body as it is), and its
+    handler quarantines it. So there is one operation more than there are charges.
+    """
+
     deliveries: int = 0
     operations: int = 0
+    charges: int = 0
 
 
 def publish(broker: DemoBroker) -> Published:
-    """The demo batch; returns how many deliveries were sent and how many operations exist."""
+    """The demo batch; returns what it holds."""
     sent = Published()
 
     def charge(tenant: str, op: str, amount: int, reference: str | None = None) -> None:
@@ -169,18 +222,22 @@ def publish(broker: DemoBroker) -> Published:
         broker.send(json.dumps(body), tenant_id=tenant, operation_id=op)
         sent.deliveries += 1
 
+    def new_charge(tenant: str, op: str, amount: int, reference: str | None = None) -> None:
+        charge(tenant, op, amount, reference)
+        sent.operations += 1
+        sent.charges += 1
+
     for tenant in TENANTS:  # the same operation ids in both tenants: different operations
         for i in range(1, ORDERS + 1):
-            charge(tenant, f"order-{i}", 1000 + i)
-            sent.operations += 1
+            new_charge(tenant, f"order-{i}", 1000 + i)
     for i in (2, 4, 6):  # redelivered or resent: replays
         charge("acme", f"order-{i}", 1000 + i)
     charge("globex", "order-5", 99_999)  # same operation id, changed amount: conflict
-    broker.send('{"amount": 1, "currency": "eur"}', operation_id="no-tenant")
-    broker.send("this is not JSON", tenant_id="acme", operation_id="order-x")
+    broker.send('{"amount": 1, "currency": "eur"}', operation_id="no-tenant")  # undecodable
+    broker.send("this is not JSON", tenant_id="acme", operation_id="order-x")  # a new operation
     sent.deliveries += 2
-    charge("acme", "order-stall", 4200, STALL_REFERENCE)  # charges, then stalls past the lease
     sent.operations += 1
+    new_charge("acme", "order-stall", 4200, STALL_REFERENCE)  # charges, then stalls past lease
     return sent
 
 
@@ -262,17 +319,78 @@ def services(broker: str) -> Iterator[Services]:
         yield Services(database, local, provider)
 
 
-def run(*, broker: str = "sqs", keep: bool = False, out: Callable[[str], None] = print) -> int:
-    """Run the demo; 0 when every operation was charged exactly once."""
+class _SignalledError(Exception):
+    """SIGTERM before the demo settled: unwind as Ctrl-C does, stopping every service."""
+
+
+def run(
+    *,
+    broker: str = "sqs",
+    keep: bool = False,
+    directory: Path | None = None,
+    out: Callable[[str], None] = print,
+) -> int:
+    """Run the demo; 0 when every charge was made exactly once.
+
+    With ``keep``, write the files to explore it with into ``directory`` (a fresh temporary
+    directory when None) and keep everything running until SIGINT or SIGTERM.
+    """
+    if directory is not None and not keep:
+        raise ConfigError("--dir names where `--keep` writes its files: add --keep, or drop --dir")
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if not stopping.is_set() and not keeping.is_set():
+            stopping.set()
+            raise _SignalledError(signal.Signals(signum).name)
+        stopping.set()
+
+    keeping = threading.Event()
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(
+            broker=broker,
+            keep=keep,
+            directory=directory,
+            out=out,
+            keeping=keeping,
+            stopping=stopping,
+        )
+    except _SignalledError:
+        out("\nstopped before the demo settled")
+        return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(
+    *,
+    broker: str,
+    keep: bool,
+    directory: Path | None,
+    out: Callable[[str], None],
+    keeping: threading.Event,
+    stopping: threading.Event,
+) -> int:
+    space = explore.workspace(directory) if keep else None
     out(f"starting: embedded PostgreSQL, local {BROKER_NAMES[broker]}, payment provider ...")
     with services(broker) as svc, ExitStack() as stack:
+        if space is not None and space.owned:
+            stack.callback(shutil.rmtree, space.directory, True)
         with connect(svc.database.url) as conn:
             migrate(conn)
-        config = parse_config(
-            CONFIG.format(job_type=JOB_TYPE, lease=LEASE_SECONDS, source=svc.broker.source()),
-            file="demo.toml",
+        # The key every command must use to read the demo's hashes: written to the env file.
+        _env(stack, **{IDENTITY_KEY_ENV: secrets.token_hex(32)})
+        hasher = IdentityHasher.from_env()
+        config_text = CONFIG.format(
+            job_type=JOB_TYPE, lease=LEASE_SECONDS, source=svc.broker.source()
         )
-        hasher = IdentityHasher.ephemeral()
+        if space is None:
+            config = parse_config(config_text, file="demo.toml")
+        else:
+            explore.write(space, config_text, _shell_env(svc))
+            config = load_config(space.config)  # the file the commands will read
         taken_over = threading.Event()
         handler = StallingCharge(PaymentClient(svc.provider.url, timeout=1.0), taken_over)
         store = PostgresStore.connect(svc.database.url, max_size=12)
@@ -285,7 +403,10 @@ def run(*, broker: str = "sqs", keep: bool = False, out: Callable[[str], None] =
             FaultKind.APPLY_THEN_TIMEOUT, key=hasher.idempotency_key("globex", "order-7")
         )
         published = publish(svc.broker)
-        out(f"published {published.deliveries} deliveries for {published.operations} operations")
+        out(
+            f"published {published.deliveries} deliveries for {published.operations} operations "
+            f"({published.charges} charges and one payload that is not JSON)"
+        )
         bridge.start()
         stack.callback(bridge.stop, 5)
         done = _watch(Watched(bridge, store, svc.broker, published, handler, taken_over), out)
@@ -293,15 +414,31 @@ def run(*, broker: str = "sqs", keep: bool = False, out: Callable[[str], None] =
         out("")
         for line in summary.lines:
             out(line)
-        if keep:
+        if space is not None:
+            keeping.set()
             out("")
-            out(f"database   {svc.database.url}")
-            out(f"broker     {svc.broker.source()!r}")
-            out(f"provider   {svc.provider.url}  (ledger: GET /_ledger)")
-            out("running; press Ctrl-C to stop")
-            with suppress(KeyboardInterrupt):
-                threading.Event().wait()
+            services_lines = [
+                ("database", svc.database.url),
+                ("broker", svc.broker.describe()),
+                ("provider", f"{svc.provider.url}  (ledger: GET {svc.provider.url}/_ledger)"),
+            ]
+            for line in explore.lines(space, services_lines):
+                out(line)
+            sys.stdout.flush()
+            while not stopping.wait(1.0):
+                pass
+            out("stopping: bridge, provider, broker, database")
         return 0 if done and summary.ok else 1
+
+
+def _shell_env(svc: Services) -> dict[str, str]:
+    """The env file: what `fencebridge` commands and broker tools need to reach the demo."""
+    return {
+        DATABASE_URL_ENV: svc.database.url,
+        IDENTITY_KEY_ENV: os.environ[IDENTITY_KEY_ENV],
+        PROVIDER_URL_ENV: svc.provider.url,
+        **svc.broker.env(),
+    }
 
 
 BROKER_NAMES = {"sqs": "SQS (moto)", "pubsub": "Pub/Sub emulator"}
@@ -401,13 +538,19 @@ def _summary(
     width = max(len(name) for name, _ in rows)
     lines = ["summary", "-" * (width + 8)]
     lines += [f"{name:<{width}}  {value:>6}" for name, value in rows]
-    ok = twice == 0 and len(ledger) == succeeded == published.operations
+    new = consumer.get("decision.new", 0)
+    ok = (
+        twice == 0 and len(ledger) == succeeded == published.charges and new == published.operations
+    )
     lines.append("-" * (width + 8))
     if ok:
-        lines.append(f"every operation charged exactly once ({len(ledger)} charges, 0 twice)")
+        lines.append(
+            f"every charge operation charged exactly once ({len(ledger)} charges, 0 twice)"
+        )
     else:
         lines.append(
             f"CHECK FAILED: {len(ledger)} charges for {succeeded} succeeded operations "
-            f"({published.operations} published), {twice} charged twice"
+            f"({published.charges} charges and {published.operations} operations published, "
+            f"{new} new), {twice} charged twice"
         )
     return Summary(lines, ok)
