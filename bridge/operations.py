@@ -1,4 +1,5 @@
-"""Operator actions on parked work: redrive (reconcile first) and retention purge.
+"""Operator actions on parked work: redrive (reconcile first), resolve (close rejected
+deliveries a person has dealt with) and retention purge.
 
 Redriving is itself a consequential action. It keeps each operation's identity, and it never
 sends back to the queue a row whose effect may already have happened unless the next attempt
@@ -36,7 +37,13 @@ from bridge.decode import DecodeRules, RawDelivery, SourceKind, decode
 from bridge.errors import ConfigError
 from bridge.handlers import Applied, Context, Handler, IdempotentApiHandler, NotApplied
 from bridge.identity import IdentityHasher
-from bridge.records import ParkedRow, PurgeCounts, QuarantinedDelivery
+from bridge.records import (
+    ParkedRow,
+    PurgeCounts,
+    QuarantinedDelivery,
+    RejectedStatus,
+    ResolvedDelivery,
+)
 from bridge.registry import load_handler
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
@@ -300,6 +307,79 @@ def _raw(rules: DecodeRules, quarantined: QuarantinedDelivery) -> RawDelivery:
         body=quarantined.body or b"",
         attributes=attributes,
     )
+
+
+# -- resolving rejected deliveries -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RejectionFilter:
+    """Which open rejected deliveries a resolve closes: named ids, or a filter (never all of
+    them by accident: the command line asks for ids or at least one filter)."""
+
+    ids: tuple[int, ...] | None = None
+    kind: str | None = None
+    subscription: str | None = None
+    tenant_id: str | None = None
+    operation_id: str | None = None
+    limit: int = 100
+
+
+@dataclass
+class ResolveReport:
+    dry_run: bool
+    resolved: list[ResolvedDelivery] = field(default_factory=list)
+    #: named ids that were not closed, each with why (already closed, or not in the database)
+    not_open: list[tuple[int, str]] = field(default_factory=list)
+
+
+def resolve(
+    store: PostgresStore,
+    selection: RejectionFilter,
+    *,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> ResolveReport:
+    """Close rejected deliveries a person has dealt with (a conflict's producer told, a
+    quarantined delivery given up on): acknowledged, with actor and reason on each delivery.
+
+    The operation's work row is never touched: a conflict changes nothing, so closing it only
+    stops it from awaiting a person. A quarantined delivery resolved is no longer redriven.
+    """
+    if not actor or not reason:
+        raise ValueError("a resolve needs an actor and a reason for the audit record")
+    report = ResolveReport(dry_run)
+    report.resolved = store.resolve_rejected(
+        actor=actor,
+        reason=reason,
+        ids=selection.ids,
+        kind=selection.kind,
+        subscription=selection.subscription,
+        tenant_id=selection.tenant_id,
+        operation_id=selection.operation_id,
+        limit=selection.limit,
+        dry_run=dry_run,
+    )
+    if selection.ids:
+        done = {r.id for r in report.resolved}
+        missing = [i for i in selection.ids if i not in done]
+        known = {s.id: s for s in store.rejected_status(missing)} if missing else {}
+        for i in missing:
+            report.not_open.append((i, _why_not_open(known.get(i))))
+    return report
+
+
+def _why_not_open(status: RejectedStatus | None) -> str:
+    if status is None:
+        return "no such rejected delivery (never recorded, or purged or erased since)"
+    if status.resolved_at is not None:
+        return f"already resolved by {status.resolved_by} at {status.resolved_at.isoformat()}"
+    if status.redriven_at is not None:
+        return (
+            f"already closed by a redrive ({status.redriven_by}, {status.redriven_at.isoformat()})"
+        )
+    return "does not match the other filters, or is locked by another resolve or redrive"
 
 
 # -- retention -------------------------------------------------------------------------------

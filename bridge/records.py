@@ -42,6 +42,14 @@ class WorkRecord:
     updated_at: datetime
     #: size of the stored payload; None once it is gone
     payload_bytes: int | None
+    #: the producer's W3C traceparent, when the delivery carried one
+    trace_context: str | None = None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The producer's trace id (from ``trace_context``), to find the trace by."""
+        parts = (self.trace_context or "").split("-")
+        return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +80,47 @@ class RejectedRecord:
     redriven_by: str | None
     redrive_reason: str | None
     redrive_outcome: str | None
+    #: closed by a person (``fencebridge resolve``): when, by whom, why
+    resolved_at: datetime | None = None
+    resolved_by: str | None = None
+    resolution_reason: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Still awaiting a person: neither redriven nor resolved."""
+        return self.redriven_at is None and self.resolved_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureRecord:
+    """One recorded erasure of a tenant (the record names the tenant only by its hash)."""
+
+    at: datetime
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedDelivery:
+    """A rejected delivery ``fencebridge resolve`` closed (or, on a dry run, would close)."""
+
+    id: int
+    kind: str
+    subscription: str
+    #: the operation it was recorded under, when its identifiers could be read
+    key: Key | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedStatus:
+    """Where a named rejected delivery stands, when a resolve did not close it."""
+
+    id: int
+    redriven_at: datetime | None
+    redriven_by: str | None
+    resolved_at: datetime | None
+    resolved_by: str | None
 
 
 @dataclass(frozen=True, slots=True)

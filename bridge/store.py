@@ -48,12 +48,15 @@ from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.records import (
     ErasureCounts,
+    ErasureRecord,
     OperationHistory,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
     RedriveRecord,
     RejectedRecord,
+    RejectedStatus,
+    ResolvedDelivery,
     WorkRecord,
 )
 from bridge.types import (
@@ -572,6 +575,14 @@ class PostgresStore:
             for i, s, m, t, o, j, reason, body in rows
         ]
 
+    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
+        """The recorded erasures of the tenant with this keyed hash, newest first."""
+        with self._connection("inspect") as conn:
+            rows = conn.execute(
+                sql.statement("inspect_erasures"), {"tenant_hash": tenant_hash}
+            ).fetchall()
+        return [ErasureRecord(at, actor, reason) for at, actor, reason in rows]
+
     def redrive_applied(
         self,
         row: ParkedRow,
@@ -662,6 +673,54 @@ class PostgresStore:
     def erase_tenant(
         self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
     ) -> ErasureCounts:
+    def resolve_rejected(
+        self,
+        *,
+        actor: str,
+        reason: str,
+        ids: Sequence[int] | None = None,
+        kind: str | None = None,
+        subscription: str | None = None,
+        tenant_id: str | None = None,
+        operation_id: str | None = None,
+        limit: int = 100,
+        dry_run: bool = False,
+    ) -> list[ResolvedDelivery]:
+        """Close open rejected deliveries a person has dealt with, recording who and why; the
+        work rows are untouched. A dry run executes the same statement and rolls back."""
+        if not actor or not reason:
+            raise ValueError("a resolve needs an actor and a reason for the audit record")
+        params = {
+            "ids": list(ids) if ids is not None else None,
+            "kind": kind,
+            "subscription": subscription,
+            "tenant_id": tenant_id,
+            "operation_id": operation_id,
+            "limit": limit,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("resolve") as conn, conn.transaction(force_rollback=dry_run):
+            rows = conn.execute(sql.statement("resolve_rejected"), params).fetchall()
+        return [
+            ResolvedDelivery(
+                id=int(i),
+                kind=k,
+                subscription=sub,
+                key=Key(t, o) if t is not None and o is not None else None,
+                created_at=at,
+            )
+            for i, k, sub, t, o, at in rows
+        ]
+
+    def rejected_status(self, ids: Sequence[int]) -> list[RejectedStatus]:
+        """Where the named rejected deliveries stand; an id absent from the answer is not in
+        the database (never recorded, purged or erased)."""
+        with self._connection("resolve") as conn:
+            rows = conn.execute(sql.statement("rejected_status"), {"ids": list(ids)}).fetchall()
+        return [RejectedStatus(int(i), *rest) for i, *rest in rows]
+
         """Delete every row, payload, rejected delivery and audit row of one tenant and record
         the erasure by the tenant's hash, in one transaction (rolled back on a dry run)."""
         if not tenant_id or not tenant_hash or not actor or not reason:
@@ -751,6 +810,7 @@ def _work_record(row: tuple[Any, ...]) -> WorkRecord:
     )
 
 
+        trace_context,
 def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
     (
         rejected_id,
@@ -776,6 +836,7 @@ def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
         redriven_at=redriven_at,
         redriven_by=redriven_by,
         redrive_reason=redrive_reason,
+        trace_context=trace_context,
         redrive_outcome=redrive_outcome,
     )
 
@@ -792,6 +853,9 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         fence,
         attempts,
         max_attempts,
+        resolved_at,
+        resolved_by,
+        resolution_reason,
         intent_fence,
         payload,
     ) = row
@@ -805,6 +869,9 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         fence=int(fence),
         attempts=int(attempts),
         max_attempts=int(max_attempts),
+        resolved_at=resolved_at,
+        resolved_by=resolved_by,
+        resolution_reason=resolution_reason,
         intent_fence=intent_fence,
         payload=bytes(payload) if payload is not None else None,
     )

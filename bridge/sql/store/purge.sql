@@ -1,7 +1,8 @@
 -- One bounded batch of retention: terminal work rows (succeeded, failed_terminal) settled before
--- the cutoff, resolved rejected deliveries (conflicts, redriven quarantines) recorded before it,
--- and the payloads of both. Rows parked as unknown or quarantined, and quarantined deliveries
--- nobody has redriven, are never touched. Locked rows are skipped until the next batch.
+-- the cutoff, closed rejected deliveries (conflicts; quarantines redriven or resolved) recorded
+-- before it, and the payloads of both. Rows parked as unknown or quarantined, and quarantined
+-- deliveries nobody has redriven or resolved, are never touched. Locked rows are skipped until
+-- the next batch.
 WITH cutoff AS (
     SELECT coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval AS at
 ),
@@ -25,7 +26,7 @@ rows_gone AS (
 old_rejected AS (
     SELECT r.id
       FROM rejected_delivery r, cutoff
-     WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL)
+     WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL OR r.resolved_at IS NOT NULL)
        AND r.created_at < cutoff.at
      ORDER BY r.created_at
      LIMIT %(limit)s

@@ -6,7 +6,8 @@ SELECT (SELECT count(*) FROM work_item w, cutoff
          WHERE w.state IN ('succeeded', 'failed_terminal') AND w.settled_at < cutoff.at)
            AS work_rows,
        (SELECT count(*) FROM rejected_delivery r, cutoff
-         WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL) AND r.created_at < cutoff.at)
+         WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL OR r.resolved_at IS NOT NULL)
+           AND r.created_at < cutoff.at)
            AS rejected_deliveries,
        (SELECT count(*) FROM payload p
          WHERE p.payload_ref IN (
@@ -15,6 +16,7 @@ SELECT (SELECT count(*) FROM work_item w, cutoff
                       AND w.settled_at < cutoff.at
                    UNION ALL
                    SELECT r.payload_ref FROM rejected_delivery r, cutoff
-                    WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL)
+                    WHERE (r.kind = 'conflict' OR r.redriven_at IS NOT NULL
+                           OR r.resolved_at IS NOT NULL)
                       AND r.created_at < cutoff.at AND r.payload_ref IS NOT NULL))
            AS payloads

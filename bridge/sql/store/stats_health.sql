@@ -1,5 +1,5 @@
 -- Claimed rows whose lease expired (stalled), the age of the oldest unknown, and rejected
--- deliveries awaiting a person.
+-- deliveries awaiting a person (neither redriven nor resolved).
 SELECT (SELECT count(*)
           FROM work_item
          WHERE state = 'claimed'
@@ -7,7 +7,8 @@ SELECT (SELECT count(*)
        (SELECT extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(settled_at))
           FROM work_item
          WHERE state = 'unknown') AS oldest_unknown_seconds,
-       (SELECT count(*) FROM rejected_delivery WHERE kind = 'conflict' AND redriven_at IS NULL)
-           AS conflicts,
-       (SELECT count(*) FROM rejected_delivery WHERE kind = 'quarantined' AND redriven_at IS NULL)
+       (SELECT count(*) FROM rejected_delivery
+         WHERE kind = 'conflict' AND redriven_at IS NULL AND resolved_at IS NULL) AS conflicts,
+       (SELECT count(*) FROM rejected_delivery
+         WHERE kind = 'quarantined' AND redriven_at IS NULL AND resolved_at IS NULL)
            AS quarantined
