@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import queue
+import re
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +364,92 @@ def test_the_bridge_package_never_imports_the_consumers() -> None:
         imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [m for m in imported if m.split(".")[0] == "consumers"], path.name
+
+
+# -- the README's "Producing messages" examples, run against the decoder --------------------------
+
+
+def readme_blocks(language: str) -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Producing messages\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"^```{language}\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+
+
+def readme_config(source: str) -> str:
+    (decode_table,) = readme_blocks("toml")
+    where = (
+        'source = "sqs"\nqueue_url = "https://sqs.eu-west-1.amazonaws.com/1/refunds"'
+        if source == "sqs"
+        else 'source = "pubsub"\nsubscription = "projects/p/subscriptions/refunds"'
+    )
+    return (
+        '[jobs.refund]\nhandler = "app.refunds:handler"\ntarget_class = "C"\n\n'
+        f'[subscriptions.refunds]\n{where}\njob_types = ["refund"]\n\n{decode_table}'
+    )
+
+
+class Recorder:
+    """Stands in for boto3's SQS client and the Pub/Sub publisher: keeps what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send_message(self, **request: Any) -> None:
+        self.sent.append(request)
+
+    def publish(self, topic: str, data: bytes, ordering_key: str = "", **attributes: str) -> None:
+        self.sent.append({"topic": topic, "data": data, "attributes": attributes})
+
+
+def decoded_sqs(config_text: str, request: dict[str, Any]) -> Delivery:
+    rules = parse_config(config_text).decode_rules("refunds")
+    message = {
+        "MessageId": "m-1",
+        "Body": request["MessageBody"],
+        "MessageAttributes": request["MessageAttributes"],
+    }
+    delivery = decode(rules, sqs_consumer.to_raw("refunds", message))
+    assert isinstance(delivery, Delivery), delivery
+    return delivery
+
+
+def test_the_readme_producer_examples_send_what_the_readme_rules_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracer: trace.Tracer
+) -> None:
+    helper, plain = readme_blocks("python")
+    (tmp_path / "bridge.toml").write_text(readme_config("sqs"))
+    monkeypatch.chdir(tmp_path)
+    with_helper: dict[str, Any] = {}
+    exec(compile(helper, "README helper", "exec"), with_helper)
+    without: dict[str, Any] = {}
+    exec(compile(plain, "README plain", "exec"), without)
+
+    sqs, boto3_sqs, publisher = Recorder(), Recorder(), Recorder()
+    with tracer.start_as_current_span("refunds publish", kind=SpanKind.PRODUCER) as span:
+        with_helper["send_refund"](sqs, "queue", "acme", "refund-1042", REFUND)
+        without["send_refund_boto3"](boto3_sqs, "queue", "acme", "refund-1042", REFUND)
+        without["publish_refund_pubsub"](publisher, "topic", "acme", "refund-1042", REFUND)
+
+    (helper_request,) = sqs.sent
+    (plain_request,) = boto3_sqs.sent
+    assert plain_request == helper_request  # the helper and plain boto3: the same message
+    delivery = decoded_sqs(readme_config("sqs"), helper_request)
+    assert (delivery.tenant_id, delivery.operation_id, delivery.job_type) == (
+        "acme",
+        "refund-1042",
+        "refund",
+    )
+    assert delivery.schema_version == "1"
+    assert json.loads(delivery.payload) == REFUND
+    assert delivery.trace_context == traceparent_of(span)
+
+    (published,) = publisher.sent
+    rules = parse_config(readme_config("pubsub")).decode_rules("refunds")
+    raw = pubsub_consumer.to_raw(
+        "refunds", received_pubsub(published["data"], published["attributes"], "")
+    )
+    from_pubsub = decode(rules, raw)
+    assert isinstance(from_pubsub, Delivery), from_pubsub
+    assert from_pubsub.payload == delivery.payload
+    assert from_pubsub.key == delivery.key
+    assert from_pubsub.trace_context == traceparent_of(span)
