@@ -159,6 +159,27 @@ def _hasher() -> IdentityHasher:
     return IdentityHasher.from_env()
 
 
+def _keyed(store: PostgresStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
+    """Compare the environment's identity keys with the database's before any hash is shown or
+    key derived; ``record`` (the command) also records the key on first use, for commands that
+    write hashes or derive idempotency keys."""
+    from bridge import keyring  # noqa: PLC0415
+
+    if record is None:
+        keyring.verify(store, hasher)
+    else:
+        keyring.attach(store, hasher, used_by=f"fencebridge {record}")
+
+
+def _optional_hasher(store: PostgresStore) -> IdentityHasher | None:
+    """The compared keys when the environment sets one; None for commands that can do without."""
+    if not os.environ.get(IDENTITY_KEY_ENV):
+        return None
+    hasher = _hasher()
+    _keyed(store, hasher)
+    return hasher
+
+
 def _log_hashes(hasher: IdentityHasher, key: Key) -> list[str]:
     """The tenant's and the operation's keyed hashes, as logs and spans carry them."""
     return [hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)]
@@ -188,6 +209,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 def _status(args: argparse.Namespace) -> int:
     hasher = _hasher()  # refuse before touching the database: status shows hashes only
     with _store(args) as store:
+        _keyed(store, hasher)
         stats = store.stats()
     document = _status_document(stats, hasher)
     if args.json:
@@ -232,11 +254,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
     key = Key(args.tenant, args.operation)
     with _store(args) as store:
+        hasher = _optional_hasher(store)
         history = store.history(key)
     document = _history_document(history)
     hashes: list[str] = []
-    if os.environ.get(IDENTITY_KEY_ENV):
-        hashes = _log_hashes(_hasher(), key)
+    if hasher is not None:
+        hashes = _log_hashes(hasher, key)
         document["log_hashes"] = hashes
     if args.json:
         print(json.dumps(document, indent=2, default=str))
@@ -387,6 +410,7 @@ def _redrive(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     hasher = _hasher()
     with _store(args) as store:
+        _keyed(store, hasher, record="redrive")
         report = Redrive(
             store,
             config,
@@ -443,10 +467,10 @@ def _redrive_lines(report: RedriveReport, hasher: IdentityHasher) -> list[str]:
 
 def _sweep(args: argparse.Namespace) -> int:
     with _store(args) as store:
+        hasher = _optional_hasher(store)
         parked = store.sweep(args.limit, exclusive=True)
     print(f"parked {len(parked)} expired last attempt(s) as unknown")
-    if parked and os.environ.get(IDENTITY_KEY_ENV):
-        hasher = _hasher()
+    if parked and hasher is not None:
         for t in parked:
             print(f"  {' '.join(_log_hashes(hasher, t.key))}  fence {t.fence}")
     return 0
@@ -487,8 +511,9 @@ def _purge(args: argparse.Namespace) -> int:
 
 def _erase(args: argparse.Namespace) -> int:
     hasher = _hasher()
-    tenant_hash = hasher.tenant(args.tenant)
     with _store(args) as store:
+        _keyed(store, hasher, record="erase")
+        tenant_hash = hasher.tenant(args.tenant)
         counts = store.erase_tenant(
             args.tenant,
             tenant_hash=tenant_hash,
@@ -503,6 +528,98 @@ def _erase(args: argparse.Namespace) -> int:
         f"{counts.redrive_audits} redrive audit row(s)"
     )
     print("dry run: nothing was written" if args.dry_run else "recorded in erasure_audit")
+    return 0
+
+
+def _identity_status(args: argparse.Namespace) -> int:
+    from bridge import keyring  # noqa: PLC0415
+    from bridge.identity import REUSE_ADVICE, IdentityHasher, shown  # noqa: PLC0415
+
+    hasher = IdentityHasher.optional_from_env()
+    with _store(args) as store:
+        uses = keyring.status(store, hasher)
+    current = next((u for u in uses if u.current), None)
+    fine = current is not None and (hasher is None or current.held == "current")
+    if args.json:
+        document = {
+            "keys": [
+                {
+                    "key_id": u.key.key_id,
+                    "fingerprint": shown(u.key.fingerprint),
+                    "current": u.current,
+                    "registered_at": _at(u.key.registered_at),
+                    "registered_by": u.key.registered_by,
+                    "reason": u.key.reason,
+                    "open_rows": u.open_rows,
+                    "rows": u.rows,
+                    "environment": u.held,
+                }
+                for u in uses
+            ],
+            "environment_fingerprint": shown(hasher.fingerprint) if hasher else None,
+        }
+        print(json.dumps(document, indent=2))
+        return 0 if fine or hasher is None else 1
+    if not uses:
+        print("no identity key recorded yet: the first bridge or command that hashes records its")
+        print(f"key; {REUSE_ADVICE}")
+        return 0
+    rows = [
+        [
+            u.key.key_id,
+            shown(u.key.fingerprint),
+            "current" if u.current else "earlier",
+            _at(u.key.registered_at),
+            u.key.registered_by,
+            u.open_rows,
+            u.rows,
+            u.held or "-",
+        ]
+        for u in uses
+    ]
+    header = ["key", "fingerprint", "use", "recorded", "by", "open rows", "rows", "environment"]
+    print("\n".join(_table(header, rows)))
+    assert current is not None
+    if hasher is None:
+        print(f"{IDENTITY_KEY_ENV} is not set: {REUSE_ADVICE}")
+    elif current.held != "current":
+        print(
+            f"{IDENTITY_KEY_ENV} (fingerprint {shown(hasher.fingerprint)}) is not the current key "
+            f"(key {current.key.key_id}): {REUSE_ADVICE}"
+        )
+    return 0 if fine or hasher is None else 1
+
+
+def _identity_rotate(args: argparse.Namespace) -> int:
+    from bridge import keyring  # noqa: PLC0415
+    from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV, shown  # noqa: PLC0415
+
+    hasher = _hasher()
+    with _store(args) as store:
+        rotation = keyring.rotate(
+            store,
+            hasher,
+            actor=args.actor or _os_user(),
+            reason=args.reason,
+            dry_run=args.dry_run,
+        )
+    new = rotation.new
+    assert new is not None
+    verb = "would record" if rotation.dry_run else "recorded"
+    print(f"{verb} key {new.key_id} (fingerprint {shown(new.fingerprint)}) as the current key")
+    for k in rotation.previous:
+        print(
+            f"key {k.key_id} (fingerprint {shown(k.fingerprint)}) keeps its "
+            f"{rotation.open_rows.get(k.key_id, 0)} open row(s) and every row written under it"
+        )
+    if rotation.dry_run:
+        print("dry run: nothing was written")
+        return 0
+    print(
+        f"next: restart every bridge, and run every command, with {IDENTITY_KEY_ENV} set to the "
+        f"new key and {IDENTITY_PREVIOUS_KEYS_ENV} to the earlier key(s); until restarted, a "
+        "bridge keeps working on its own key's rows and refuses to start again"
+    )
     return 0
 
 
@@ -580,8 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the bridge: consumers, worker pool, sweeper (SIGTERM/SIGINT drain and exit 0)",
         description=(
             f"Secrets come from the environment: ${DATABASE_URL_ENV} and ${IDENTITY_KEY_ENV} "
-            "(the key of idempotency keys and of hashed identifiers in logs; never change it "
-            "while operations may be retried)."
+            "(the key of idempotency keys and of hashed identifiers in logs: the deployment's "
+            "key, which the database checks; change it only with `fencebridge identity "
+            "rotate`)."
         ),
     )
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
@@ -612,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_demo)
     _add_operator_commands(commands)
+    _add_identity_commands(commands)
     return parser
 
 
@@ -724,6 +843,41 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
     _add_database_flag(p)
     p.set_defaults(run=_check)
+
+
+def _add_identity_commands(commands: Any) -> None:
+    p = commands.add_parser(
+        "identity",
+        help="the identity keys the database was written under: status, rotate",
+        description=(
+            f"Each {IDENTITY_KEY_ENV} is recorded in the database by its fingerprint (never the "
+            "key); every row keeps the key it was written under."
+        ),
+    )
+    identity = p.add_subparsers(dest="identity_command", required=True, metavar="ACTION")
+    q = identity.add_parser(
+        "status",
+        help="recorded keys: id, fingerprint prefix, open and total rows, which one this "
+        "environment holds (needs no key)",
+    )
+    q.add_argument("--json", action="store_true", help="print a JSON document instead")
+    _add_database_flag(q)
+    q.set_defaults(run=_identity_status)
+    q = identity.add_parser(
+        "rotate",
+        help="record a new current key for new operations; existing rows keep theirs (audited)",
+        description=(
+            f"Run with {IDENTITY_KEY_ENV} set to the new key and "
+            "FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS to the current key (comma-separated, with any "
+            "earlier key that open rows still use). Then restart every bridge with the same two "
+            "variables."
+        ),
+    )
+    q.add_argument("--reason", type=_text, required=True, help="why: recorded with the key")
+    q.add_argument("--actor", type=_text, help="who: recorded (default: the OS user)")
+    q.add_argument("--dry-run", action="store_true", help="check everything; record nothing")
+    _add_database_flag(q)
+    q.set_defaults(run=_identity_rotate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -234,7 +234,10 @@ class Context:
             fence=claim.fence,
             payload=claim.payload or b"",
             schema_version=claim.schema_version,
-            idempotency_key=hasher.idempotency_key(key.tenant_id, key.operation_id),
+            # under the key the row was written with, not necessarily the current one
+            idempotency_key=hasher.idempotency_key(
+                key.tenant_id, key.operation_id, claim.identity_key_id
+            ),
         )
 
     def progress(self) -> None:

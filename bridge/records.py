@@ -153,6 +153,8 @@ class ParkedRow:
     intent_fence: int | None
     #: the approved payload; read only for unknown class C rows (their lookup needs it)
     payload: bytes | None
+    #: the identity key the row was written under: its idempotency key derives from it
+    identity_key_id: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

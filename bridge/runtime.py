@@ -2,10 +2,12 @@
 
 Start order: check the schema version, build every handler (:func:`bridge.registry.build_job`,
 which ``fencebridge check`` runs too: a typo or a handler that cannot be built fails here, with
-the job type and the reason), start the pool and the sweeper, then the consumers, then the health
-endpoint. Stop order is the reverse of the work's flow: consumers stop receiving (whatever they
-already received is written and acknowledged), the pool releases claims that never started and
-gives running handlers until the deadline, then the sweeper and the endpoint stop.
+the job type and the reason), compare the identity key with the one the database was written
+under (:func:`bridge.keyring.attach`: another key refuses the start), start the pool and the
+sweeper, then the consumers, then the health endpoint. Stop order is the reverse of the work's
+flow: consumers stop receiving (whatever they already received is written and acknowledged), the
+pool releases claims that never started and gives running handlers until the deadline, then the
+sweeper and the endpoint stop.
 
 One deadline covers the whole stop: every consumer is told to stop at once and each gets what
 is left of it, the pool gets what the consumers left, the rest what the pool left. Every
@@ -28,6 +30,7 @@ from bridge.events import WorkEvents
 from bridge.health import HealthServer
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
+from bridge.keyring import attach
 from bridge.migrate import require_current
 from bridge.registry import Registry
 from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
@@ -63,6 +66,7 @@ class Bridge:
         self.telemetry = telemetry or Telemetry(hasher)
         self.config = config
         self.store = store
+        self.hasher = hasher
         self.registry = registry or build_registry(config)
         self.pool = WorkerPool(
             store,
@@ -122,6 +126,8 @@ class Bridge:
         self.pool.start()
         self.sweeper.start()
         for consumer in self.consumers:
+        # Before anything hashes or claims: a key other than the database's refuses the start.
+        attach(self.store, self.hasher, used_by="fencebridge run")
             consumer.start()
         if self.health is not None:
             self.health.start()

@@ -141,6 +141,9 @@ class PostgresStore:
     def __init__(self, pool: ConnectionPool[Connection], *, clock: Clock = _database_clock) -> None:
         self._pool = pool
         self._now = clock
+        #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
+        self._identity_key: int | None = None
+        self._identity_keys: list[int] | None = None
 
     @classmethod
     def connect(
@@ -163,6 +166,13 @@ class PostgresStore:
 
     def close(self) -> None:
         self._pool.close()
+
+    def use_identity_keys(self, current: int, held: Sequence[int]) -> None:
+        """Write new rows under identity key ``current``; claim only rows written under a key
+        in ``held`` (a row under another key needs a process that holds it). Until called, new
+        rows take the database's current key and claims take any row."""
+        self._identity_key = current
+        self._identity_keys = list(held)
 
     @contextmanager
     def _connection(self, action: str) -> Iterator[Connection]:
@@ -213,7 +223,11 @@ class PostgresStore:
             if fresh:
                 rows = conn.execute(
                     sql.statement("ingest_insert"),
-                    {**_insert_params(fresh, refs), "now": self._now()},
+                    {
+                        **_insert_params(fresh, refs),
+                        "identity_key_id": self._identity_key,
+                        "now": self._now(),
+                    },
                 ).fetchall()
                 inserted = {Key(t, o) for t, o in rows}
             others = [k for k in firsts if k not in inserted]
@@ -275,7 +289,11 @@ class PostgresStore:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.statement("claim"), _claim_params(worker, limit, lease, job_types, self._now())
+                sql.statement("claim"),
+                {
+                    **_claim_params(worker, limit, lease, job_types, self._now()),
+                    "identity_keys": self._identity_keys,
+                },
             ).fetchall()
         return [_claim(r) for r in rows]
 
@@ -286,7 +304,13 @@ class PostgresStore:
         with self._connection("claim") as conn:
             rows = conn.execute(
                 sql.statement("claim_keys"),
-                {**_keys_params(keys), "worker": worker, "lease": lease, "now": self._now()},
+                {
+                    **_keys_params(keys),
+                    "worker": worker,
+                    "lease": lease,
+                    "identity_keys": self._identity_keys,
+                    "now": self._now(),
+                },
             ).fetchall()
         return [_claim(r) for r in rows]
 
@@ -374,7 +398,11 @@ class PostgresStore:
                 )
                 claimed = [
                     conn.execute(
-                        sql.statement("claim"), _claim_params(worker, n, lease, job_types, now)
+                        sql.statement("claim"),
+                        {
+                            **_claim_params(worker, n, lease, job_types, now),
+                            "identity_keys": self._identity_keys,
+                        },
                     )
                     for n in limits
                 ]
@@ -861,6 +889,7 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
     ) = row
     return ParkedRow(
         key=Key(tenant_id, operation_id),
+        identity_key_id,
         state=State(state),
         subscription=subscription,
         job_type=job_type,
@@ -874,6 +903,7 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         resolution_reason=resolution_reason,
         intent_fence=intent_fence,
         payload=bytes(payload) if payload is not None else None,
+        identity_key_id=int(identity_key_id),
     )
 
 
@@ -1041,6 +1071,7 @@ def _claim(row: tuple[Any, ...]) -> Claim:
         receive_count,
         ordering_key,
         payload,
+        identity_key_id,
     ) = row
     return Claim(
         tenant_id=tenant_id,
@@ -1061,4 +1092,5 @@ def _claim(row: tuple[Any, ...]) -> Claim:
         broker_message_id=broker_message_id,
         receive_count=receive_count,
         ordering_key=ordering_key,
+        identity_key_id=int(identity_key_id),
     )

@@ -159,6 +159,8 @@ class Claim:
     broker_message_id: str | None = None
     receive_count: int | None = None
     ordering_key: str | None = None
+    #: the identity key the row was written under: its idempotency key derives from it
+    identity_key_id: int = 1
 
     @property
     def key(self) -> Key:

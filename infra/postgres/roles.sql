@@ -28,7 +28,8 @@
 --
 -- <prefix>_bridge    LOGIN, BYPASSRLS. The running bridge: owns nothing, may only read and
 --                    write rows (SELECT/INSERT/UPDATE/DELETE on the work tables, INSERT and
---                    SELECT on the redrive audit, USAGE on work_item_seq, SELECT on the
+--                    SELECT on the redrive audit and on identity_key (a rotation adds a
+--                    key, none is ever changed), USAGE on work_item_seq, SELECT on the
 --                    migration record so it can check the schema version, EXECUTE on
 --                    fencebridge_erase_tenant, the audited erasure of one tenant).
 --
@@ -117,7 +118,7 @@ DECLARE
     -- work_item_seq and the identity sequences, follow their table's owner.
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
-                                    'erasure_audit'];
+                                    'erasure_audit', 'identity_key'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)'];
@@ -178,6 +179,8 @@ BEGIN
                        -- the audit is append-only for the bridge
                        ('redrive_audit', 'bridge', 'SELECT, INSERT'),
                        ('fencebridge_migration', 'bridge', 'SELECT'),
+                       -- keys are recorded, never changed: a rotation adds one
+                       ('identity_key', 'bridge', 'SELECT, INSERT'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -185,6 +188,7 @@ BEGIN
                        ('tenant_role', 'operator', 'SELECT'),
                        ('fencebridge_migration', 'operator', 'SELECT'),
                        ('erasure_audit', 'operator', 'SELECT'),
+                       ('identity_key', 'operator', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),

@@ -305,7 +305,14 @@ def test_claim_reads_the_queued_index_not_the_history(
     with db.transaction(force_rollback=True), db.cursor() as cur:
         cur.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.statement("claim"),
-            {"worker": "w", "limit": 10, "lease": LEASE, "job_types": None, "now": None},
+            {
+                "worker": "w",
+                "limit": 10,
+                "lease": LEASE,
+                "job_types": None,
+                "identity_keys": None,
+                "now": None,
+            },
         )
         found = cur.fetchone()
     assert found is not None

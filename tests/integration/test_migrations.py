@@ -311,7 +311,7 @@ def test_a_database_that_applied_the_released_0002_stays_valid_and_is_not_migrat
             ("operations", checksum),
         )
 
-    assert migrate(old) == [Applied(3, "terminal_index")]
+    assert migrate(old) == every()[2:]
     assert migrate(old) == []
     require_current(old)
     recorded = old.execute("SELECT checksum FROM fencebridge_migration WHERE version = 2")
@@ -393,7 +393,7 @@ def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then
         holder.execute("COMMIT")
         migrator.join(60)
     assert errors == []
-    assert results == [[Applied(2, "operations"), Applied(3, "terminal_index")]]
+    assert results == [every()[1:]]
 
 
 def test_a_migration_that_never_gets_its_locks_gives_up_clearly_and_applies_nothing(
@@ -413,7 +413,7 @@ def test_a_migration_that_never_gets_its_locks_gives_up_clearly_and_applies_noth
         " WHERE table_name = 'rejected_delivery' AND column_name = 'redriven_by'"
     )
     assert columns.fetchone() == (0,)
-    assert migrate(conn) == [Applied(2, "operations"), Applied(3, "terminal_index")]
+    assert migrate(conn) == every()[1:]
 
 
 # -- a million rows, a bridge at work -------------------------------------------------------------
@@ -515,7 +515,13 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn = empty_database()
-    at_version(conn, 1, monkeypatch)
+    # The bridge below is this release's code: besides the first migration, the database needs
+    # the columns its statements read (0004's identity key id); the rest is migrated under it.
+    shipped = sql.migrations()
+    first = [m for m in shipped if m.version in (1, 4)]
+    with monkeypatch.context() as m:
+        m.setattr(sql, "migrations", lambda: tuple(first))
+        migrate(conn)
     conn.execute(FILL_HISTORY.encode(), {"n": HISTORY_ROWS})
     registry = Registry()
     registry.register("quick", Quick())
@@ -550,7 +556,7 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     finally:
         store.close()
 
-    assert applied == [Applied(2, "operations"), Applied(3, "terminal_index")]
+    assert applied == [Applied(m.version, m.name) for m in shipped if m not in first]
     require_current(conn)
     assert during > 0, "claims and settlements went on while the migration ran"
     valid = conn.execute(

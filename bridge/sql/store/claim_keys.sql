@@ -11,6 +11,7 @@ candidate AS (
             OR (w.state = 'claimed'
                 AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
                 AND w.attempts < w.max_attempts))
+       AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
        AND (w.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1
                  FROM work_item p
@@ -36,4 +37,5 @@ RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.su
           w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
           w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
           w.ordering_key,
-          (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload
+          (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
+          w.identity_key_id

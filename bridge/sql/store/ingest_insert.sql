@@ -2,7 +2,9 @@
 -- are left untouched (ON CONFLICT DO NOTHING). Sequence numbers are drawn in delivery order,
 -- rows are inserted in key order (so two batches with overlapping keys cannot deadlock), and
 -- the payloads of the rows this statement created are stored beside them. A new row is due
--- at once, by the store's clock (the database clock unless the store was given one).
+-- at once, by the store's clock (the database clock unless the store was given one). A new row
+-- is written under the process's identity key (%(identity_key_id)s), or else the database's
+-- current (newest) key.
 WITH input AS (
     SELECT t.*, nextval('work_item_seq') AS seq
       FROM unnest(
@@ -21,12 +23,14 @@ inserted AS (
     INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
                            schema_version, payload_hash, payload_ref, max_attempts, seq,
                            ordering_key, broker_message_id, receive_count, trace_context,
-                           next_attempt_at, created_at, updated_at)
+                           next_attempt_at, created_at, updated_at, identity_key_id)
     SELECT tenant_id, operation_id, subscription, job_type, target_class,
            schema_version, payload_hash, payload_ref, max_attempts, seq,
            ordering_key, broker_message_id, receive_count, trace_context,
            coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(identity_key_id)s::smallint,
+                    (SELECT max(k.key_id) FROM identity_key k), 1)
       FROM input
      ORDER BY tenant_id, operation_id
         ON CONFLICT (tenant_id, operation_id) DO NOTHING

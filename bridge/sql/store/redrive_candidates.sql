@@ -5,7 +5,8 @@ SELECT w.tenant_id, w.operation_id, w.state, w.subscription, w.job_type, w.targe
        w.schema_version, w.fence, w.attempts, w.max_attempts, w.intent_fence,
        CASE WHEN w.state = 'unknown' AND w.target_class = 'C'
             THEN (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref)
-       END AS payload
+       END AS payload,
+       w.identity_key_id
   FROM work_item w
  WHERE w.state = ANY (%(states)s::text[])
    AND (%(subscription)s::text IS NULL OR w.subscription = %(subscription)s::text)

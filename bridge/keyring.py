@@ -1,0 +1,297 @@
+"""The identity keys a database was written under: the check before hashing, and rotation.
+
+A process with another ``FENCEBRIDGE_IDENTITY_KEY`` than the deployment's derives other
+idempotency keys: its lookups find nothing, so it reports an applied charge "not applied" and
+sends it again. So the database records each key by its fingerprint (never the key) under a
+key id, and every process and command that hashes or derives keys calls :func:`attach` first:
+
+* no key recorded yet: the process records its key as key 1 (the key of every row written
+  before keys were recorded), by a conditional insert; of two first uses at once, one wins
+  and the other compares with it;
+* its key must be the newest recorded key (the current one), each key in
+  ``FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS`` must be a recorded one, and every key that open rows
+  (queued, claimed, unknown, quarantined) were written under must be held;
+* otherwise it refuses, saying which key the database expects, and changes nothing.
+
+Then the hasher and the store learn the key ids: new rows carry the current key's id, a claim
+carries its row's id, and the row's idempotency key is derived under that key. The store
+claims only rows whose key the process holds, so a bridge started before a rotation leaves
+the new key's rows to the bridges restarted with it.
+
+:func:`rotate` records a new key as current; rows already written keep theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bridge import sql
+from bridge.database import Connection, translate_errors
+from bridge.errors import ConfigError
+from bridge.identity import (
+    IDENTITY_KEY_ENV,
+    IDENTITY_PREVIOUS_KEYS_ENV,
+    REUSE_ADVICE,
+    IdentityHasher,
+    shown,
+)
+from bridge.store import PostgresStore
+
+log = logging.getLogger(__name__)
+
+
+class IdentityKeyMismatch(ConfigError):  # noqa: N818  (a condition, named for what it found)
+    """The process's identity keys are not the ones the database was written under."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedKey:
+    key_id: int
+    fingerprint: str
+    registered_at: datetime
+    registered_by: str
+    reason: str | None
+
+    def describe(self) -> str:
+        return f"key {self.key_id} (fingerprint {shown(self.fingerprint)})"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUse:
+    """One recorded key, the rows written under it, and whether this environment holds it."""
+
+    key: RecordedKey
+    current: bool
+    open_rows: int
+    rows: int
+    #: ``current`` or ``previous`` when the environment holds it, None when it does not (or
+    #: no key is set)
+    held: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    new: RecordedKey | None
+    #: the key that was current before, and the earlier keys open rows still use
+    previous: tuple[RecordedKey, ...]
+    open_rows: dict[int, int]
+    dry_run: bool
+
+
+def attach(store: PostgresStore, hasher: IdentityHasher, *, used_by: str) -> None:
+    """Record the key on first use, refuse keys the database was not written under, and bind
+    the database's key ids to ``hasher`` and ``store``. Changes nothing when it refuses."""
+    with translate_errors("identity keys"), store.pool.connection() as conn:
+        with conn.transaction():
+            first = conn.execute(
+                sql.statement("identity_register_first"),
+                {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
+            ).fetchone()
+        keys = _recorded(conn)
+        _check(conn, keys, hasher)
+    if first is not None:
+        log.info(
+            "identity key recorded on first use: key 1 (fingerprint %s)", shown(hasher.fingerprint)
+        )
+    _bind(store, hasher, keys)
+
+
+def verify(store: PostgresStore, hasher: IdentityHasher) -> None:
+    """:func:`attach` for commands that only show hashes: compares, records nothing (with no
+    key recorded yet there is nothing to compare with)."""
+    with translate_errors("identity keys"), store.pool.connection() as conn:
+        keys = _recorded(conn)
+        if not keys:
+            return
+        _check(conn, keys, hasher)
+    _bind(store, hasher, keys)
+
+
+def status(store: PostgresStore, hasher: IdentityHasher | None) -> list[KeyUse]:
+    """Every recorded key with its rows, and which of them this environment holds."""
+    with translate_errors("identity status"), store.pool.connection() as conn:
+        keys = _recorded(conn)
+        counts = {
+            int(k): (int(o), int(t))
+            for k, o, t in conn.execute(sql.statement("identity_rows")).fetchall()
+        }
+    held: dict[str, str] = {}
+    if hasher is not None:
+        held = dict.fromkeys(hasher.previous_fingerprints, "previous")
+        held[hasher.fingerprint] = "current"
+    newest = keys[-1].key_id if keys else None
+    return [
+        KeyUse(
+            key=k,
+            current=k.key_id == newest,
+            open_rows=counts.get(k.key_id, (0, 0))[0],
+            rows=counts.get(k.key_id, (0, 0))[1],
+            held=held.get(k.fingerprint),
+        )
+        for k in keys
+    ]
+
+
+def rotate(
+    store: PostgresStore,
+    hasher: IdentityHasher,
+    *,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> Rotation:
+    """Record the environment's ``FENCEBRIDGE_IDENTITY_KEY`` as the new current key.
+
+    The database's current key must be in ``FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS``, with every
+    other key open rows were written under. A database that recorded no key yet records the
+    one previous key as key 1 first. With ``dry_run`` everything is checked and rolled back.
+    """
+    if not actor or not reason:
+        raise ValueError("a rotation needs an actor and a reason for the record")
+    with (
+        translate_errors("identity rotate"),
+        store.pool.connection() as conn,
+        conn.transaction(force_rollback=dry_run),
+    ):
+        keys = _recorded(conn)
+        if not keys:
+            keys = _record_first_previous(conn, hasher, actor)
+        by_fingerprint = {k.fingerprint: k for k in keys}
+        current = keys[-1]
+        mine = by_fingerprint.get(hasher.fingerprint)
+        if mine is not None:
+            raise IdentityKeyMismatch(
+                f"{IDENTITY_KEY_ENV} is already recorded as {mine.describe()}"
+                + (
+                    ", the current key: nothing to rotate"
+                    if mine is current
+                    else "; a key that was rotated out is never brought back: rotate to a new one"
+                )
+            )
+        if current.fingerprint not in hasher.previous_fingerprints:
+            raise IdentityKeyMismatch(
+                f"the database's current key, {current.describe()}, is not in "
+                f"{IDENTITY_PREVIOUS_KEYS_ENV}: rotate with {IDENTITY_KEY_ENV} set to the new key "
+                f"and {IDENTITY_PREVIOUS_KEYS_ENV} to the current key (and any earlier key open "
+                "rows still use); nothing was changed"
+            )
+        _check_previous(by_fingerprint, hasher)
+        held = [by_fingerprint[f].key_id for f in hasher.previous_fingerprints]
+        missing = _open_rows(conn, held)
+        if missing:
+            raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was changed")
+        row = conn.execute(
+            sql.statement("identity_rotate"),
+            {
+                "current_id": current.key_id,
+                "fingerprint": hasher.fingerprint,
+                "actor": actor,
+                "reason": reason,
+            },
+        ).fetchone()
+        if row is None:
+            raise IdentityKeyMismatch(
+                "another rotation recorded a new key meanwhile; nothing was changed: see "
+                "`fencebridge identity status`"
+            )
+        after = _recorded(conn)
+        in_use = _open_rows(conn, [])
+    new = next(k for k in after if k.fingerprint == hasher.fingerprint)
+    previous = tuple(k for k in after if k.key_id in in_use or k.key_id == current.key_id)
+    if not dry_run:
+        log.info("identity key rotated: %s is current", new.describe())
+    return Rotation(new=new, previous=previous, open_rows=in_use, dry_run=dry_run)
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def _recorded(conn: Connection) -> list[RecordedKey]:
+    rows = conn.execute(sql.statement("identity_keys")).fetchall()
+    return [RecordedKey(int(i), f, at, by, why) for i, f, at, by, why in rows]
+
+
+def _check(conn: Connection, keys: list[RecordedKey], hasher: IdentityHasher) -> None:
+    by_fingerprint = {k.fingerprint: k for k in keys}
+    current = keys[-1]
+    mine = by_fingerprint.get(hasher.fingerprint)
+    if mine is None:
+        raise IdentityKeyMismatch(
+            f"{IDENTITY_KEY_ENV} (fingerprint {shown(hasher.fingerprint)}) is not a key this "
+            f"database was written under: it expects {current.describe()}; nothing was done; "
+            + REUSE_ADVICE
+        )
+    if mine is not current:
+        raise IdentityKeyMismatch(
+            f"{IDENTITY_KEY_ENV} is {mine.describe()}, which `fencebridge identity rotate` "
+            f"replaced with {current.describe()} at "
+            f"{current.registered_at.isoformat(timespec='minutes')}; "
+            f"nothing was done. Set {IDENTITY_KEY_ENV} to {current.describe()}, the "
+            f"deployment's current key, and keep {mine.describe()} in "
+            f"{IDENTITY_PREVIOUS_KEYS_ENV} while rows written under it are open"
+        )
+    _check_previous(by_fingerprint, hasher)
+    held = [by_fingerprint[f].key_id for f in (hasher.fingerprint, *hasher.previous_fingerprints)]
+    missing = _open_rows(conn, held)
+    if missing:
+        raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was done")
+
+
+def _check_previous(by_fingerprint: dict[str, RecordedKey], hasher: IdentityHasher) -> None:
+    unknown = [f for f in hasher.previous_fingerprints if f not in by_fingerprint]
+    if unknown:
+        raise IdentityKeyMismatch(
+            f"{IDENTITY_PREVIOUS_KEYS_ENV} holds {len(unknown)} key(s) this database never "
+            f"recorded (fingerprint {', '.join(shown(f) for f in unknown)}): list only the "
+            "deployment's earlier keys (`fencebridge identity status` shows the recorded "
+            "fingerprints); nothing was done"
+        )
+
+
+def _open_rows(conn: Connection, held: list[int]) -> dict[int, int]:
+    rows = conn.execute(sql.statement("identity_open_rows"), {"held": held}).fetchall()
+    return {int(k): int(n) for k, n in rows}
+
+
+def _missing_message(missing: dict[int, int], keys: list[RecordedKey]) -> str:
+    by_id = {k.key_id: k for k in keys}
+    parts = [
+        f"{n} open operation(s) under "
+        + (by_id[i].describe() if i in by_id else f"key {i} (never recorded)")
+        for i, n in sorted(missing.items())
+    ]
+    return (
+        f"{'; '.join(parts)}, which this process does not hold: their idempotency keys derive "
+        f"from it, so add it to {IDENTITY_PREVIOUS_KEYS_ENV}"
+    )
+
+
+def _record_first_previous(
+    conn: Connection, hasher: IdentityHasher, actor: str
+) -> list[RecordedKey]:
+    """A database that recorded no key yet: its rows were written under the one previous key."""
+    previous = hasher.previous_fingerprints
+    if len(previous) != 1:
+        raise IdentityKeyMismatch(
+            "the database has recorded no identity key yet, so the key its rows were written "
+            f"under must be the one key in {IDENTITY_PREVIOUS_KEYS_ENV} (it holds "
+            f"{len(previous)}); nothing was changed"
+        )
+    params: dict[str, Any] = {
+        "fingerprint": previous[0],
+        "registered_by": actor,
+        "reason": "recorded by the first rotation: the key rows were written under until then",
+    }
+    conn.execute(sql.statement("identity_register_first"), params)
+    return _recorded(conn)
+
+
+def _bind(store: PostgresStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:
+    hasher.bind({k.fingerprint: k.key_id for k in keys})
+    key_id, held = hasher.key_id, hasher.held_key_ids
+    assert key_id is not None
+    assert held is not None
+    store.use_identity_keys(key_id, held)
