@@ -123,11 +123,11 @@ class Bridge:
         return (True, "ok") if ok else (False, f"claims are failing: {why}")
 
     def start(self) -> None:
+        # Before anything hashes or claims: a key other than the database's refuses the start.
+        attach(self.store, self.hasher, used_by="fencebridge run")
         self.pool.start()
         self.sweeper.start()
         for consumer in self.consumers:
-        # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run")
             consumer.start()
         if self.health is not None:
             self.health.start()

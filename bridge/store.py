@@ -886,10 +886,10 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         resolution_reason,
         intent_fence,
         payload,
+        identity_key_id,
     ) = row
     return ParkedRow(
         key=Key(tenant_id, operation_id),
-        identity_key_id,
         state=State(state),
         subscription=subscription,
         job_type=job_type,
