@@ -320,7 +320,11 @@ def services(broker: str) -> Iterator[Services]:
 
 
 class _SignalledError(Exception):
-    """SIGTERM before the demo settled: unwind as Ctrl-C does, stopping every service."""
+    """SIGINT or SIGTERM before the demo settled: unwind, stopping every service on the way."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def run(
@@ -337,15 +341,16 @@ def run(
     """
     if directory is not None and not keep:
         raise ConfigError("--dir names where `--keep` writes its files: add --keep, or drop --dir")
+    #: set once the demo settled and only waits: a signal then ends the wait, exit 0
+    keeping = threading.Event()
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if not stopping.is_set() and not keeping.is_set():
-            stopping.set()
-            raise _SignalledError(signal.Signals(signum).name)
-        stopping.set()
+        first = not stopping.is_set()
+        stopping.set()  # a second signal while stopping changes nothing
+        if first and not keeping.is_set():
+            raise _SignalledError(signum)
 
-    keeping = threading.Event()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _run(
@@ -356,9 +361,9 @@ def run(
             keeping=keeping,
             stopping=stopping,
         )
-    except _SignalledError:
-        out("\nstopped before the demo settled")
-        return 130
+    except _SignalledError as stopped:
+        out(f"\nstopped by {stopped} before the demo settled")
+        return 128 + stopped.signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -170,16 +170,21 @@ class KeptDemo:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
+    def read_line(self) -> str:
+        """The next line of stdout; fails the test if the demo ends or hangs first."""
+        try:
+            line = self._queue.get(timeout=READ_SECONDS)
+        except queue.Empty:
+            pytest.fail("the demo printed nothing more:\n" + "\n".join(self.lines))
+        if line is None:
+            pytest.fail(f"the demo ended: {self.finish()}\n" + "\n".join(self.lines))
+        self.lines.append(line)
+        return line
+
     def read_until_commands(self, count: int) -> list[str]:
         """Lines up to the printed commands; returns those ``count`` commands."""
         while TRY not in self.lines or len(self.lines) - self.lines.index(TRY) - 1 < count:
-            try:
-                line = self._queue.get(timeout=READ_SECONDS)
-            except queue.Empty:
-                pytest.fail("the demo printed no commands to try:\n" + "\n".join(self.lines))
-            if line is None:
-                pytest.fail(f"the demo ended: {self.finish()}\n" + "\n".join(self.lines))
-            self.lines.append(line)
+            self.read_line()
         start = self.lines.index(TRY) + 1
         return [line.strip() for line in self.lines[start : start + count]]
 
@@ -277,6 +282,24 @@ def test_demo_keep_without_a_directory_stops_on_sigterm_and_removes_its_own(
         demo.close()
     _assert_protocol_held(returncode, stdout, stderr)
     assert not directory.exists()
+
+
+@pytest.mark.slow
+def test_a_signal_before_the_demo_settles_stops_everything_and_fails(tmp_path: Path) -> None:
+    demo = KeptDemo("fencebridge demo --keep --dir demo-run", tmp_path)
+    try:
+        while not demo.read_line().startswith("published "):
+            pass
+        returncode, stdout, _ = demo.stop(signal.SIGTERM)
+    finally:
+        demo.close()
+    assert returncode == 128 + signal.SIGTERM, stdout
+    assert "stopped by SIGTERM before the demo settled" in stdout
+    assert TRY not in stdout
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(
+            _database_url(tmp_path / "demo-run" / "demo.env"), connect_timeout=5
+        ).close()
 
 
 def test_dir_without_keep_is_refused_with_what_to_do(tmp_path: Path) -> None:
