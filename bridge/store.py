@@ -575,6 +575,14 @@ class PostgresStore:
             rejected=tuple(_rejected_record(r) for r in rejected),
         )
 
+    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
+        """The recorded erasures of the tenant with this keyed hash, newest first."""
+        with self._connection("inspect") as conn:
+            rows = conn.execute(
+                sql.statement("inspect_erasures"), {"tenant_hash": tenant_hash}
+            ).fetchall()
+        return [ErasureRecord(at, actor, reason) for at, actor, reason in rows]
+
     def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
         """The parked rows a redrive with this selection would consider, oldest first."""
         with self._connection("redrive") as conn:
@@ -602,14 +610,6 @@ class PostgresStore:
             )
             for i, s, m, t, o, j, reason, body in rows
         ]
-
-    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
-        """The recorded erasures of the tenant with this keyed hash, newest first."""
-        with self._connection("inspect") as conn:
-            rows = conn.execute(
-                sql.statement("inspect_erasures"), {"tenant_hash": tenant_hash}
-            ).fetchall()
-        return [ErasureRecord(at, actor, reason) for at, actor, reason in rows]
 
     def redrive_applied(
         self,
@@ -673,34 +673,6 @@ class PostgresStore:
         params = {"id": rejected_id, "outcome": outcome.value, "actor": actor, "reason": reason}
         return self._guarded_write("rejected_redriven", params, dry_run=dry_run)
 
-    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
-        """Remove one bounded batch of finished work older than ``older_than``.
-
-        Returns None, having removed nothing, when another purge holds the purge lock.
-        """
-        if limit < 1:
-            raise ValueError("a purge batch must remove at least one row")
-        params = {"older_than": older_than, "limit": limit, "now": self._now()}
-        with self._connection("purge") as conn, conn.transaction():
-            got = conn.execute(sql.statement("purge_lock")).fetchone()
-            if not got or not got[0]:
-                return None
-            row = conn.execute(sql.statement("purge"), params).fetchone()
-        assert row is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
-
-    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
-        """What a purge with this age would remove right now."""
-        with self._connection("purge") as conn:
-            row = conn.execute(
-                sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
-            ).fetchone()
-        assert row is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
-
-    def erase_tenant(
-        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
-    ) -> ErasureCounts:
     def resolve_rejected(
         self,
         *,
@@ -749,6 +721,34 @@ class PostgresStore:
             rows = conn.execute(sql.statement("rejected_status"), {"ids": list(ids)}).fetchall()
         return [RejectedStatus(int(i), *rest) for i, *rest in rows]
 
+    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
+        """Remove one bounded batch of finished work older than ``older_than``.
+
+        Returns None, having removed nothing, when another purge holds the purge lock.
+        """
+        if limit < 1:
+            raise ValueError("a purge batch must remove at least one row")
+        params = {"older_than": older_than, "limit": limit, "now": self._now()}
+        with self._connection("purge") as conn, conn.transaction():
+            got = conn.execute(sql.statement("purge_lock")).fetchone()
+            if not got or not got[0]:
+                return None
+            row = conn.execute(sql.statement("purge"), params).fetchone()
+        assert row is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+
+    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
+        """What a purge with this age would remove right now."""
+        with self._connection("purge") as conn:
+            row = conn.execute(
+                sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
+            ).fetchone()
+        assert row is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+
+    def erase_tenant(
+        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
+    ) -> ErasureCounts:
         """Delete every row, payload, rejected delivery and audit row of one tenant and record
         the erasure by the tenant's hash, in one transaction (rolled back on a dry run)."""
         if not tenant_id or not tenant_hash or not actor or not reason:
@@ -810,6 +810,7 @@ def _work_record(row: tuple[Any, ...]) -> WorkRecord:
         settled_at,
         updated_at,
         payload_bytes,
+        trace_context,
     ) = row
     return WorkRecord(
         subscription=subscription,
@@ -835,10 +836,10 @@ def _work_record(row: tuple[Any, ...]) -> WorkRecord:
         settled_at=settled_at,
         updated_at=updated_at,
         payload_bytes=int(payload_bytes) if payload_bytes is not None else None,
+        trace_context=trace_context,
     )
 
 
-        trace_context,
 def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
     (
         rejected_id,
@@ -852,6 +853,9 @@ def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
         redriven_by,
         redrive_reason,
         redrive_outcome,
+        resolved_at,
+        resolved_by,
+        resolution_reason,
     ) = row
     return RejectedRecord(
         id=int(rejected_id),
@@ -864,8 +868,10 @@ def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
         redriven_at=redriven_at,
         redriven_by=redriven_by,
         redrive_reason=redrive_reason,
-        trace_context=trace_context,
         redrive_outcome=redrive_outcome,
+        resolved_at=resolved_at,
+        resolved_by=resolved_by,
+        resolution_reason=resolution_reason,
     )
 
 
@@ -881,9 +887,6 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         fence,
         attempts,
         max_attempts,
-        resolved_at,
-        resolved_by,
-        resolution_reason,
         intent_fence,
         payload,
         identity_key_id,
@@ -898,9 +901,6 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         fence=int(fence),
         attempts=int(attempts),
         max_attempts=int(max_attempts),
-        resolved_at=resolved_at,
-        resolved_by=resolved_by,
-        resolution_reason=resolution_reason,
         intent_fence=intent_fence,
         payload=bytes(payload) if payload is not None else None,
         identity_key_id=int(identity_key_id),
