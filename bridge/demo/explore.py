@@ -5,7 +5,8 @@ an identity key it made up. Without them written down, no operator command can f
 database or read the hashes it prints. So the demo writes the configuration it runs
 (``bridge.toml``) and a shell env file (``demo.env``: the database URL, the identity key, the
 provider's URL and the broker's settings) into one directory, and prints the commands to try.
-The commands are the same ones the README lists, with this directory in them.
+The commands are the README's exploration steps, with this directory in them (an acceptance
+test holds the two together).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from bridge.errors import ConfigError
 
 CONFIG_FILE = "bridge.toml"
 ENV_FILE = "demo.env"
-#: the directory the README's exploration steps name (relative: run them where the demo runs)
-README_DIR = "demo-run"
 
 
 @dataclass(frozen=True, slots=True)
