@@ -35,7 +35,14 @@ from datetime import timedelta
 from bridge.config import BridgeConfig
 from bridge.decode import DecodeRules, RawDelivery, SourceKind, decode
 from bridge.errors import ConfigError
-from bridge.handlers import Applied, Context, Handler, IdempotentApiHandler, NotApplied
+from bridge.handlers import (
+    Applied,
+    Context,
+    Handler,
+    IdempotentApiHandler,
+    NotApplied,
+    Quarantine,
+)
 from bridge.identity import IdentityHasher
 from bridge.records import (
     ParkedRow,
@@ -180,11 +187,18 @@ class Redrive:
         ctx = Context.for_claim(row, self._hasher)
         try:
             found = handler.lookup(ctx, ctx.idempotency_key)
+        except Quarantine as exc:
+            return (
+                f"the lookup cannot read the payload ({exc}): stays unknown, for a person to "
+                "compare with the provider's record"
+            )
         except Exception as exc:  # noqa: BLE001  (a lookup that fails cannot tell)
             return f"lookup cannot tell ({type(exc).__name__}): stays unknown"
-        if isinstance(found, Applied | NotApplied):
-            return found
-        return "lookup gave no answer: stays unknown"
+        return (
+            found
+            if isinstance(found, Applied | NotApplied)
+            else "lookup gave no answer: stays unknown"
+        )
 
     def _unfenced(self, row: ParkedRow) -> RowResult | None:
         if row.intent_fence is None:

@@ -10,7 +10,12 @@ retry on top:
 * applied → succeeded, without a second call;
 * confirmed not applied → perform (on a later claim, under a new fence, if this one was
   ambiguous);
-* the lookup cannot tell → ``unknown``, for a person to reconcile.
+* the lookup cannot tell → ``unknown``, for a person to reconcile, if any attempt may have
+  reached the provider. Before ``perform`` the attempt records its intent under the fence (as
+  class D does), so a row without an intent has never called the provider: its later claims
+  perform (under the same key) instead of parking a row nobody needs to reconcile;
+* the lookup raises :class:`~bridge.handlers.Quarantine` (it cannot read the payload to compare
+  it with the provider's record) → ``quarantined``, as the attempt itself would have ended.
 
 Where an error is raised decides what it means. ``validate`` runs before anything is sent, so
 what it raises is classified by the handler table. Once ``perform`` is entered the request may
@@ -29,6 +34,7 @@ from bridge.errors import LeaseLost
 from bridge.executors.settlement import (
     Run,
     as_success,
+    fenced,
     park_unknown,
     settle_outcome,
     settle_success,
@@ -39,6 +45,7 @@ from bridge.handlers import (
     HandlerOutcome,
     IdempotentApiHandler,
     NotApplied,
+    Quarantine,
     RetryLater,
     Success,
     classify,
@@ -56,8 +63,14 @@ class Finding(StrEnum):
 _tracer = trace.get_tracer(names.INSTRUMENTATION_NAME)
 
 
-def reconcile(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | None]:
-    """Ask the provider whether this operation's key was applied. Never raises."""
+def reconcile(
+    run: Run, handler: IdempotentApiHandler
+) -> tuple[Finding, Success | Quarantine | None]:
+    """Ask the provider whether this operation's key was applied. Never raises.
+
+    Applied comes with its success; a lookup that raised :class:`Quarantine` cannot tell, and
+    comes with that quarantine (the payload, not the provider, is what it could not read).
+    """
     with _tracer.start_as_current_span(
         names.SPAN_RECONCILE.format(job_type=run.claim.job_type),
         attributes={names.JOB_TYPE: run.claim.job_type, names.FENCE: run.claim.fence},
@@ -68,9 +81,11 @@ def reconcile(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success
     return finding, success
 
 
-def _lookup(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | None]:
+def _lookup(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success | Quarantine | None]:
     try:
         found = handler.lookup(run.ctx, run.ctx.idempotency_key)
+    except Quarantine as exc:  # the payload cannot be read: a quarantine, not an unknown
+        return Finding.CANNOT_TELL, exc
     except Exception:  # noqa: BLE001  (a lookup that fails cannot tell)
         finding, success = Finding.CANNOT_TELL, None
     else:
@@ -84,17 +99,12 @@ def _lookup(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success |
 
 
 def execute(run: Run, handler: IdempotentApiHandler) -> None:
-    if run.claim.attempts > 1:
-        finding, applied = reconcile(run, handler)
-        if finding is Finding.APPLIED:
-            assert applied is not None
-            settle_success(run, applied)
-            return
-        if finding is Finding.CANNOT_TELL:
-            park_unknown(run, "reconcile_failed", "lookup could not tell whether it was applied")
-            return
+    if run.claim.attempts > 1 and _settled_by_lookup(run, handler):
+        return
     if not _validated(run, handler):
         return
+    if not fenced(run, "record intent", lambda: run.store.record_intent(run.claim.ticket)):
+        return  # not recorded (or not known to be): never call
     try:
         # From here on the request may have left: only an explicit outcome is not ambiguous.
         success = as_success(handler.perform(run.ctx, run.ctx.idempotency_key))
@@ -109,6 +119,22 @@ def execute(run: Run, handler: IdempotentApiHandler) -> None:
             settle_outcome(run, outcome)
         return
     settle_success(run, success)
+
+
+def _settled_by_lookup(run: Run, handler: IdempotentApiHandler) -> bool:
+    """A later claim looks the key up before acting; True when that ended the run."""
+    finding, found = reconcile(run, handler)
+    if isinstance(found, Success):
+        settle_success(run, found)
+    elif isinstance(found, Quarantine):
+        settle_outcome(run, found)
+    elif finding is Finding.CANNOT_TELL and run.claim.intent_fence is not None:
+        park_unknown(run, "reconcile_failed", "lookup could not tell whether it was applied")
+    else:
+        # Not applied, or no attempt ever recorded an intent: the provider was never called
+        # for this operation, so there is nothing to reconcile and performing is safe.
+        return False
+    return True
 
 
 def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
@@ -126,10 +152,11 @@ def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
 
 def _resolve(run: Run, handler: IdempotentApiHandler, outcome: Ambiguous) -> None:
     """An ambiguous perform: the lookup decides, never the exception."""
-    finding, applied = reconcile(run, handler)
-    if finding is Finding.APPLIED:
-        assert applied is not None
-        settle_success(run, applied)
+    finding, found = reconcile(run, handler)
+    if isinstance(found, Success):
+        settle_success(run, found)
+    elif isinstance(found, Quarantine):
+        settle_outcome(run, found)  # its intent stays: a redrive looks the key up again first
     elif finding is Finding.NOT_APPLIED:
         # Confirmed not applied: perform again, but under the next claim's fence.
         settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))

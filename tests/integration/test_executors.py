@@ -522,6 +522,7 @@ def test_class_c_first_attempt_charges_once(
     ikey = key_of(bench, key)
     assert charge.idempotency_key == ikey
     assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (1, 0)
+    assert bench.row(key)["intent_fence"] == 1  # recorded before the request left
 
 
 def test_class_c_later_attempt_finds_the_charge_and_does_not_perform(
@@ -562,7 +563,7 @@ def test_class_c_later_attempt_that_cannot_tell_is_unknown_and_never_performs(
 ) -> None:
     key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
     ikey = key_of(bench, key)
-    bench.claim(key)
+    bench.store.record_intent(bench.claim(key).ticket)  # it was about to charge, then vanished
     bench.lapse()
     provider.set_fault(FaultKind.LOOKUP_UNAVAILABLE, key=ikey)
 
@@ -571,6 +572,44 @@ def test_class_c_later_attempt_that_cannot_tell_is_unknown_and_never_performs(
     assert counts == {"reconciled.cannot_tell": 1, "settled.unknown": 1}
     assert bench.outcome(key) == (UNKNOWN, "reconcile_failed")
     assert provider.requests_for(ikey) == 0
+
+
+def test_class_c_later_attempt_of_a_row_that_never_called_the_provider_is_not_parked(
+    bench: Bench, charges: PaymentClient, provider: PaymentProvider
+) -> None:
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    ikey = key_of(bench, key)
+    bench.claim(key)  # its worker vanished before recording an intent: nothing was sent
+    bench.lapse()
+    provider.set_fault(FaultKind.LOOKUP_UNAVAILABLE, key=ikey)
+
+    counts = bench.run(key).snapshot()
+
+    assert counts == {"reconciled.cannot_tell": 1, "settled.succeeded": 1}
+    assert bench.outcome(key) == (SUCCEEDED, "charged")
+    assert (provider.charges_for(ikey), provider.requests_for(ikey)) == (1, 1)
+    assert bench.row(key)["intent_fence"] == 2
+
+
+def test_class_c_redriven_quarantined_row_is_quarantined_again_not_parked_unknown(
+    bench: Bench, charges: PaymentClient, provider: PaymentProvider
+) -> None:
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", {"amount": "12.00", "currency": "eur"})
+    ikey = key_of(bench, key)
+    bench.run(key)
+    assert bench.outcome(key) == (QUARANTINED, "invalid_payload")
+    (moved,) = bench.store.redrive(
+        RedriveFilter(states=(QUARANTINED,)), actor="oncall", reason="handler fixed?"
+    )
+    assert moved.key == key
+
+    # The redriven row's lookup runs first (attempts > 1) and cannot read the payload either:
+    # that is a quarantine, with the handler's reason, not an outcome nobody can confirm.
+    counts = bench.run(key).snapshot()
+
+    assert counts == {"reconciled.cannot_tell": 1, "settled.quarantined": 1}
+    assert bench.outcome(key) == (QUARANTINED, "invalid_payload")
+    assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (0, 0)
 
 
 def test_class_c_timeout_after_the_charge_applied_is_reconciled_as_applied(
@@ -687,7 +726,7 @@ def test_class_c_lookup_that_finds_another_charge_under_the_key_cannot_tell(
 ) -> None:
     key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
     ikey = key_of(bench, key)
-    bench.claim(key)
+    bench.store.record_intent(bench.claim(key).ticket)
     charges.charge(ikey, {**CHARGE, "amount": 999})
     bench.lapse()
 

@@ -35,11 +35,12 @@ from bridge.handlers import (
     Context,
     IdempotentApiHandler,
     NotApplied,
+    Quarantine,
     Success,
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.operations import Redrive, purge
+from bridge.operations import Redrive, RejectionFilter, purge, resolve
 from bridge.registry import Registry, load_handler
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Decision, Delivery, Key, RedriveFilter, Rejection, State, TargetClass
@@ -444,3 +445,60 @@ def test_the_check_reads_the_catalog_of_a_migrated_database(db: Db) -> None:
         ("sms", 7),
         ("sms", 9),
     }
+
+
+# -- a lookup that cannot read the payload, and resolving rejected deliveries ----------------------
+
+
+class _LookupRefusesPayload(Charge):
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        raise Quarantine("invalid_payload", "amount must be a positive integer")
+
+
+def test_a_redrive_whose_lookup_cannot_read_the_payload_says_so_and_moves_nothing(
+    store: PostgresStore, db: Db
+) -> None:
+    park(store, delivery("op-1"), intent=True)
+
+    report = redrive(store, _LookupRefusesPayload()).run(RedriveFilter(), deliveries=False)
+
+    (result,) = report.rows
+    assert result.to is None
+    assert "the lookup cannot read the payload (invalid_payload: amount must be" in result.note
+    assert row_state(db, "op-1") == ("unknown", 1, 1)
+
+
+def test_resolving_closes_each_open_delivery_once_and_never_a_redriven_one(
+    store: PostgresStore, db: Db
+) -> None:
+    store.ingest([delivery("op-1")])
+    store.ingest([delivery("op-1", body="changed")])  # a conflict
+    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
+                            tenant_id="acme", operation_id="op-2")])  # fmt: skip
+    (conflict,), (quarantined,) = db.execute(
+        "SELECT id FROM rejected_delivery ORDER BY id"
+    ).fetchall()
+    assert store.close_rejected(quarantined, outcome=Decision.NEW, actor="a", reason="redriven")
+
+    first = resolve(store, RejectionFilter(tenant_id="acme"), actor="bob", reason="told them")
+    again = resolve(
+        store, RejectionFilter(ids=(conflict, quarantined)), actor="eve", reason="twice"
+    )
+
+    assert [r.id for r in first.resolved] == [conflict]  # the redriven one is closed already
+    assert again.resolved == []
+    assert [i for i, _ in again.not_open] == [conflict, quarantined]
+    assert again.not_open[0][1].startswith("already resolved by bob at ")
+    assert again.not_open[1][1].startswith("already closed by a redrive (a, ")
+    assert db.execute(
+        "SELECT resolved_by, resolution_reason, redriven_by FROM rejected_delivery ORDER BY id"
+    ).fetchall() == [("bob", "told them", None), (None, None, "a")]
+    # A quarantined delivery a person resolved is not closed again by a late redrive, and a
+    # resolution always names who and why.
+    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
+                            tenant_id="acme", operation_id="op-3")])  # fmt: skip
+    (given_up,) = db.execute("SELECT max(id) FROM rejected_delivery").fetchone()
+    resolve(store, RejectionFilter(ids=(given_up,)), actor="bob", reason="garbage")
+    assert not store.close_rejected(given_up, outcome=Decision.NEW, actor="a", reason="late")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE rejected_delivery SET resolved_by = NULL WHERE id = %s", (conflict,))

@@ -15,5 +15,6 @@ ALTER TABLE rejected_delivery
 ALTER TABLE rejected_delivery
     ADD CONSTRAINT rejected_delivery_resolution_audited
     CHECK ((resolved_at IS NULL AND resolved_by IS NULL AND resolution_reason IS NULL)
-           OR (resolved_at IS NOT NULL AND resolved_by <> '' AND resolution_reason <> ''))
+           OR (resolved_at IS NOT NULL AND coalesce(resolved_by, '') <> ''
+               AND coalesce(resolution_reason, '') <> ''))
     NOT VALID;
