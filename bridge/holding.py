@@ -47,6 +47,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from bridge.service import Deadline, Service, Supervised
 from bridge.store import PostgresStore
 from bridge.types import Key, State
 
@@ -165,7 +166,11 @@ class Holder(Generic[T]):
         settle_interval: float = SETTLE_INTERVAL_DEFAULT,
         call_threads: int = CALL_THREADS_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
+        supervise: Callable[..., Supervised] = Supervised,
     ) -> None:
+        """``supervise`` builds the scheduling loop's service (a consumer passes its inbox's
+        :meth:`~bridge.inbox.Inbox.supervised`, so the loop counts and reports like the core's).
+        """
         if extension <= 0 or limit <= 0:
             raise ValueError("extension and limit must be positive")
         self.name = name
@@ -189,22 +194,28 @@ class Holder(Generic[T]):
         #: in front of the other
         self._extend_calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-x")
         self._settle_calls = ThreadPoolExecutor(call_threads, thread_name_prefix=f"hold-{name}-a")
-        self._thread = threading.Thread(target=self._run, name=f"hold-{name}", daemon=True)
+        self.service = supervise(
+            f"hold:{name}",
+            self._round,
+            label="holder",
+            stop=self._stopping,
+            wake=self._wake.set,
+            thread_name=f"hold-{name}",
+        )
         self._error: str | None = None
         self.counts: Counter[str] = Counter()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self.service.start()
 
     def stop(self, deadline: float = 10.0) -> None:
         """Stop extending and release every copy still held, within ``deadline`` seconds."""
         end = time.monotonic() + deadline
         self._stopping.set()
         self._wake.set()
-        if self._thread.ident is not None:
-            self._thread.join(timeout=max(end - time.monotonic(), 0))
+        self.service.join(Deadline(max(end - time.monotonic(), 0)))
         # Calls in flight end soon (their retries stop with us); release only after them, so a
         # late extension cannot undo a release.
         closers = [
@@ -234,9 +245,9 @@ class Holder(Generic[T]):
         self._margin = seconds / 2 if self._margin_given is None else self._margin_given
 
     def status(self) -> tuple[bool, str]:
-        started = self._thread.ident is not None
-        if started and not self._thread.is_alive() and not self._stopping.is_set():
-            return False, f"{self.name}: the holder thread died"
+        loop = self.service.status()
+        if not loop.ready and loop.reason != "not started" and not self._stopping.is_set():
+            return False, f"{self.name}: {loop.reason}"
         if self._error:
             return False, f"{self.name}: {self._error}"
         return True, "ok"
@@ -289,18 +300,17 @@ class Holder(Generic[T]):
 
     # -- the scheduling thread ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self._error = self._tick()
-            except Exception as exc:  # noqa: BLE001  (never die: log by type, count, go on)
-                self._count("tick_failed")
-                self._error = f"tending held deliveries failed ({type(exc).__name__})"
-                log.warning(
-                    "%s: tending held deliveries failed (%s)", self.name, type(exc).__name__
-                )
-            self._wake.wait(self._pause())
-            self._wake.clear()
+    def _round(self) -> None:
+        """One round, then the wait for the next; the supervisor logs, counts and backs off
+        after a failure (the copies' deadlines are on the timetable: the next round catches up).
+        """
+        try:
+            self._error = self._tick()
+        except Exception:
+            self._count("tick_failed")
+            raise
+        self._wake.wait(self._pause())
+        self._wake.clear()
 
     def _pause(self) -> float:
         """Until the next copy is due, or the next settle watch, whichever comes first."""
@@ -544,17 +554,19 @@ def confirm(
 
 def stream_status(
     subscription: str,
-    threads: Sequence[threading.Thread],
+    loops: Sequence[Service],
     error: str | None,
     *,
     holder: Holder[Any] | None,
     counts: Mapping[str, int],
     shown: Sequence[str],
 ) -> tuple[bool, str]:
-    """A consumer's readiness: a dead thread, its error or its holder's; else its counters."""
-    dead = [t.name for t in threads if t.ident is not None and not t.is_alive()]
-    if dead:
-        return False, f"{subscription}: thread {dead[0]} died"
+    """A consumer's readiness: a loop that is failing or ended, its error or its holder's;
+    else its counters."""
+    for loop in loops:
+        status = loop.status()
+        if not status.ready and status.reason != "not started":
+            return False, f"{subscription}: {status.name}: {status.reason}"
     if error:
         return False, f"{subscription}: {error}"
     if holder is not None:

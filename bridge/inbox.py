@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 from bridge.decode import RawDelivery, undecodable
+from bridge.service import Limits, Supervised
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
@@ -60,12 +62,24 @@ class Inbox:
         hand_off: HandOff | None = None,
         system: str = "unknown",
         telemetry: Telemetry | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self._store = store
         self._decoder = decoder
         self._hand_off = hand_off
         self._system = system
         self._telemetry = telemetry
+        self._limits = limits
+
+    def supervised(self, name: str, body: Callable[[], object], **options: Any) -> Supervised:
+        """A consumer's loop as a supervised service of this bridge.
+
+        Its restarts are counted in ``fencebridge.thread.restarts`` and it fails ``/healthz``
+        past the bridge's limits, like the core's own loops. ``options`` are
+        :class:`~bridge.service.Supervised`'s.
+        """
+        on_restart = self._telemetry.thread_restarted if self._telemetry is not None else None
+        return Supervised(name, body, limits=self._limits, on_restart=on_restart, **options)
 
     def decode(self, raw: RawDelivery) -> Delivery | Rejection:
         try:

@@ -94,6 +94,7 @@ class Bridge:
                 hand_off=self.pool.hand_off,
                 system=MESSAGING_SYSTEMS.get(sub.source.value, sub.source.value),
                 telemetry=self.telemetry,
+                limits=limits,
             )
             self.consumers.append(sources.factory(sub.source.value)(sub, inbox, store))
         self.health: HealthServer | None = None
@@ -114,6 +115,8 @@ class Bridge:
     def services(self) -> list[Service]:
         """Every supervised service of the core (the health endpoint reports itself)."""
         found = [*self.pool.services(), self.sweeper.service]
+        for consumer in self.consumers:
+            found.extend(consumer.services())
         if self.telemetry.gauges is not None:
             found.append(self.telemetry.gauges)
         return found

@@ -23,9 +23,12 @@ Using it for a loop of one's own::
     loop.stop(Deadline(10))
 
 ``body`` does one round of work and returns; ``every`` is the pause between rounds (waited on
-the stop event, so a stop cuts it short). Setting ``stop`` from inside the body ends the loop
-after that round. The wait after a failure is also on the stop event unless ``Backoff.sleep``
-is given (tests inject one that does not sleep).
+the stop event, so a stop cuts it short). A round that found nothing to do may return
+:data:`IDLE`: it ends a run of failures only once ``idle_clears_after`` seconds have passed
+since the last failure (a receive loop whose writes fail polls an empty queue in between,
+while the failed messages are invisible: those polls prove nothing). Setting ``stop`` from
+inside the body ends the loop after that round. The wait after a failure is also on the stop
+event unless ``Backoff.sleep`` is given (tests inject one that does not sleep).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import tenacity
 
@@ -165,6 +169,10 @@ def describe(exc: BaseException) -> str:
     return kind
 
 
+#: what a supervised body returns for a round that found nothing to do
+IDLE: Final = "idle"
+
+
 class Supervised(Service):
     """A loop body run over and over on its own thread; any exception restarts it, never ends it.
 
@@ -187,6 +195,7 @@ class Supervised(Service):
         limits: Limits | None = None,
         on_restart: Callable[[str], None] | None = None,
         stall_after: float | None = None,
+        idle_clears_after: float = 0.0,
         thread_name: str | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -201,6 +210,8 @@ class Supervised(Service):
         self._limits = limits or Limits()
         self._on_restart = on_restart
         self._stall_after = stall_after
+        self._idle_clears_after = idle_clears_after
+        self._last_failure: float | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._restarts = 0
@@ -269,11 +280,17 @@ class Supervised(Service):
         with self._lock:
             self._round_started = self._clock()
         try:
-            self._body()
+            result = self._body()
         finally:
             with self._lock:
                 self._round_started = None
         with self._lock:
+            if (
+                result == IDLE
+                and self._last_failure is not None
+                and self._clock() - self._last_failure < self._idle_clears_after
+            ):
+                return  # nothing was done: proves nothing about the failure
             failures = self._failures
             self._failures = 0
             self._failing_since = None
@@ -298,8 +315,9 @@ class Supervised(Service):
         with self._lock:
             self._restarts += 1
             self._failures += 1
+            self._last_failure = self._clock()
             if self._failing_since is None:
-                self._failing_since = self._clock()
+                self._failing_since = self._last_failure
             self._transient = self._transient and isinstance(exc, TransientError)
             self._last_error = why
             failures = self._failures

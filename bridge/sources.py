@@ -8,7 +8,7 @@ runtime looks it up by name when it starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,6 +16,7 @@ from bridge.errors import ConfigError
 
 if TYPE_CHECKING:
     from bridge.inbox import Inbox
+    from bridge.service import Service
     from bridge.store import PostgresStore
 
 ENTRY_POINT_GROUP = "fencebridge.sources"
@@ -33,6 +34,12 @@ class Consumer(Protocol):
 
     def status(self) -> tuple[bool, str]:
         """Whether it is receiving, and if not, why (for ``/readyz`` and the log)."""
+        ...
+
+    def services(self) -> Sequence[Service]:
+        """Its long-lived loops as supervised services (build them with
+        :meth:`~bridge.inbox.Inbox.supervised`): ``/healthz`` fails when one is past the
+        bridge's limits, and their restarts are counted in ``fencebridge.thread.restarts``."""
         ...
 
 

@@ -78,7 +78,6 @@ from google.cloud import pubsub_v1
 from tenacity import (
     Retrying,
     retry_if_exception_type,
-    retry_if_result,
     stop_when_event_set,
     wait_random_exponential,
 )
@@ -86,9 +85,10 @@ from tenacity import (
 from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
 from bridge.demo.emulator import EMULATOR_HOST_ENV, emulator_subscriber
-from bridge.errors import ConfigError, FenceBridgeError
+from bridge.errors import ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
+from bridge.service import Backoff, Deadline, Service
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -331,14 +331,28 @@ class PubSubConsumer:
                 self._calls,
                 extension=ACK_DEADLINE_MIN,  # the subscription's, once the stream opens
                 limit=max_lease_duration,
+                supervise=inbox.supervised,
             )
 
-        self._supervisor = threading.Thread(
-            target=self._supervise, name=f"pubsub-{subscription}-stream", daemon=True
+        # Supervised loops: an unexpected error is logged by type, counted (here and in
+        # fencebridge.thread.restarts), backed off with jitter and the loop run again; one that
+        # keeps failing makes /healthz fail, past the bridge's limits.
+        self._supervisor = inbox.supervised(
+            f"pubsub:{subscription}:stream",
+            self._stream_round,
+            label="pubsub_stream",
+            stop=self._stopping,
+            backoff=Backoff(initial=0.2, cap=_BACKOFF_MAX),
+            thread_name=f"pubsub-{subscription}-stream",
         )
         self._writers = [
-            threading.Thread(
-                target=self._write_loop, name=f"pubsub-{subscription}-write-{i}", daemon=True
+            inbox.supervised(
+                f"pubsub:{subscription}:write-{i}",
+                self._write_once,
+                label="pubsub_writer",
+                stop=self._stopping,
+                backoff=Backoff(initial=0.2, cap=_BACKOFF_MAX),
+                thread_name=f"pubsub-{subscription}-write-{i}",
             )
             for i in range(writers)
         ]
@@ -346,8 +360,8 @@ class PubSubConsumer:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for t in self._writers:
-            t.start()
+        for writer in self._writers:
+            writer.start()
         if self._holder is not None:
             self._holder.start()
         self._supervisor.start()
@@ -371,8 +385,8 @@ class PubSubConsumer:
             self._pending.clear()
             self._cond.notify_all()
         self._nack(leftover)
-        for t in self._writers:
-            _join(t, end)
+        for writer in self._writers:
+            writer.join(Deadline(max(end - time.monotonic(), 0)))
         # Acks in flight end within their ack deadline, or when the deadline here runs out.
         closer = threading.Thread(target=self._acks.shutdown, name=f"{self.subscription}-close")
         closer.start()
@@ -381,7 +395,7 @@ class PubSubConsumer:
         if self._holder is not None:
             self._holder.stop(max(end - time.monotonic(), 1.0))
         self._wake.set()
-        _join(self._supervisor, end)
+        self._supervisor.join(Deadline(max(end - time.monotonic(), 0)))
         self._closed = True
         if self._close_client:
             self._client.close()
@@ -400,7 +414,7 @@ class PubSubConsumer:
         return stream_status(
             self.subscription,
             [self._supervisor, *self._writers],
-            self._stream_error or self._write_error,
+            self._stream_error,
             holder=self._holder,
             counts=self.counts,
             shown=STREAM_COUNTS,
@@ -438,22 +452,28 @@ class PubSubConsumer:
 
     # -- the stream -------------------------------------------------------------------------------
 
-    def _supervise(self) -> None:
-        while not self._stopping.is_set():
-            # A fresh backoff for every run of failures; a healthy stream's end starts one anew.
-            retrying = Retrying(
-                stop=stop_when_event_set(self._stopping),
-                wait=wait_random_exponential(multiplier=0.2, max=_BACKOFF_MAX),
-                retry=retry_if_exception_type(_StreamEndedError),
-                sleep=self._pause,
-                retry_error_callback=lambda _state: None,
-            )
-            try:
-                retrying(self._stream_once)
-            except Exception:  # never die silently: log by type, go round again
-                self._count("supervisor_errors")
-                log.exception("%s: unexpected error supervising the stream", self.subscription)
-                self._pause(1.0)
+    def services(self) -> list[Service]:
+        """Its supervised loops, for ``/healthz`` and ``/readyz``."""
+        holder = [self._holder.service] if self._holder is not None else []
+        return [self._supervisor, *self._writers, *holder]
+
+    def _stream_round(self) -> None:
+        """Streams until stopped; a stream that ends is reopened with a fresh backoff.
+
+        An error that is not the stream ending goes to the supervisor.
+        """
+        retrying = Retrying(
+            stop=stop_when_event_set(self._stopping),
+            wait=wait_random_exponential(multiplier=0.2, max=_BACKOFF_MAX),
+            retry=retry_if_exception_type(_StreamEndedError),
+            sleep=self._pause,
+            retry_error_callback=lambda _state: None,
+        )
+        try:
+            retrying(self._stream_once)
+        except Exception:
+            self._count("supervisor_errors")
+            raise
 
     def _pause(self, seconds: float) -> None:
         self._stopping.wait(seconds)
@@ -588,30 +608,17 @@ class PubSubConsumer:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def _write_loop(self) -> None:
-        """Write batches until stopped; consecutive failures back off, jittered (tenacity)."""
-        while not self._stopping.is_set():
-            retrying = Retrying(
-                stop=stop_when_event_set(self._stopping),
-                wait=wait_random_exponential(multiplier=0.2, max=_BACKOFF_MAX),
-                retry=retry_if_result(lambda ok: ok is False),
-                sleep=self._pause,
-                retry_error_callback=lambda _state: None,
-            )
-            retrying(self._write_next)
-
-    def _write_next(self) -> bool | None:
-        """Write the next batch: True when written, False when it failed, None when stopping."""
+    def _write_once(self) -> None:
+        """Write the next batch; raises when it failed (nothing of it was acked), for the
+        supervisor to log, count and back off."""
         batch = self._next_batch()
         if not batch:
-            return None
+            return
         try:
-            return self._write(batch)
+            self._write(batch)
         except Exception:
-            # Never die silently: whatever went wrong, nothing of this batch was acked.
             self._count("writer_errors")
-            log.exception("%s: unexpected error in the writer", self.subscription)
-            return False
+            raise
 
     def _next_batch(self) -> list[_Received]:
         """Wait for a batch: full, or the first message waited ``batch_max_wait_ms``.
@@ -639,35 +646,22 @@ class PubSubConsumer:
         """after_outcome: held deliveries have left the client's flow control; bound them here."""
         return self._holder is not None and len(self._holder) >= self._max_messages
 
-    def _write(self, batch: list[_Received]) -> bool:
+    def _write(self, batch: list[_Received]) -> None:
         try:
             # Raises when the transaction did not commit: nothing is acked below.
             written = self._inbox.write([r.raw for r in batch])
-        except Exception as exc:  # whatever failed, nothing may be acked
+        except Exception:  # whatever failed, nothing may be acked; the supervisor logs it
             self._count("write_failed")
             self._nack(batch)
-            if isinstance(exc, FenceBridgeError):  # its messages are written for logs
-                self._write_error = f"inbox write failed: {exc}"
-                log.warning(
-                    "%s: inbox write failed (%s); %d message(s) nacked",
-                    self.subscription,
-                    exc,
-                    len(batch),
-                )
-            else:
-                self._write_error = "inbox write failed unexpectedly (see log)"
-                log.exception(
-                    "%s: unexpected error writing to the inbox; %d message(s) nacked",
-                    self.subscription,
-                    len(batch),
-                )
-            return False
-        self._write_error = None
+            log.warning(
+                "%s: inbox write failed; %d message(s) nacked", self.subscription, len(batch)
+            )
+            raise
         for w in written:
             self._count(f"decision.{w.decision.value}")
         if self._holder is None:
             self._ack(batch)
-            return True
+            return
         # Every copy goes through the holder, those with nothing to wait for too: with message
         # ordering and exactly-once, a copy can be acknowledged only after the copies before it
         # of its key, so an ack may wait on the broker, and the copy must stay leased meanwhile.
@@ -683,7 +677,6 @@ class PubSubConsumer:
         # renewed it since: the earliest the copies' deadline can end.
         earliest = min(h.received_at for h in hold) + self._ack_deadline
         self._holder.hold(hold, deadline=earliest)
-        return True
 
     def _client_lease(self) -> int:
         """The lease the client library gives messages awaiting their write (seconds)."""

@@ -48,20 +48,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_random_exponential,
-)
+from tenacity import wait_random_exponential
 
 from bridge.config import SubscriptionConfig
 from bridge.decode import RawDelivery
-from bridge.errors import BrokerUnavailable, ConfigError, FenceBridgeError
+from bridge.errors import BrokerUnavailable, ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
+from bridge.service import IDLE, Backoff, Deadline, Service
 from bridge.store import PostgresStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
@@ -89,6 +83,8 @@ BACKOFF_MAX: Final = 10.0
 #: the holder's threads for deletes and extensions: SQS calls are short but many (ten copies
 #: each), and one slow call must not hold up the extensions queued behind it
 HOLD_CALL_THREADS: Final = 8
+#: a receive round running this much longer than its long poll is reported as stalled
+_STALL_MARGIN = 120.0
 #: what a hand-back on stop may spend retrying a failed call
 _HAND_BACK_SECONDS = 2.0
 #: an after_inbox delete stops retrying this long before the copy's visibility ends
@@ -97,7 +93,9 @@ _DELETE_MARGIN = 0.5
 
 def receive_backoff() -> wait_random_exponential:
     """The receive loop's pause before its n-th retry: full jitter, exponential, capped."""
-    return wait_random_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX)
+    wait = Backoff(initial=BACKOFF_INITIAL, cap=BACKOFF_MAX).wait()
+    assert isinstance(wait, wait_random_exponential)
+    return wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +168,6 @@ class SqsConsumer:
         #: set once held deliveries are released: a batch written after that is handed back
         self._closed = False
         self._counts: Counter[str] = Counter()
-        self._error: str | None = None
         self._calls = QueueCalls(client, queue_url, subscription, inbox, self._count)
         self._holder: Holder[Held] | None = None
         if ack_mode == "after_outcome":
@@ -182,9 +179,22 @@ class SqsConsumer:
                 extension=visibility_timeout,
                 limit=MAX_VISIBILITY_SECONDS - 60,  # SQS counts twelve hours from the receive
                 call_threads=HOLD_CALL_THREADS,
+                supervise=inbox.supervised,
             )
+        # Each receiver is a supervised loop: a failed round is logged by type, counted (here
+        # and in fencebridge.thread.restarts), backed off with jitter and run again; a round
+        # that outlasts its long poll and write by far marks the subscription not ready.
         self._receivers = [
-            threading.Thread(target=self._receive_loop, name=f"sqs-{subscription}-{i}", daemon=True)
+            inbox.supervised(
+                f"sqs:{subscription}:receive-{i}",
+                self._turn,
+                label="sqs_receiver",
+                stop=self._stop,
+                backoff=Backoff(initial=BACKOFF_INITIAL, cap=BACKOFF_MAX),
+                stall_after=wait_seconds + _STALL_MARGIN,
+                idle_clears_after=visibility_timeout + wait_seconds + 1,
+                thread_name=f"sqs-{subscription}-{i}",
+            )
             for i in range(threads)
         ]
         # The inbox reports these counts as metrics (deletes, extensions, lost leases...).
@@ -195,8 +205,8 @@ class SqsConsumer:
     def start(self) -> None:
         if self._holder is not None:
             self._holder.start()
-        for t in self._receivers:
-            t.start()
+        for receiver in self._receivers:
+            receiver.start()
 
     def stop(self, deadline: float = 30.0) -> None:
         """Stop receiving; hand back what was not written, delete what was, release what is held.
@@ -209,9 +219,8 @@ class SqsConsumer:
         # Keep some of the budget for handing held copies back: that is what lets another
         # replica take them now rather than after their visibility timeout.
         reserve = min(_HAND_BACK_SECONDS, deadline / 2)
-        for t in self._receivers:
-            if t.ident is not None:
-                t.join(timeout=max(end - reserve - time.monotonic(), 0))
+        for receiver in self._receivers:
+            receiver.join(Deadline(max(end - reserve - time.monotonic(), 0)))
         with self._lock:
             self._closed = True
         if self._holder is not None:
@@ -224,7 +233,7 @@ class SqsConsumer:
         return stream_status(
             self.subscription,
             self._receivers,
-            self._error,
+            None,
             holder=self._holder,
             counts=self.counts,
             shown=STREAM_COUNTS,
@@ -274,53 +283,30 @@ class SqsConsumer:
         messages: list[dict[str, Any]] = response.get("Messages", [])
         return messages, answered
 
-    def _receive_loop(self) -> None:
-        retrying = Retrying(
-            wait=receive_backoff(),
-            stop=stop_when_event_set(self._stop),
-            retry=retry_if_exception_type(Exception),
-            before_sleep=self._turn_failed,
-            sleep=self._pause,
-        )
-        while not self._stop.is_set():
-            try:
-                retrying(self._turn)
-            except RetryError:
-                return  # stopping while a failure was being retried
-            except Exception as exc:  # noqa: BLE001  (never die: log by type, pause, go on)
-                self._count("receive_failed")
-                log.error("%s: the receive loop failed (%s)", self.subscription, type(exc).__name__)
-                self._pause(BACKOFF_MAX)
+    def services(self) -> list[Service]:
+        """Its supervised loops, for ``/healthz`` and ``/readyz``."""
+        holder = [self._holder.service] if self._holder is not None else []
+        return [*self._receivers, *holder]
 
-    def _pause(self, seconds: float) -> None:
-        self._stop.wait(seconds)
+    def _turn(self) -> str | None:
+        """Receive once and write what came; raises on any failure, for the supervisor.
 
-    def _turn(self) -> None:
-        """Receive once and write what came; raises on any failure, for the retry to pause."""
-        messages, answered = self._receive()
-        if messages:
+        An empty receive is :data:`~bridge.service.IDLE`: after a failed write, the failed
+        messages are invisible for a visibility timeout, and the empty polls meanwhile do not
+        show that writing works again.
+        """
+        try:
+            messages, answered = self._receive()
+            if not messages:
+                return IDLE
             if self._stop.is_set():
                 self._hand_back(messages, "handed_back")
             else:
                 self._process(messages, answered)
-        self._error = None
-
-    def _turn_failed(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        self._count("receive_failed")
-        pause = state.upcoming_sleep
-        if isinstance(exc, FenceBridgeError):
-            # The project's own errors name no identifier and quote no payload.
-            self._error = str(exc)
-            log.warning("%s: %s; retrying in %.1fs", self.subscription, exc, pause)
-        else:
-            self._error = f"unexpected error in the receive loop ({type(exc).__name__})"
-            log.error(
-                "%s: unexpected %s in the receive loop; retrying in %.1fs",
-                self.subscription,
-                type(exc).__name__,
-                pause,
-            )
+        except Exception:
+            self._count("receive_failed")
+            raise
+        return None
 
     def _process(self, messages: list[dict[str, Any]], received_at: float) -> None:
         self._count("received", len(messages))

@@ -29,7 +29,7 @@ from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.runtime import Bridge, build_registry
-from bridge.service import Backoff, Deadline, Limits
+from bridge.service import Backoff, Deadline, Limits, Service
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -308,6 +308,58 @@ def test_a_revoked_grant_fails_liveness_past_the_limit_counts_restarts_and_recov
     meters.shutdown()
 
 
+def test_a_receive_loop_that_cannot_write_fails_liveness_past_the_limit_and_recovers(
+    moto: SqsServer, roles: Roles, db: Db
+) -> None:
+    config = bridge_config(moto, "quick")
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    bridge_store = PostgresStore.connect(roles.url_as(roles.bridge), max_size=12)
+    bridge = Bridge(
+        config,
+        bridge_store,
+        HASHER,
+        registry=build_registry(config, handlers={"quick": Quick()}),
+        telemetry=Telemetry(HASHER, meter_provider=meters),
+        limits=Limits(failing_seconds=3600, restarts=3),
+    )
+    port = config.bridge.health_port
+    sub = config.subscriptions["orders"]
+    bridge.start()
+    try:
+        eventually(lambda: probe(port, "/readyz")[0] == 200, "ready before the fault")
+        db.execute(
+            sql.SQL("REVOKE INSERT ON work_item FROM {}").format(sql.Identifier(roles.bridge))
+        )
+        moto.client().send_message(
+            QueueUrl=sub.queue_url,
+            MessageBody="{}",
+            MessageAttributes={
+                name: {"DataType": "String", "StringValue": value}
+                for name, value in (
+                    ("tenant_id", "t1"),
+                    ("operation_id", "op-1"),
+                    ("job_type", "quick"),
+                )
+            },
+        )
+        eventually(lambda: probe(port, "/healthz")[0] == 503, "liveness fails past the limit")
+        _, body = probe(port, "/healthz")
+        receiver = body["services"]["sqs:orders:receive-0"]
+        assert "SQLSTATE 42501" in receiver
+        assert "orders" in probe(port, "/readyz")[1]["checks"]["subscription:orders"]
+
+        db.execute(sql.SQL("GRANT INSERT ON work_item TO {}").format(sql.Identifier(roles.bridge)))
+        eventually(lambda: probe(port, "/healthz") == (200, {"status": "ok"}), "alive again")
+        eventually(lambda: states(db) == {"succeeded": 1}, "the message comes back and runs")
+    finally:
+        db.execute(sql.SQL("GRANT INSERT ON work_item TO {}").format(sql.Identifier(roles.bridge)))
+        bridge.stop(deadline=10)
+        bridge_store.close()
+    assert restart_points(reader).get("sqs_receiver", 0) >= 3
+    meters.shutdown()
+
+
 def restart_points(reader: InMemoryMetricReader) -> dict[str, float]:
     """The restart counter's value by its ``service`` label, the only label it may carry."""
     found: dict[str, float] = {}
@@ -357,6 +409,9 @@ class SlowToStop:
 
     def status(self) -> tuple[bool, str]:
         return True, "ok"
+
+    def services(self) -> list[Service]:
+        return []
 
     def stop(self, deadline: float = 30.0) -> None:
         self.given = deadline

@@ -17,6 +17,7 @@ import pytest
 
 from bridge.errors import StoreError, StoreUnavailable
 from bridge.service import (
+    IDLE,
     Backoff,
     Deadline,
     Limits,
@@ -175,6 +176,40 @@ def test_liveness_fails_after_failing_for_the_time_limit() -> None:
     run_to_end(loop)
     # failing since the first failure: 0 s, 100 s, 200 s, 300 s
     assert live == [True, True, True, False]
+
+
+def test_idle_rounds_between_failures_do_not_end_the_run_until_their_grace_has_passed() -> None:
+    """A receiver whose writes fail polls an empty queue in between: those polls prove nothing."""
+    clock = FakeClock()
+    script = ["fail", "idle", "fail", "idle", "fail", "idle", "idle", "idle", "stop"]
+    seen: list[tuple[int, bool]] = []
+
+    def body() -> str | None:
+        step = script.pop(0)
+        clock.now += 1
+        assert loop is not None
+        seen.append((loop.status().failures, loop.status().live))
+        if step == "fail":
+            raise StoreError("ingest: permission denied for table work_item")
+        if step == "stop":
+            loop.signal_stop()
+        return IDLE
+
+    limits = Limits(failing_seconds=3600, restarts=3)
+    loop: Supervised | None = None
+    loop = Supervised(
+        "receiver",
+        body,
+        backoff=Backoff(sleep=lambda _s: None),
+        limits=limits,
+        idle_clears_after=2.5,
+        clock=clock,
+    )
+    run_to_end(loop)
+    # three failures in a row despite the idle polls between them: past the limit, not live
+    assert seen[:6] == [(0, True), (1, True), (1, True), (2, True), (2, True), (3, False)]
+    # idle polls 1 s, 2 s, 3 s after the last failure: the third is past the grace and clears it
+    assert seen[6:] == [(3, False), (3, False), (0, True)]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

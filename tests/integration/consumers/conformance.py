@@ -5,7 +5,8 @@ A test module subclasses :class:`ConsumerConformance` and provides a ``broker`` 
 HTTP, Google's Pub/Sub emulator over gRPC). The cases speak only of what the contract says:
 
 * nothing is acknowledged before its inbox transaction has committed; a batch whose
-  transaction fails comes back and is then ingested exactly once;
+  transaction fails comes back and is then ingested exactly once, and the loop that failed is
+  a supervised service that reports it (restarted, not ready, still live) and recovers;
 * the same delivery twice is one operation (a replay);
 * the same key with another payload is a recorded conflict that changes nothing, and both
   deliveries are acknowledged;
@@ -30,6 +31,7 @@ import pytest
 
 from bridge.decode import DecodeRules, FieldSource, JobRule, PayloadSource, decode
 from bridge.inbox import Inbox
+from bridge.service import Service
 from bridge.store import PostgresStore
 from bridge.types import TargetClass, payload_digest
 from tests.support.waiting import eventually
@@ -80,6 +82,8 @@ class RunningConsumer(Protocol):
     def stop(self, deadline: float = 30.0) -> None: ...
 
     def status(self) -> tuple[bool, str]: ...
+
+    def services(self) -> Sequence[Service]: ...
 
 
 class Broker(Protocol):
@@ -168,10 +172,17 @@ class ConsumerConformance:
             )
             assert not consumer.status()[0]
             assert consumer.counts[broker.ack_counter] == 0
+            # The failing loop is a supervised service: restarted, not ready, and still live
+            # (a database that does not answer is no reason to restart the process).
+            failing = [s.status() for s in consumer.services() if not s.status().ready]
+            assert failing, "the loop that failed reports it"
+            assert all(f.live and f.restarts >= 1 for f in failing), failing
+            assert all("StoreUnavailable" in f.reason for f in failing), failing
             locker.rollback()  # the lock goes; the messages come back and are written
 
         eventually(lambda: consumer.counts[broker.ack_counter] >= 3, "the batch to be acked")
         eventually(lambda: consumer.status()[0], "the consumer to be ready again")
+        assert all(s.status().ready for s in consumer.services())
         consumer.stop()
         assert consumer.counts["decision.new"] == 3
         stored = db.execute("SELECT broker_message_id FROM work_item").fetchall()
