@@ -91,6 +91,9 @@ purge_after_days = 90
 erasure_owner = "privacy-office"
 """
 
+#: moto accepts any credentials; boto3 and the aws CLI only need some to sign with
+SQS_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"}
+
 EMULATOR_HINT = (
     "the Pub/Sub demo needs Google's Pub/Sub emulator and Java: install the Cloud CLI "
     "component (`gcloud components install pubsub-emulator`, or the Debian package "
@@ -134,10 +137,8 @@ class LocalSqs:
         )
 
     def env(self) -> dict[str, str]:
-        # moto accepts any credentials; boto3 and the aws CLI only need some to sign with.
         return {
-            "AWS_ACCESS_KEY_ID": "demo",
-            "AWS_SECRET_ACCESS_KEY": "demo",
+            **SQS_CREDENTIALS,
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL_SQS": self.endpoint,
         }
@@ -272,8 +273,7 @@ def _start_sqs(stack: ExitStack) -> LocalSqs:
         raise ConfigError(
             "the demo needs a local SQS server: pip install 'fencebridge[demo]'"
         ) from exc
-    # moto accepts any credentials; boto3 only needs some to sign with.
-    _env(stack, AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo")  # noqa: S106
+    _env(stack, **SQS_CREDENTIALS)
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     stack.callback(moto.stop)
