@@ -5,10 +5,10 @@ database URL) only from the environment or a flag, never from the subscription f
 Exit codes: 0 success, 1 a fencebridge error the message explains (for ``check``: a no-go;
 for ``purge``: another purge was running), 2 bad usage.
 
-The operator commands (status, inspect, redrive, sweep, purge, erase, check) never print
-payload bytes. Tenants and operations are shown as keyed hashes (``FENCEBRIDGE_IDENTITY_KEY``),
-the same ones logs and spans carry; only ``inspect``, given the raw identifiers by the
-operator, echoes them back.
+The operator commands (status, inspect, redrive, resolve, sweep, purge, erase, check) never
+print payload bytes. Tenants and operations are shown as keyed hashes
+(``FENCEBRIDGE_IDENTITY_KEY``), the same ones logs and spans carry; only ``inspect``, given the
+raw identifiers by the operator, echoes them back.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from bridge.check import Report
     from bridge.identity import IdentityHasher
     from bridge.operations import RedriveReport
-    from bridge.records import OperationHistory
+    from bridge.records import ErasureRecord, OperationHistory
     from bridge.store import PostgresStore
     from bridge.types import Key, Stats
 
@@ -189,6 +189,11 @@ def _at(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
+def _iso(value: datetime | None) -> str | None:
+    """A time for a JSON document: ISO 8601, or null when there is none."""
+    return value.isoformat() if value is not None else None
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "none"
@@ -229,6 +234,11 @@ def _status(args: argparse.Namespace) -> int:
         f"rejected deliveries awaiting a person: {rejected.get('conflict', 0)} conflict, "
         f"{rejected.get('quarantined', 0)} quarantined"
     )
+    if any(rejected.values()):
+        print(
+            "  see them with `fencebridge inspect TENANT OPERATION`; close them with "
+            "`fencebridge resolve` (conflicts) or `fencebridge redrive` (quarantined)"
+        )
     return 0
 
 
@@ -256,19 +266,66 @@ def _inspect(args: argparse.Namespace) -> int:
     with _store(args) as store:
         hasher = _optional_hasher(store)
         history = store.history(key)
+        erasures = (
+            store.erasures(hasher.tenant(key.tenant_id))
+            if hasher is not None and history.row is None
+            else []
+        )
     document = _history_document(history)
     hashes: list[str] = []
     if hasher is not None:
         hashes = _log_hashes(hasher, key)
         document["log_hashes"] = hashes
+    absence = _absence(history, erasures, checked=hasher is not None)
+    if history.row is None:
+        document["work_row_absent"] = {
+            "explanation": absence,
+            "tenant_erasures": [
+                {"at": _iso(e.at), "actor": e.actor, "reason": e.reason} for e in erasures
+            ],
+        }
     if args.json:
         print(json.dumps(document, indent=2, default=str))
     else:
-        lines = _history_lines(history)
+        lines = _history_lines(history, absence)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
         print("\n".join(lines))
     return 0 if history.found else 1
+
+
+def _absence(history: OperationHistory, erasures: Sequence[ErasureRecord], *, checked: bool) -> str:
+    """Why there is no work row, as far as the database can still tell."""
+    if history.row is not None:
+        return ""
+    if erasures:
+        last = erasures[0]
+        return (
+            f"erased: its tenant was erased at {_at(last.at)} by {last.actor} ({last.reason}); "
+            "an erasure keeps no record of which operations it removed"
+        )
+    ingested = bool(history.redrives) or any(
+        r.kind == "conflict" or r.redrive_outcome is not None for r in history.rejected
+    )
+    if ingested:
+        return (
+            "purged by retention: the records below show it was ingested, and no erasure of "
+            "its tenant is recorded"
+            if checked
+            else "purged by retention (the records below show it was ingested), or erased with "
+            f"its tenant: set ${IDENTITY_KEY_ENV} to check the erasure record"
+        )
+    if history.rejected:
+        return "never ingested: only the quarantined deliveries below were recorded under its key"
+    if not checked:
+        return (
+            "never ingested, purged by retention or erased with its tenant: set "
+            f"${IDENTITY_KEY_ENV} to check the erasure record (it names tenants by keyed hash)"
+        )
+    return (
+        "never ingested, or purged by retention: no erasure of its tenant is recorded, and a "
+        "purge keeps no record of which operations it removed"
+    )
 
 
 def _history_document(history: OperationHistory) -> dict[str, Any]:
@@ -285,8 +342,9 @@ def _history_document(history: OperationHistory) -> dict[str, Any]:
             "attempts": row.attempts,
             "max_attempts": row.max_attempts,
             "lease_owner": row.lease_owner,
-            "lease_expires_at": _at(row.lease_expires_at),
-            "next_attempt_at": _at(row.next_attempt_at),
+            "lease_expires_at": _iso(row.lease_expires_at),
+            # only a queued row has a next attempt; on any other it is a leftover
+            "next_attempt_at": _iso(row.next_attempt_at) if row.state is State.QUEUED else None,
             "intent_fence": row.intent_fence,
             "outcome_code": row.outcome_code,
             "outcome_detail": row.outcome_detail,
@@ -294,10 +352,12 @@ def _history_document(history: OperationHistory) -> dict[str, Any]:
             "payload_bytes": row.payload_bytes,
             "broker_message_id": row.broker_message_id,
             "receive_count": row.receive_count,
-            "created_at": _at(row.created_at),
-            "claimed_at": _at(row.claimed_at),
-            "settled_at": _at(row.settled_at),
-            "updated_at": _at(row.updated_at),
+            "created_at": _iso(row.created_at),
+            "claimed_at": _iso(row.claimed_at),
+            "settled_at": _iso(row.settled_at),
+            "updated_at": _iso(row.updated_at),
+            "trace_id": row.trace_id,
+            "traceparent": row.trace_context,
         }
     return {
         "tenant_id": history.key.tenant_id,
@@ -305,7 +365,7 @@ def _history_document(history: OperationHistory) -> dict[str, Any]:
         "work_row": work,
         "redrives": [
             {
-                "at": _at(r.at),
+                "at": _iso(r.at),
                 "actor": r.actor,
                 "reason": r.reason,
                 "from_state": r.from_state,
@@ -323,22 +383,26 @@ def _history_document(history: OperationHistory) -> dict[str, Any]:
                 "subscription": r.subscription,
                 "broker_message_id": r.broker_message_id,
                 "payload_sha256": r.payload_hash.hex() if r.payload_hash else None,
-                "created_at": _at(r.created_at),
-                "redriven_at": _at(r.redriven_at),
+                "created_at": _iso(r.created_at),
+                "redriven_at": _iso(r.redriven_at),
                 "redriven_by": r.redriven_by,
                 "redrive_reason": r.redrive_reason,
                 "redrive_outcome": r.redrive_outcome,
+                "resolved_at": _iso(r.resolved_at),
+                "resolved_by": r.resolved_by,
+                "resolution_reason": r.resolution_reason,
+                "open": r.open,
             }
             for r in history.rejected
         ],
     }
 
 
-def _history_lines(history: OperationHistory) -> list[str]:
+def _history_lines(history: OperationHistory, absence: str) -> list[str]:
     key, row = history.key, history.row
     lines = [f"operation {key.operation_id!r} of tenant {key.tenant_id!r}"]
     if row is None:
-        lines.append("work row: none (never ingested, purged or erased)")
+        lines.append(f"work row: none ({absence})")
     else:
         lease = (
             "-"
@@ -352,6 +416,10 @@ def _history_lines(history: OperationHistory) -> list[str]:
             "gone" if row.payload_bytes is None else f"{row.payload_bytes} bytes"
         )
         intent = "-" if row.intent_fence is None else str(row.intent_fence)
+        trace = row.trace_id or "none recorded (the delivery carried no trace context)"
+        upcoming = (
+            [f"  next attempt   {_at(row.next_attempt_at)}"] if row.state is State.QUEUED else []
+        )
         lines += [
             f"  subscription   {row.subscription}",
             f"  job type       {row.job_type} (class {row.target_class.value})",
@@ -360,12 +428,13 @@ def _history_lines(history: OperationHistory) -> list[str]:
             f"  fence          {row.fence} (intent recorded at fence: {intent})",
             f"  attempts       {row.attempts} of {row.max_attempts}",
             f"  lease          {lease}",
-            f"  next attempt   {_at(row.next_attempt_at)}",
+            *upcoming,
             f"  created        {_at(row.created_at)}",
             f"  last claimed   {_at(row.claimed_at)}",
             f"  settled        {_at(row.settled_at)}",
             f"  updated        {_at(row.updated_at)}",
             f"  payload        {payload}",
+            f"  trace id       {trace}",
         ]
     lines.append(f"redrives: {len(history.redrives) or 'none'}")
     lines += [
@@ -375,11 +444,12 @@ def _history_lines(history: OperationHistory) -> list[str]:
     ]
     lines.append(f"rejected deliveries: {len(history.rejected) or 'none'}")
     for r in history.rejected:
-        closed = (
-            "open"
-            if r.redriven_at is None
-            else (f"redriven {_at(r.redriven_at)} by {r.redriven_by} -> {r.redrive_outcome}")
-        )
+        if r.resolved_at is not None:
+            closed = f"resolved {_at(r.resolved_at)} by {r.resolved_by}: {r.resolution_reason}"
+        elif r.redriven_at is not None:
+            closed = f"redriven {_at(r.redriven_at)} by {r.redriven_by} -> {r.redrive_outcome}"
+        else:
+            closed = "open (awaiting a person)"
         lines.append(f"  #{r.id}  {_at(r.created_at)}  {r.kind}  {r.subscription}  {closed}")
         lines.append(f"      {r.reason}")
     lines.append(
@@ -463,6 +533,56 @@ def _redrive_lines(report: RedriveReport, hasher: IdentityHasher) -> list[str]:
     if report.dry_run:
         summary += " (dry run: nothing was written)"
     return [*lines, summary]
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from bridge.operations import RejectionFilter, resolve  # noqa: PLC0415
+
+    if args.operation is not None and args.tenant is None:
+        raise _usage("--operation needs --tenant")
+    if not args.ids and args.kind is None and args.subscription is None and args.tenant is None:
+        raise _usage(
+            "name the deliveries: their ids (shown by `fencebridge inspect`), or a filter "
+            "(--kind, --subscription, --tenant); a resolve never closes everything by default"
+        )
+    selection = RejectionFilter(
+        ids=tuple(args.ids) if args.ids else None,
+        kind=args.kind,
+        subscription=args.subscription,
+        tenant_id=args.tenant,
+        operation_id=args.operation,
+        limit=args.limit,
+    )
+    hasher = _hasher()  # the output names operations by keyed hash only
+    with _store(args) as store:
+        _keyed(store, hasher)
+        report = resolve(
+            store,
+            selection,
+            actor=args.actor or _os_user(),
+            reason=args.reason,
+            dry_run=args.dry_run,
+        )
+    verb = "would resolve" if report.dry_run else "resolved"
+    rows = [
+        [
+            f"#{r.id}",
+            r.kind,
+            r.subscription,
+            "-" if r.key is None else " ".join(_log_hashes(hasher, r.key)),
+            _at(r.created_at),
+        ]
+        for r in report.resolved
+    ]
+    lines = _table(["delivery", "kind", "subscription", "operation", "recorded"], rows)
+    if not rows:
+        lines = ["no open rejected delivery matches"]
+    lines += [f"#{i}: not resolved: {why}" for i, why in report.not_open]
+    summary = f"{verb} {len(report.resolved)} rejected deliveries; work rows untouched"
+    if report.dry_run:
+        summary += " (dry run: nothing was written)"
+    print("\n".join([*lines, summary]))
+    return 1 if report.not_open else 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -734,6 +854,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_resolve_command(commands: Any, key_note: str) -> None:
+    p = commands.add_parser(
+        "resolve",
+        help="close rejected deliveries a person has dealt with (audited; work rows untouched)",
+        description=(
+            "A conflict (same operation id, another payload) changed nothing; once its producer "
+            "has been told, resolve it so it stops awaiting a person. A quarantined delivery "
+            "given up on is resolved the same way (redrive re-decodes one instead). Each is "
+            f"marked acknowledged with actor and reason; nothing else changes. {key_note}"
+        ),
+    )
+    p.add_argument(
+        "ids", nargs="*", type=_positive, metavar="ID", help="rejected delivery ids (inspect)"
+    )
+    p.add_argument("--reason", type=_text, required=True, help="why: recorded on each delivery")
+    p.add_argument("--actor", type=_text, help="who: recorded (default: the OS user)")
+    p.add_argument("--dry-run", action="store_true", help="show what would close; write nothing")
+    p.add_argument("--kind", choices=["conflict", "quarantined"], help="only this kind")
+    p.add_argument("--subscription", type=_text, help="only this subscription")
+    p.add_argument("--tenant", type=_text, help="only this tenant")
+    p.add_argument("--operation", type=_text, help="only this operation (with --tenant)")
+    p.add_argument("--limit", type=_positive, default=100, help="most deliveries per run")
+    _add_database_flag(p)
+    p.set_defaults(run=_resolve)
+
+
 def _add_operator_commands(commands: Any) -> None:
     key_note = f"Tenants and operations are shown as keyed hashes: ${IDENTITY_KEY_ENV} must be set."
 
@@ -800,6 +946,8 @@ def _add_operator_commands(commands: Any) -> None:
     )
     _add_database_flag(p)
     p.set_defaults(run=_redrive)
+
+    _add_resolve_command(commands, key_note)
 
     p = commands.add_parser(
         "sweep", help="park expired last attempts as unknown now (one sweeper at a time)"

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -586,3 +587,176 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
     ).fetchall()
     assert audit == [("dpo", "GDPR-1", HASHER.tenant("acme"), 1, 2, 2, 1)]
     assert "acme" not in out
+
+
+# -- resolve -------------------------------------------------------------------------------------
+
+
+def quarantined_delivery(tenant: str, op: str) -> Rejection:
+    return Rejection(
+        subscription="orders",
+        reason="unknown_job_type: x",
+        body=b"{}",
+        tenant_id=tenant,
+        operation_id=op,
+    )
+
+
+def test_resolve_closes_conflicts_audited_and_leaves_the_work_row_untouched(
+    cli: Any, store: PostgresStore, db: Db, config_file: Path
+) -> None:
+    store.ingest([delivery("acme", "op-1")])
+    store.ingest([delivery("acme", "op-1", note="changed")])  # a conflict on the same key
+    store.ingest([quarantined_delivery("acme", "op-2"), quarantined_delivery("acme", "op-3")])
+    (conflict_id,) = db.execute(
+        "SELECT id FROM rejected_delivery WHERE kind = 'conflict'"
+    ).fetchone()
+    (given_up,), (kept,) = db.execute(
+        "SELECT id FROM rejected_delivery WHERE kind = 'quarantined' ORDER BY id"
+    ).fetchall()
+    work_row = db.execute("SELECT * FROM work_item").fetchall()
+    status = cli("status").stdout
+    assert "awaiting a person: 1 conflict, 2 quarantined" in status
+    assert "`fencebridge resolve`" in status
+
+    dry = cli("resolve", str(conflict_id), "--reason", "producer told", "--dry-run").stdout
+    assert f"#{conflict_id}" in dry
+    assert "would resolve 1 rejected deliveries; work rows untouched (dry run" in dry
+    assert db.execute("SELECT count(*) FROM rejected_delivery WHERE resolved_at IS NOT NULL"
+                      ).fetchone() == (0,)  # fmt: skip
+
+    out = cli("resolve", "--tenant", "acme", "--kind", "conflict", "--reason", "INC-9 producer "
+              "fixed its payload builder", "--actor", "bob").stdout  # fmt: skip
+    assert out.splitlines()[1].split()[:4] == [
+        f"#{conflict_id}",
+        "conflict",
+        "orders",
+        HASHER.tenant("acme"),
+    ]
+    assert "acme" not in out
+    assert "op-1" not in out
+    assert out.splitlines()[-1] == "resolved 1 rejected deliveries; work rows untouched"
+    cli("resolve", str(given_up), "--reason", "garbage from a test producer")
+    audit = db.execute(
+        "SELECT id, resolved_by, resolution_reason, resolved_at IS NOT NULL, redriven_at"
+        " FROM rejected_delivery ORDER BY id"
+    ).fetchall()
+    user = audit[1][1]
+    assert audit == [
+        (conflict_id, "bob", "INC-9 producer fixed its payload builder", True, None),
+        (given_up, user, "garbage from a test producer", True, None),
+        (kept, None, None, False, None),
+    ]
+    assert user  # the actor defaults to the OS user, as redrive's does
+    assert db.execute("SELECT * FROM work_item").fetchall() == work_row
+
+    document = json.loads(cli("status", "--json").stdout)
+    assert document["rejected"] == {"conflict": 0, "quarantined": 1}
+    inspected = json.loads(cli("inspect", "acme", "op-1", "--json").stdout)
+    (record,) = inspected["rejected_deliveries"]
+    assert (record["open"], record["resolved_by"], record["redriven_at"]) == (False, "bob", None)
+    text = cli("inspect", "acme", "op-1").stdout
+    assert "conflict  orders  resolved " in text
+    assert "by bob: INC-9 producer fixed its payload builder" in text
+
+    # A resolved quarantined delivery is not decoded again; the open one still is.
+    redrive = cli("redrive", "--config", str(config_file), "--reason", "r", "--state",
+                  "quarantined", "--dry-run").stdout  # fmt: skip
+    assert f"delivery #{kept}" in redrive
+    assert f"delivery #{given_up}" not in redrive
+    # Closed deliveries age out with retention; the open quarantined one is kept.
+    db.execute("UPDATE rejected_delivery SET created_at = now() - interval '400 days'")
+    preview = cli("purge", "--older-than", "30d", "--dry-run").stdout
+    assert "2 rejected deliveries" in preview
+
+    again = cli("resolve", str(conflict_id), "999999", "--reason", "r", check=False)
+    assert again.returncode == 1
+    assert f"#{conflict_id}: not resolved: already resolved by bob at " in again.stdout
+    assert "#999999: not resolved: no such rejected delivery (never recorded, or purged" in (
+        again.stdout
+    )
+
+
+def test_resolve_refuses_without_a_reason_or_a_selection(cli: Any) -> None:
+    unnamed = cli("resolve", "--reason", "r", check=False)
+    assert unnamed.returncode == 2
+    assert "name the deliveries: their ids" in unnamed.stderr
+    no_reason = cli("resolve", "1", check=False)
+    assert no_reason.returncode == 2
+    assert "--reason" in no_reason.stderr
+
+
+# -- inspect: what it shows and what it says of an operation that is gone -------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_inspect_json_has_nulls_settled_rows_no_next_attempt_and_the_trace_id(
+    cli: Any, store: PostgresStore
+) -> None:
+    traced = replace(delivery("acme", "done"), trace_context=TRACEPARENT)
+    store.ingest([traced, delivery("acme", "waiting")])
+    (claim,) = store.claim_keys("w", [traced.key], LEASE)
+    store.complete(claim.ticket, "charged")
+
+    document = json.loads(cli("inspect", "acme", "done", "--json").stdout)
+    row = document["work_row"]
+    assert row["state"] == "succeeded"
+    assert row["next_attempt_at"] is None
+    assert row["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert row["traceparent"] == TRACEPARENT
+    assert row["settled_at"] is not None
+
+    def values(node: Any) -> list[Any]:
+        if isinstance(node, dict):
+            return [v for x in node.values() for v in values(x)]
+        if isinstance(node, list):
+            return [v for x in node for v in values(x)]
+        return [node]
+
+    assert "-" not in values(document)
+    assert None in values(document)  # a missing value is null, never a placeholder string
+
+    text = cli("inspect", "acme", "done").stdout
+    assert "next attempt" not in text
+    assert "trace id       4bf92f3577b34da6a3ce929d0e0e4736" in text
+    waiting = cli("inspect", "acme", "waiting").stdout
+    assert "state          queued" in waiting
+    assert "next attempt   " in waiting
+    assert "trace id       none recorded" in waiting
+    waiting_json = json.loads(cli("inspect", "acme", "waiting", "--json").stdout)["work_row"]
+    assert waiting_json["next_attempt_at"] is not None
+    assert waiting_json["trace_id"] is None
+
+
+def test_inspect_says_whether_an_absent_operation_was_erased_purged_or_never_seen(
+    cli: Any, store: PostgresStore, db: Db, config_file: Path
+) -> None:
+    parked(store, "acme", "old", "ledger")
+    cli("redrive", "--config", str(config_file), "--reason", "r", "--state", "unknown")
+    (claim,) = store.claim_keys("w", [delivery("acme", "old", "ledger").key], LEASE)
+    store.complete(claim.ticket)
+    db.execute("UPDATE work_item SET settled_at = now() - interval '40 days'")
+    cli("purge", "--older-than", "30d")
+    cli("erase", "--tenant", "globex", "--reason", "GDPR-0", "--actor", "dpo")  # nothing there
+    parked(store, "initech", "op-9", "ledger")
+    cli("erase", "--tenant", "initech", "--reason", "GDPR-2", "--actor", "dpo")
+
+    erased = cli("inspect", "initech", "op-9", check=False)
+    assert erased.returncode == 1
+    assert "work row: none (erased: its tenant was erased at " in erased.stdout
+    assert "by dpo (GDPR-2)" in erased.stdout
+    document = json.loads(cli("inspect", "initech", "op-9", "--json", check=False).stdout)
+    assert document["work_row"] is None
+    assert document["work_row_absent"]["explanation"].startswith("erased: ")
+    assert [e["reason"] for e in document["work_row_absent"]["tenant_erasures"]] == ["GDPR-2"]
+
+    purged = cli("inspect", "acme", "old").stdout  # its redrive audit is still found: exit 0
+    assert "work row: none (purged by retention: the records below show it was ingested" in (purged)
+    never = cli("inspect", "acme", "no-such-op", check=False).stdout
+    assert "work row: none (never ingested, or purged by retention: no erasure of its tenant" in (
+        never
+    )
+    unchecked = cli("inspect", "initech", "op-9", key=False, check=False).stdout
+    assert "never ingested, purged by retention or erased with its tenant: set " in unchecked
+    assert "$FENCEBRIDGE_IDENTITY_KEY to check the erasure record" in unchecked
