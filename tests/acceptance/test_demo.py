@@ -8,6 +8,7 @@ wrote, then Ctrl-C (a real SIGINT). Under each command the README shows what it 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from tests.support.pubsub_emulator import require_launcher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,15 +222,39 @@ def kept(tmp_path: Path) -> Iterator[tuple[KeptDemo, Step]]:
         demo.close()
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    """The ``export NAME=value`` lines of the demo's env file, as a shell would read them."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            (assignment,) = shlex.split(line.removeprefix("export "))
+            name, value = assignment.split("=", 1)
+            values[name] = value
+    return values
+
+
 def _database_url(env_file: Path) -> str:
-    (line,) = [x for x in env_file.read_text().splitlines() if "FENCEBRIDGE_DATABASE_URL=" in x]
-    (assignment,) = shlex.split(line.removeprefix("export "))
-    return assignment.split("=", 1)[1]
+    return _env_file(env_file)["FENCEBRIDGE_DATABASE_URL"]
+
+
+def _charged_under_the_env_files_key(
+    env_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[set[str], set[str]]:
+    """The provider's charged keys, and the keys the env file's identity key derives."""
+    values = _env_file(env_file)
+    url = values["FENCEBRIDGE_DEMO_PROVIDER_URL"] + "/_ledger"
+    with urllib.request.urlopen(url, timeout=READ_SECONDS) as response:
+        charged = {c["idempotency_key"] for c in json.loads(response.read())}
+    monkeypatch.setenv(IDENTITY_KEY_ENV, values[IDENTITY_KEY_ENV])
+    hasher = IdentityHasher.from_env()
+    operations = [(t, f"order-{i}") for t in ("acme", "globex") for i in range(1, 11)]
+    derived = {hasher.idempotency_key(t, o) for t, o in [*operations, ("acme", "order-stall")]}
+    return charged, derived
 
 
 @pytest.mark.slow
 def test_the_readme_exploration_runs_as_written_against_demo_keep(
-    kept: tuple[KeptDemo, Step], tmp_path: Path
+    kept: tuple[KeptDemo, Step], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     demo, start = kept
     assert start.command == "fencebridge demo --keep --dir demo-run"
@@ -242,6 +269,10 @@ def test_the_readme_exploration_runs_as_written_against_demo_keep(
     assert printed == [s.command.replace("demo-run", str(directory)) for s in steps]
     assert (directory / "bridge.toml").is_file()
     assert (directory / "demo.env").stat().st_mode & 0o077 == 0  # it holds the identity key
+    # The env file's key is the one the demo charged under: it derives the provider's keys.
+    charged, derived = _charged_under_the_env_files_key(directory / "demo.env", monkeypatch)
+    assert len(charged) == 21
+    assert charged == derived
 
     for step in steps[1:]:
         result = subprocess.run(
