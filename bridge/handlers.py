@@ -375,7 +375,9 @@ class IdempotentApiHandler(Handler):
     means, for as long as the provider retains keys. The executor looks up first on every
     claim after the first attempt and after every ambiguous outcome: applied means succeeded
     (no second call), confirmed-not-applied means perform under the new fence, and a lookup
-    that cannot tell parks the operation as ``unknown``.
+    that cannot tell parks the operation as ``unknown`` once an attempt may have reached the
+    provider (the executor records the intent before :meth:`perform`; without one, nothing
+    was sent and it performs). A lookup that raises :class:`Quarantine` quarantines the row.
 
     :meth:`validate` runs before :meth:`perform` and is the place for every check that can
     fail before a request is sent: what it raises is classified by the table. Once
