@@ -1,9 +1,11 @@
-"""The worker pool: a claimer thread on one side of a queue, worker threads on the other.
+"""The worker pool: claimer threads on one side of a queue, worker threads on the other.
 
-The claimer claims only as many rows as there are idle workers, so a claimed row never waits
-in memory while its lease runs. Keys a consumer has just inserted are claimed first, by key
-(hand-off); otherwise it claims any claimable row of the job types it can run (rescue:
-queued rows nobody handed off, retries that came due, expired leases of crashed workers).
+A claimer claims only as many rows as there are idle workers, and reserves those workers while
+its statement runs, so a claimed row never waits in memory while its lease runs and two
+claimers never claim for the same worker. Keys a consumer has just inserted are claimed
+first, by key (hand-off); otherwise it claims any claimable row of the job types it can run
+(rescue: queued rows nobody handed off, retries that came due, expired leases of crashed
+workers).
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
 attempt is not counted); running handlers get until the deadline to finish. Past it they are
@@ -15,9 +17,16 @@ out of a claim or a run, of whatever type, is logged by type, counted and follow
 jittered, capped backoff, and the loop carries on; while claims fail the pool is not ready.
 
 Final settlements of concurrent runs are written together: runs hand them to a
-:class:`~bridge.executors.completer.BatchCompleter` and the claimer writes what has gathered,
+:class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered,
 in the same transaction as the claim that refills the workers they free (one commit for both,
 each row under its own fence). A run waits for its own answer, so it ends as it would have.
+
+Several claimers (``claimers``; by default one per 8 workers, at most 4), each with its own
+connection, overlap: while one
+transaction is in flight the next batch of settlements gathers and another claimer writes it,
+so the pool is not bound by one stop-and-wait loop. Before writing, a claimer lingers for the
+handlers still running (``settle_linger`` at most), and stops as soon as its share of the
+workers has settled or no settlement arrived for a quarter of the linger.
 """
 
 from __future__ import annotations
@@ -52,6 +61,11 @@ log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
 CLAIM_BATCH_DEFAULT = 10
+#: workers per claimer when the claimers are not given: fewer share one claimer, whose batches
+#: would otherwise shrink to a row or two (more commits per row, no overlap gained)
+WORKERS_PER_CLAIMER = 8
+#: the most claimers a pool starts by default
+CLAIMERS_MAX_DEFAULT = 4
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
 SETTLE_LINGER_DEFAULT = 0.002
@@ -61,6 +75,11 @@ WORKER_ROUND_SECONDS = 1.0
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def default_claimers(threads: int) -> int:
+    """Claim/settle transactions in flight at once: one per 8 workers, 1 to 4."""
+    return max(1, min(CLAIMERS_MAX_DEFAULT, threads // WORKERS_PER_CLAIMER))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +99,7 @@ class WorkerPool:
         worker_id: str | None = None,
         threads: int = WORKER_THREADS_DEFAULT,
         claim_batch: int = CLAIM_BATCH_DEFAULT,
+        claimers: int | None = None,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         settle_linger: float = SETTLE_LINGER_DEFAULT,
         events: WorkEvents | None = None,
@@ -89,6 +109,9 @@ class WorkerPool:
     ) -> None:
         if threads < 1:
             raise ValueError("a worker pool needs at least one thread")
+        claimers = default_claimers(threads) if claimers is None else claimers
+        if claimers < 1:
+            raise ValueError("a worker pool needs at least one claimer")
         self.worker_id = worker_id or default_worker_id()
         self.counts = EventCounter()
         receivers: list[WorkEvents] = [self.counts]
@@ -104,7 +127,12 @@ class WorkerPool:
         self._settle_linger = settle_linger
         self._work: queue.Queue[tuple[Claim, float] | None] = queue.Queue()
         self._cond = threading.Condition()
+        #: free workers no claimer has reserved
         self._idle = threads
+        #: workers reserved by claimers whose statements are in flight
+        self._reserved = 0
+        #: a claimer's share of the workers: settled that many, it stops lingering
+        self._share = max(1, -(-threads // claimers))
         self._handoff: dict[Key, str] = {}
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self.wake)
@@ -119,17 +147,22 @@ class WorkerPool:
         )
         # Claims wait on the stop event after a failure, never on the condition: new hand-offs
         # and settlements must not cut the pause short while the database is failing.
-        self._claimer = Supervised(
-            "claimer",
-            self._claim_round,
-            stop=self._stopping,
-            wake=self.wake,
-            # From then on, every run writes its own settlement (none is left waiting).
-            after=self._completer.close,
-            backoff=backoff,
-            limits=limits,
-            on_restart=on_restart,
-        )
+        self._claimers = [
+            Supervised(
+                "claimer" if i == 0 else f"claimer-{i + 1}",
+                self._claim_round,
+                label="claimer",
+                stop=self._stopping,
+                wake=self.wake,
+                # From then on, every run writes its own settlement (none is left waiting).
+                after=self._completer.close,
+                backoff=backoff,
+                limits=limits,
+                on_restart=on_restart,
+            )
+            for i in range(claimers)
+        ]
+        self._claimer_group = ServiceGroup("claimer", self._claimers)
         self._workers = ServiceGroup(
             "workers",
             [
@@ -153,20 +186,25 @@ class WorkerPool:
     def start(self) -> None:
         self.heartbeater.start()
         self._workers.start()
-        self._claimer.start()
+        self._claimer_group.start()
 
     def services(self) -> list[Service]:
-        """The pool's supervised parts, for health: claimer, workers, heartbeater."""
-        return [self._claimer, self._workers, self.heartbeater.service]
+        """The pool's supervised parts, for health: claimers, workers, heartbeater."""
+        return [self._claimer_group, self._workers, self.heartbeater.service]
 
     @property
     def claimer(self) -> Supervised:
-        return self._claimer
+        """The first claimer (``/readyz`` reports them all as one ``claimer``)."""
+        return self._claimers[0]
+
+    @property
+    def claimers(self) -> list[Supervised]:
+        return list(self._claimers)
 
     @property
     def healthy(self) -> bool:
         """False while claims are failing (the database unreachable, refusing, read-only)."""
-        return self._claimer.status().ready
+        return self._claimer_group.status().ready
 
     def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
         """Keys just inserted by a consumer, with their job types: claim these first."""
@@ -190,7 +228,7 @@ class WorkerPool:
         with self._cond:
             self._stopping.set()
             self._cond.notify_all()
-        self._claimer.join(until)
+        self._claimer_group.join(until)
         released = 0
         while True:
             try:
@@ -221,8 +259,10 @@ class WorkerPool:
     def _claim_round(self) -> None:
         """One claim: wait for room, write gathered settlements, claim, hand over or release.
 
-        A failure is raised to the supervisor, which logs, counts and backs off. Hand-off keys
-        taken for a failed claim stay claimable by the general claim; nothing is lost.
+        The workers it claims for are reserved first (taken off ``_idle``) and given back when
+        the claim returned fewer rows or failed, so concurrent claimers never count a worker
+        twice. A failure is raised to the supervisor, which logs, counts and backs off.
+        Hand-off keys taken for a failed claim stay claimable by the general claim.
         """
         with self._cond:
             while self._idle == 0 and not self._completer.pending and not self._stopping.is_set():
@@ -233,15 +273,27 @@ class WorkerPool:
             settling = self._completer.take()
             if settling is not None:
                 # Their workers are free once this write ends: claim for them with it.
-                self._idle += len(settling)
-                want = self._idle  # in claims of claim_batch rows, one transaction
+                want = self._idle + len(settling)  # in claims of claim_batch rows, one transaction
+                self._idle = 0
             else:
                 want = min(self._idle, self._claim_batch)
+                if want == 0:
+                    return  # another claimer took what had gathered
+                self._idle -= want
+            self._reserved += want
             handoff = dict(list(self._handoff.items())[:want])
             for key in handoff:
                 del self._handoff[key]
-        sent_at = time.monotonic()  # leases start no earlier than this, by our clock
-        claims = self._claim(want, handoff, settling)
+        claims: list[Claim] = []
+        try:
+            sent_at = time.monotonic()  # leases start no earlier than this, by our clock
+            claims = self._claim(want, handoff, settling)
+        finally:
+            with self._cond:
+                self._reserved -= want
+                self._idle += want - len(claims)
+                if len(claims) < want:
+                    self._cond.notify_all()
         if claims:
             self._hand_over(claims, sent_at)
             return
@@ -250,7 +302,7 @@ class WorkerPool:
                 self._cond.wait(timeout=self._poll)
 
     def _hand_over(self, claims: list[Claim], sent_at: float) -> None:
-        """Queue claims for the workers; once stopping, release them instead.
+        """Queue claims for the workers (already counted busy); once stopping, release them.
 
         The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
         queued before the stop drains the queue or released here: never stranded after it.
@@ -264,9 +316,10 @@ class WorkerPool:
         with self._cond:
             stopping = self._stopping.is_set()
             if not stopping:
-                self._idle -= len(claims)
                 for claim in claims:
                     self._work.put((claim, sent_at))
+            else:
+                self._idle += len(claims)
         if stopping:
             released = sum(1 for claim in claims if self._release(claim))
             log.info("claimed while stopping: released %d of %d", released, len(claims))
@@ -277,19 +330,25 @@ class WorkerPool:
         """Give the runs still going a moment to join the settlements already waiting.
 
         Without it every transaction would carry only the settlements that arrived during the
-        previous one. Bounded by ``settle_linger``; called holding the condition.
+        previous one. It ends once this claimer's share of the workers (or every running one)
+        has settled, once no settlement arrived for a quarter of the linger, and at
+        ``settle_linger`` in any case. Called holding the condition.
         """
         if self._settle_linger <= 0:
             return
         deadline = time.monotonic() + self._settle_linger
+        quiet = self._settle_linger / 4
+        seen = -1
         while not self._stopping.is_set():
             pending = self._completer.pending
-            if pending == 0 or pending >= self._threads - self._idle:
+            running = self._threads - self._idle - self._reserved
+            if pending == 0 or pending >= running or pending >= self._share or pending == seen:
                 return
+            seen = pending
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self._cond.wait(timeout=left)
+            self._cond.wait(timeout=min(left, quiet))
 
     def _claim(self, want: int, handoff: dict[Key, str], settling: Batch | None) -> list[Claim]:
         """Claim up to ``want`` rows; write ``settling`` first, with the first claim if it can."""
@@ -331,25 +390,31 @@ class WorkerPool:
     # -- workers ----------------------------------------------------------------------------------
 
     def _work_round(self, done: threading.Event) -> None:
-        """Run the next claim, if one comes within a round; ``None`` ends this worker."""
-        try:
-            item = self._work.get(timeout=WORKER_ROUND_SECONDS)
-        except queue.Empty:
-            return
-        if item is None:
-            done.set()
-            return
-        claim, sent_at = item
-        settler = self._completer.for_run()
-        try:
-            # An executor bug reaches the supervisor (logged by type, counted); the row's
-            # lease will lapse and the next claim reconciles.
-            self._run(claim, sent_at, settler)
-        finally:
-            if not settler.taken:  # else the claimer counted this worker free already
-                with self._cond:
-                    self._idle += 1
-                    self._cond.notify_all()
+        """Run claims while they come within a round; ``None`` ends this worker.
+
+        A round goes on with the next claim without a new pass through the supervisor, so
+        its bookkeeping is paid once per round, not once per run.
+        """
+        deadline = time.monotonic() + WORKER_ROUND_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self._work.get(timeout=left)
+            except queue.Empty:
+                return
+            if item is None:
+                done.set()
+                return
+            claim, sent_at = item
+            settler = self._completer.for_run()
+            try:
+                # An executor bug reaches the supervisor (logged by type, counted); the row's
+                # lease will lapse and the next claim reconciles.
+                self._run(claim, sent_at, settler)
+            finally:
+                if not settler.taken:  # else the claimer counted this worker free already
+                    with self._cond:
+                        self._idle += 1
+                        self._cond.notify_all()
 
     def _run(self, claim: Claim, sent_at: float, settler: RunSettler) -> None:
         spec = self._registry.get(claim.job_type)

@@ -31,8 +31,8 @@ runs with :class:`~bridge.errors.StoreUnavailable`.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from bridge.errors import LeaseLost
@@ -51,6 +51,8 @@ class RunSettler:
     transaction), so the worker must not count itself again.
     """
 
+    __slots__ = ("_completer", "taken")
+
     def __init__(self, completer: BatchCompleter) -> None:
         self._completer = completer
         self.taken = False
@@ -59,12 +61,27 @@ class RunSettler:
         self._completer.settle(settlement, self)
 
 
-@dataclass(eq=False)
 class _Pending:
-    settlement: Settlement
-    run: RunSettler | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
+    __slots__ = ("error", "run", "settlement")
+
+    def __init__(self, settlement: Settlement, run: RunSettler | None) -> None:
+        self.settlement = settlement
+        self.run = run
+        self.error: BaseException | None = None
+
+
+class _Slot:
+    """The settlements one batch will carry, and the one event that answers all of them.
+
+    One wake-up per batch: the runs of a slot wait on its event, and the writer sets it once,
+    after every run's own answer (its error, if any) is in place.
+    """
+
+    __slots__ = ("done", "pending")
+
+    def __init__(self) -> None:
+        self.pending: list[_Pending] = []
+        self.done = threading.Event()
 
 
 def _key_order(p: _Pending) -> tuple[str, str]:
@@ -74,9 +91,10 @@ def _key_order(p: _Pending) -> tuple[str, str]:
 class Batch:
     """Settlements taken for one write; every one of them is answered exactly once."""
 
-    def __init__(self, pending: list[_Pending]) -> None:
-        pending.sort(key=_key_order)
-        self._pending = pending
+    def __init__(self, slot: _Slot) -> None:
+        slot.pending.sort(key=_key_order)
+        self._slot = slot
+        self._pending = slot.pending
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -123,26 +141,31 @@ class Batch:
     def answer(self, stale: Iterable[Ticket]) -> None:
         """The write committed: the stale tickets lost their rows, the others settled."""
         refused = set(stale)
-        for p in self._pending:
-            s = p.settlement
-            if s.ticket in refused:
-                p.error = LeaseLost(
-                    s.ticket.tenant_id,
-                    s.ticket.operation_id,
-                    s.ticket.fence,
-                    f"settle as {s.state.value}",
-                )
-            p.done.set()
+        if refused:
+            for p in self._pending:
+                s = p.settlement
+                if s.ticket in refused:
+                    p.error = LeaseLost(
+                        s.ticket.tenant_id,
+                        s.ticket.operation_id,
+                        s.ticket.fence,
+                        f"settle as {s.state.value}",
+                    )
+        self._slot.done.set()
 
     def fail(self, exc: BaseException) -> None:
         """The write failed as a whole: every run gets the error."""
         for p in self._pending:
             p.error = exc
-            p.done.set()
+        self._slot.done.set()
 
 
 class BatchCompleter:
-    """Collects settlements for a writer to take in batches; thread-safe."""
+    """Collects settlements for writers to take in batches; thread-safe.
+
+    Settlements gather in slots of at most ``max_batch``; a writer takes the oldest slot whole,
+    so several writers (the pool's claimers) may each have a batch in flight at once.
+    """
 
     def __init__(
         self,
@@ -157,7 +180,8 @@ class BatchCompleter:
         self._on_pending = on_pending
         self._max_batch = max_batch
         self._lock = threading.Lock()
-        self._pending: list[_Pending] = []
+        self._slots: deque[_Slot] = deque()
+        self._count = 0
         self._closed = False
 
     def for_run(self) -> RunSettler:
@@ -171,34 +195,40 @@ class BatchCompleter:
         """
         pending = _Pending(settlement, run)
         with self._lock:
-            queued = not self._closed
-            if queued:
-                self._pending.append(pending)
-        if not queued:
-            Batch([pending]).write(self._store)
+            slot: _Slot | None = None
+            if not self._closed:
+                slots = self._slots
+                if not slots or len(slots[-1].pending) >= self._max_batch:
+                    slots.append(_Slot())
+                slot = slots[-1]
+                slot.pending.append(pending)
+                self._count += 1
+        if slot is None:
+            alone = _Slot()
+            alone.pending.append(pending)
+            Batch(alone).write(self._store)
         else:
             if self._on_pending is not None:
                 self._on_pending()
-            pending.done.wait()
+            slot.done.wait()
         if pending.error is not None:
             raise pending.error
 
     @property
     def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
+        return self._count  # one int read: no lock needed for a snapshot
 
     def take(self) -> Batch | None:
-        """The settlements gathered so far (up to the batch size), for one write."""
+        """The oldest slot of settlements gathered so far (up to the batch size), for one write."""
         with self._lock:
-            if not self._pending:
+            if not self._slots:
                 return None
-            taken = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            for p in taken:
+            slot = self._slots.popleft()
+            self._count -= len(slot.pending)
+            for p in slot.pending:
                 if p.run is not None:
                     p.run.taken = True
-        return Batch(taken)
+        return Batch(slot)
 
     def close(self) -> None:
         """Write what is pending, now, in this thread; from now on each settlement writes alone."""

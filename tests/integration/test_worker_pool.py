@@ -428,3 +428,60 @@ def test_claims_that_return_after_the_claimer_join_gave_up_are_released(
         assert (found["attempts"], found["fence"], found["lease_owner"]) == (0, 1, None)
     assert quick.ran == []
     assert report.released == 0
+
+
+# -- overlapped claiming -------------------------------------------------------------------------
+
+
+class Gated(ConditionalWriteHandler):
+    """Operations named ``gated-*`` wait for the gate; the others succeed at once."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def handle(self, ctx: Context) -> None:
+        if ctx.operation_id.startswith("gated-"):
+            assert self.gate.wait(DEADLINE), "the gate was never opened"
+
+
+def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once(
+    store: PostgresStore,
+    db: Db,
+    pools: Callable[..., WorkerPool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first two settle-and-claim transactions must meet inside the store at once: one
+    claimer alone could never pass the barrier, since it waits inside its first call."""
+    registry = Registry()
+    gated = Gated()
+    registry.register("gated", gated)
+    ops = [f"fast-{i}" for i in range(4)] + [f"gated-{i}" for i in range(4)]
+    ops += [f"later-{i}" for i in range(24)]
+    store.ingest([for_job(registry, "gated", op) for op in ops])
+    meeting = threading.Barrier(2, timeout=DEADLINE)
+    met: list[int] = []
+    calls = threading.Lock()
+    settle_and_claim = store.settle_and_claim
+
+    def overlapping(*args: Any, **kwargs: Any) -> Any:
+        with calls:
+            first_two = len(met) < 2
+            if first_two:
+                met.append(len(met))
+        if first_two:
+            gated.gate.set()  # the other half of the workers can settle now
+            meeting.wait()  # raises BrokenBarrierError unless another transaction comes
+        return settle_and_claim(*args, **kwargs)
+
+    monkeypatch.setattr(store, "settle_and_claim", overlapping)
+    events = Recorder()
+    pools(registry, threads=8, claimers=2, claim_batch=8, events=events)
+
+    eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
+    assert met == [0, 1]
+    assert not meeting.broken, "two transactions were in flight at once"
+    fences = db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall()
+    assert fences == [(1, 1)], "every row claimed once and settled under that fence"
+    assert events.of("lease_lost") == []
+    assert events.of("settle_unknown") == []
+    assert sorted(op for op, _, _ in events.of("settled")) == sorted(ops)
