@@ -1,33 +1,41 @@
-"""The worker tier beside PgQueuer and Procrastinate: drain a queue of no-op jobs.
+"""The worker tier beside PgQueuer and Procrastinate, each in its best configuration.
 
-Each system drains the same workload on the same PostgreSQL server: 20,000 jobs queued
-beforehand with the system's own batch API (batches of 1,000, about 100 bytes of JSON each),
-then drained by a no-op handler at 1, 4 and 16 concurrent workers. Every drain runs in a fresh
-Python process on a fresh database of its own, created here and dropped afterwards; the
-process installs the system's schema, queues the jobs, runs ``VACUUM ANALYZE`` and
-``CHECKPOINT``, drains, and reports one line of JSON (see :mod:`bench.peers`).
+Each system drains the same workload on the same PostgreSQL server: ``--jobs`` no-op jobs
+(20,000) queued beforehand with the system's own batch API (batches of 1,000, about 100 bytes of
+JSON each). Every drain runs in a fresh Python process on a fresh database of its own, created
+here and dropped afterwards; the process installs the system's schema, queues the jobs, runs
+``VACUUM ANALYZE`` and ``CHECKPOINT``, drains, runs ``ANALYZE`` and reads back, and reports
+one line of JSON (see :mod:`bench.peers`).
 
-* ``fencebridge``: :class:`~bridge.worker.WorkerPool` with ``threads`` = the concurrency and
-  its default claim batch, a class B handler that returns at once (the cheapest executor), the
-  store's pool holding one connection per thread plus two; jobs queued with
-  :meth:`~bridge.store.PostgresStore.ingest`. Rows are kept as ``succeeded``.
-* ``pgqueuer`` and ``procrastinate``: see :mod:`bench.peers.pgqueuer_drain` and
-  :mod:`bench.peers.procrastinate_drain` for their configuration and completion semantics.
+Every system runs in every configuration of its own knobs listed in :data:`SWEEP` (a peer is
+never held to one setting), and the report gives each configuration's rate, the best one of
+each system at 16 jobs in flight beside fencebridge's best at 16, and the best of each overall,
+whatever its jobs in flight. Jobs in flight: the most jobs a configuration has picked at once
+(a worker thread or task each; for PgQueuer without a ``concurrency_limit``, consumers times
+batch, what one dequeue round hands out).
+
+* ``fencebridge``: :class:`~bridge.worker.WorkerPool` with a class B handler that returns at
+  once (the cheapest executor), swept over claimers and over processes (N processes of 16 / N
+  threads each, as N replicas would run); the store's pool holds a connection per thread, per
+  claimer and one for the heartbeater. Rows are kept as ``succeeded``.
+* ``pgqueuer``: consumers x batch, with and without ``concurrency_limit``
+  (:mod:`bench.peers.pgqueuer_drain`).
+* ``procrastinate``: the worker's ``concurrency`` (:mod:`bench.peers.procrastinate_drain`).
+* ``ceiling``: ``pgbench`` running fencebridge's own ``claim.sql`` (10 rows) and
+  ``settle_many.sql`` at 16 clients (:mod:`bench.ceiling`): what its statements can do here.
 
 Rate and latency are read back from each system's own records by the database clock, the same
-way for all three: the rate is the job count over the time from the first pick (claim) to the
-last settlement, and the latency of a job is its settlement minus its pick. For fencebridge
-those are ``work_item.claimed_at`` and ``settled_at``.
+way for all: the rate is the job count over the time from the first pick (claim) to the last
+settlement, and the latency of a job is its settlement minus its pick.
 
-Rounds: one warm-up round (every system at every concurrency, on fewer jobs, not reported),
-then ``--runs`` measured rounds; within a round the systems take turns at each concurrency, in
-an order that rotates from round to round, so all of them see the same background load. The
-report gives medians with min..max. The peers must be importable (``make bench`` installs them
-into ``.venv-bench``; they are not dependencies of the project)::
+Rounds: one warm-up round on fewer jobs (not reported), then ``--runs`` measured rounds; within
+a round every configuration drains once, in an order that rotates from round to round, so all
+see the same background load. Ratios are taken from the medians of this one run. The peers must
+be importable (``make bench`` installs them into ``.venv-bench``)::
 
     python -m bench.workers                       # full run: 3 rounds of 20,000 jobs
-    python -m bench.workers --quick               # smoke run: 1 round of 2,000 jobs
-    python -m bench.workers --concurrency 16 --runs 5 --database-url postgresql://...
+    python -m bench.workers --quick               # smoke run: 1 round of 5,000 jobs
+    python -m bench.workers --system fencebridge --runs 5 --database-url postgresql://...
 
 The server is ``--database-url``, else ``$FENCEBRIDGE_DATABASE_URL``, else an embedded one. It
 prints a markdown section for docs/benchmarks.md on stdout and its progress on stderr.
@@ -37,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,9 +61,11 @@ from urllib.parse import quote
 import psycopg
 from psycopg import conninfo
 
-from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, cpu, emit, settle_database, summarize
+from bench.ceiling import claim_settle_ceiling, fsync_rate
+from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, emit, settle_database, summarize
 from bench.store import (
     arguments,
+    bench_database,
     command_line,
     empty_database,
     facts_table,
@@ -67,10 +79,15 @@ from bridge.migrate import migrate
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Delivery, State, TargetClass
-from bridge.worker import CLAIM_BATCH_DEFAULT, WorkerPool
+from bridge.worker import CLAIM_BATCH_DEFAULT, WorkerPool, default_claimers
 
-FENCEBRIDGE, PGQUEUER, PROCRASTINATE = "fencebridge", "pgqueuer", "procrastinate"
-SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE)
+FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING = (
+    "fencebridge",
+    "pgqueuer",
+    "procrastinate",
+    "ceiling",
+)
+SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING)
 PEERS = (PGQUEUER, PROCRASTINATE)
 MODULES = {
     FENCEBRIDGE: "bench.workers",
@@ -82,6 +99,8 @@ VERSIONS = ("pgqueuer", "procrastinate", "asyncpg", "psycopg", "psycopg-pool")
 
 JOB_TYPE = "bench.noop"
 SUBSCRIPTION = "bench"
+#: the jobs in flight the systems are compared at
+IN_FLIGHT = 16
 #: one drain may not take longer than this (a hung system must not hang the benchmark)
 DRAIN_TIMEOUT = 1800.0
 
@@ -91,16 +110,78 @@ SELECT claimed_at AS picked, settled_at AS settled FROM work_item WHERE state = 
 
 
 @dataclass(frozen=True)
+class Config:
+    """One configuration of one system: its knobs as drain arguments, and its jobs in flight."""
+
+    system: str
+    label: str
+    in_flight: int
+    args: tuple[str, ...] = ()
+
+
+def fencebridge(threads: int, *, claimers: int | None = None, processes: int = 1) -> Config:
+    claimers = default_claimers(threads) if claimers is None else claimers
+    label = f"{threads} threads, {claimers} claimer(s)"
+    if processes > 1:
+        label = f"{processes} processes x {label}"
+    args = ("--threads", str(threads), "--claimers", str(claimers), "--processes", str(processes))
+    return Config(FENCEBRIDGE, label, threads * processes, args)
+
+
+def pgqueuer(consumers: int, batch: int, limit: int = 0) -> Config:
+    label = f"{consumers} consumer(s) x batch {batch}" + (
+        f", concurrency_limit {limit}" if limit else ", no limit"
+    )
+    in_flight = min(limit, consumers * batch) if limit else consumers * batch
+    args = ("--consumers", str(consumers), "--batch-size", str(batch), "--limit", str(limit))
+    return Config(PGQUEUER, label, in_flight, (*args, "--concurrency", str(in_flight)))
+
+
+def procrastinate(concurrency: int) -> Config:
+    return Config(
+        PROCRASTINATE,
+        f"concurrency {concurrency}",
+        concurrency,
+        ("--concurrency", str(concurrency)),
+    )
+
+
+CEILING_CONFIG = Config(CEILING, "pgbench, 16 clients", 16)
+
+#: every configuration a full run drains
+SWEEP: tuple[Config, ...] = (
+    fencebridge(16, claimers=1),
+    fencebridge(16, claimers=2),
+    fencebridge(16, claimers=3),
+    fencebridge(8, claimers=2, processes=2),
+    pgqueuer(1, 16),
+    pgqueuer(2, 8),
+    pgqueuer(4, 4),
+    pgqueuer(16, 1),
+    pgqueuer(1, 10),
+    pgqueuer(5, 10),
+    pgqueuer(16, 10),
+    pgqueuer(1, 10, limit=16),
+    pgqueuer(2, 8, limit=16),
+    pgqueuer(4, 4, limit=16),
+    pgqueuer(16, 1, limit=16),
+    procrastinate(8),
+    procrastinate(16),
+    procrastinate(32),
+    CEILING_CONFIG,
+)
+
+
+@dataclass(frozen=True)
 class Plan:
     jobs: int
     warmup_jobs: int
     runs: int
-    concurrency: tuple[int, ...]
-    systems: tuple[str, ...]
+    configs: tuple[Config, ...]
 
 
-FULL = Plan(jobs=20_000, warmup_jobs=2_000, runs=3, concurrency=(1, 4, 16), systems=SYSTEMS)
-QUICK = Plan(jobs=2_000, warmup_jobs=0, runs=1, concurrency=(1, 4, 16), systems=SYSTEMS)
+FULL = Plan(jobs=20_000, warmup_jobs=2_000, runs=3, configs=SWEEP)
+QUICK = Plan(jobs=5_000, warmup_jobs=0, runs=1, configs=SWEEP)
 
 
 # -- the fencebridge drain (runs in its own process, like the peers) ----------------------------
@@ -165,46 +246,93 @@ def fencebridge_prepare(store: PostgresStore, jobs: int) -> None:
         )
 
 
-def fencebridge_drain(url: str, jobs: int, concurrency: int) -> Drain:
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-    connections = concurrency + 2  # the workers, the claimer and the heartbeater
+def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positional arguments)
+    url: str, jobs: int, threads: int, claimers: int, left: Any, done: Any, problems: Any
+) -> None:
+    """One pool in this process, draining until ``left`` (shared by every process) is zero."""
+    connections = threads + claimers + 1  # the workers, the claimers and the heartbeater
     store = PostgresStore.connect(url, min_size=connections, max_size=connections)
     try:
-        fencebridge_prepare(store, jobs)
-        settle_database(url)
         store.pool.wait()
         registry = Registry()
         registry.register(JOB_TYPE, Noop())
-        settled = Settled(jobs)
+        settled = SharedSettled(left, done)
         pool = WorkerPool(
             store,
             registry,
             IdentityHasher.ephemeral(),
-            worker_id="bench",
-            threads=concurrency,
+            worker_id=f"bench-{multiprocessing.current_process().pid}",
+            threads=threads,
             claim_batch=CLAIM_BATCH_DEFAULT,
+            claimers=claimers,
             events=settled,
         )
-        started, cpu_started = time.perf_counter(), cpu()
         pool.start()
-        settled.done.wait(DRAIN_TIMEOUT)
+        done.wait(DRAIN_TIMEOUT)
         pool.stop()
-        wall, used = time.perf_counter() - started, cpu() - cpu_started
-        if settled.problems:
-            log(f"fencebridge: {settled.problems} run(s) did not settle")
+        with problems.get_lock():
+            problems.value += settled.problems
     finally:
         store.close()
+
+
+class SharedSettled(Settled):
+    """:class:`Settled` over a count shared by the drain's processes."""
+
+    def __init__(self, left: Any, done: Any) -> None:
+        super().__init__(0)
+        self._shared = left
+        self.done = done
+
+    def _count(self) -> None:
+        with self._shared.get_lock():
+            self._shared.value -= 1
+            if self._shared.value <= 0:
+                self.done.set()
+
+
+def fencebridge_drain(url: str, jobs: int, threads: int, claimers: int, processes: int) -> Drain:
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+    store = PostgresStore.connect(url, min_size=1, max_size=2)
+    try:
+        fencebridge_prepare(store, jobs)
+    finally:
+        store.close()
+    settle_database(url)
+    context = multiprocessing.get_context("spawn")
+    left, done, problems = context.Value("l", jobs), context.Event(), context.Value("l", 0)
+    children = [
+        context.Process(
+            target=fencebridge_drain_process,
+            args=(url, jobs, threads, claimers, left, done, problems),
+        )
+        for _ in range(processes)
+    ]
+    started = time.perf_counter()
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(DRAIN_TIMEOUT)
+    wall = time.perf_counter() - started
+    if problems.value:
+        log(f"fencebridge: {problems.value} run(s) did not settle")
     with psycopg.connect(url, autocommit=True) as conn:
         return summarize(
             conn,
             FENCEBRIDGE_PAIRS,
             system=FENCEBRIDGE,
-            concurrency=concurrency,
+            concurrency=threads * processes,
             jobs=jobs,
             wall=wall,
-            cpu=used,
+            cpu=children_cpu(),
         )
+
+
+def children_cpu() -> float:
+    """CPU of this process's finished children, every thread (the drain's processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -224,83 +352,113 @@ def database_url(admin_url: str, dbname: str) -> str:
     return f"postgresql://{auth}@{host}:{port}/{quote(dbname, safe='')}"
 
 
-def drain(admin_url: str, system: str, jobs: int, concurrency: int) -> Drain:
-    """One drain of one system in a process of its own, on a database of its own."""
-    with empty_database(admin_url, system) as name:
+def drain(admin_url: str, config: Config, jobs: int) -> Drain:
+    """One drain of one configuration in a process of its own, on a database of its own."""
+    if config.system == CEILING:
+        with bench_database(admin_url, "ceiling") as url:
+            rate = claim_settle_ceiling(url, jobs, config.in_flight)
+        return Drain(CEILING, config.in_flight, jobs, rate.rows, rate.seconds, 0, 0, 0, 0)
+    with empty_database(admin_url, config.system) as name:
         url = database_url(admin_url, name)
         command = [
             sys.executable,
             "-m",
-            MODULES[system],
+            MODULES[config.system],
             "--database-url",
             url,
             "--jobs",
             str(jobs),
-            "--concurrency",
-            str(concurrency),
+            *config.args,
         ]
-        if system == FENCEBRIDGE:
+        if config.system == FENCEBRIDGE:
             command.append("--drain")
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=DRAIN_TIMEOUT, check=False
         )
     if done.returncode != 0:
-        raise RuntimeError(f"{system} drain failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{config.system} ({config.label}) drain failed ({done.returncode}):\n"
+            f"{done.stderr[-4000:]}"
+        )
     result = Drain(**json.loads(done.stdout.strip().splitlines()[-1]))
     if result.settled != jobs:
-        raise RuntimeError(f"{system} settled {result.settled} of {jobs} jobs")
+        raise RuntimeError(f"{config.system} ({config.label}) settled {result.settled} of {jobs}")
     return result
+
+
+def median_rate(drains: Sequence[Drain]) -> float:
+    return statistics.median(d.rate for d in drains)
 
 
 @dataclass
 class Report:
     plan: Plan
     facts: list[tuple[str, str]] = field(default_factory=list)
-    #: (system, concurrency) -> one drain per measured round
-    drains: dict[tuple[str, int], list[Drain]] = field(default_factory=dict)
+    drains: dict[Config, list[Drain]] = field(default_factory=dict)
+
+    def best(self, system: str, in_flight: int | None = None) -> Config | None:
+        found = [
+            c
+            for c in self.drains
+            if c.system == system and (in_flight is None or c.in_flight == in_flight)
+        ]
+        return max(found, key=lambda c: median_rate(self.drains[c]), default=None)
 
     def markdown(self) -> str:
-        systems = self.plan.systems
         lines = [
-            f"{self.plan.runs} measured round(s) of {self.plan.jobs:,} jobs per system and "
-            "concurrency (after a warm-up round"
+            f"{self.plan.runs} measured round(s) of {self.plan.jobs:,} no-op jobs per "
+            "configuration (after a warm-up round"
             + (f" of {self.plan.warmup_jobs:,} jobs" if self.plan.warmup_jobs else ": none")
-            + "). Medians with min..max; ops/s and latencies by the database clock, "
-            "first pick to last settlement; CPU: the draining process, milliseconds per job.",
+            + "). Medians with min..max; jobs/s and latencies by the database clock, "
+            "first pick to last settlement; CPU: the draining process(es), milliseconds per job.",
             "",
             *facts_table(self.facts),
             "",
-            "| workers | system | ops/s | p50 ms | p99 ms | CPU ms/job |",
-            "| ---: | --- | ---: | ---: | ---: | ---: |",
+            "| system | configuration | in flight | jobs/s | p50 ms | p99 ms | CPU ms/job |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for c in self.plan.concurrency:
-            for system in systems:
-                runs = self.drains.get((system, c), [])
-                if not runs:
-                    continue
-                lines.append(
-                    f"| {c} | {system} | {_cell([d.rate for d in runs], 0)} | "
-                    f"{_cell([d.p50_ms for d in runs], 1)} | {_cell([d.p99_ms for d in runs], 1)} "
-                    f"| {statistics.median(d.cpu_seconds * 1000 / d.jobs for d in runs):.2f} |"
+        for config in self.plan.configs:
+            runs = self.drains.get(config, [])
+            if not runs:
+                continue
+            cpu_ms = statistics.median(d.cpu_seconds * 1000 / d.jobs for d in runs)
+            lines.append(
+                f"| {config.system} | {config.label} | {config.in_flight} | "
+                f"{_cell([d.rate for d in runs], 0)} | "
+                + (
+                    "- | - | - |"
+                    if config.system == CEILING
+                    else f"{_cell([d.p50_ms for d in runs], 1)} | "
+                    f"{_cell([d.p99_ms for d in runs], 1)} | {cpu_ms:.2f} |"
                 )
+            )
         goals = self.goals()
         if goals:
             lines += ["", *goals]
         return "\n".join(lines) + "\n"
 
     def goals(self) -> list[str]:
-        out = []
-        for c in self.plan.concurrency:
-            ours = self.drains.get((FENCEBRIDGE, c))
-            peers = {p: self.drains[(p, c)] for p in PEERS if (p, c) in self.drains}
-            if not ours or not peers:
-                continue
-            best = max(peers, key=lambda p: statistics.median(d.rate for d in peers[p]))
-            mine = statistics.median(d.rate for d in ours)
-            theirs = statistics.median(d.rate for d in peers[best])
+        ours = self.best(FENCEBRIDGE, IN_FLIGHT)
+        if ours is None:
+            return []
+        mine = median_rate(self.drains[ours])
+        out = [f"- fencebridge's best at {IN_FLIGHT} in flight: {ours.label}, {mine:,.0f} jobs/s."]
+        for peer in PEERS:
+            for in_flight, what in ((IN_FLIGHT, f"at {IN_FLIGHT} in flight"), (None, "overall")):
+                best = self.best(peer, in_flight)
+                if best is None:
+                    continue
+                theirs = median_rate(self.drains[best])
+                out.append(
+                    f"- {peer}'s best {what}: {best.label} ({best.in_flight} in flight), "
+                    f"{theirs:,.0f} jobs/s; fencebridge / {peer}: {mine / theirs:.2f}x."
+                )
+        ceiling = self.best(CEILING)
+        if ceiling is not None:
+            top = median_rate(self.drains[ceiling])
             out.append(
-                f"- {c} worker(s): fencebridge {mine:,.0f} ops/s vs the faster peer ({best}) "
-                f"{theirs:,.0f} ops/s: {mine / theirs:.2f}x."
+                f"- the ceiling (pgbench, fencebridge's claim.sql + settle_many.sql, "
+                f"{ceiling.in_flight} clients): {top:,.0f} rows/s; the pool at {mine / top:.2f}x."
             )
         return out
 
@@ -322,33 +480,30 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def rotate(items: Sequence[str], k: int) -> list[str]:
+def rotate(items: Sequence[Config], k: int) -> list[Config]:
     k %= len(items)
     return [*items[k:], *items[:k]]
 
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
     report = Report(plan)
-    with (
-        server(database_url) as admin_url,
-        report_facts(admin_url, argv, ("peers", versions())) as facts,
-    ):
-        report.facts = facts
-        if plan.warmup_jobs:
-            for c in plan.concurrency:
-                for system in plan.systems:
-                    log(f"warm-up: {system} at {c}")
-                    drain(admin_url, system, plan.warmup_jobs, c)
-        for k in range(plan.runs):
-            for c in plan.concurrency:
-                for system in rotate(plan.systems, k + c):
-                    result = drain(admin_url, system, plan.jobs, c)
+    with server(database_url) as admin_url:
+        fsync = fsync_rate(admin_url)
+        with report_facts(admin_url, argv, ("fsync", fsync), ("peers", versions())) as facts:
+            report.facts = facts
+            if plan.warmup_jobs:
+                for config in plan.configs:
+                    log(f"warm-up: {config.system} ({config.label})")
+                    drain(admin_url, config, plan.warmup_jobs)
+            for k in range(plan.runs):
+                for config in rotate(plan.configs, k * 5):
+                    result = drain(admin_url, config, plan.jobs)
                     log(
-                        f"round {k + 1}: {system} at {c}: {result.rate:,.0f} ops/s, "
-                        f"p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms "
-                        f"(wall {result.wall_seconds:.1f}s)"
+                        f"round {k + 1}: {config.system} ({config.label}): "
+                        f"{result.rate:,.0f} jobs/s, p50 {result.p50_ms:.1f} ms, "
+                        f"p99 {result.p99_ms:.1f} ms (wall {result.wall_seconds:.1f}s)"
                     )
-                    report.drains.setdefault((system, c), []).append(result)
+                    report.drains.setdefault(config, []).append(result)
     return report
 
 
@@ -358,18 +513,28 @@ def options() -> argparse.ArgumentParser:
     )
     parser.add_argument("--jobs", type=int, help="jobs per drain")
     parser.add_argument("--runs", type=int, help="measured rounds")
-    parser.add_argument("--concurrency", type=int, action="append", help="workers (repeatable)")
     parser.add_argument("--system", choices=SYSTEMS, action="append", help="(repeatable)")
     parser.add_argument(
         "--drain", action="store_true", help="internal: one fencebridge drain, JSON on stdout"
     )
+    parser.add_argument("--threads", type=int, default=IN_FLIGHT, help="internal, with --drain")
+    parser.add_argument("--claimers", type=int, help="internal, with --drain")
+    parser.add_argument("--processes", type=int, default=1, help="internal, with --drain")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = command_line(options(), argv)
     if args.drain:
-        emit(fencebridge_drain(args.database_url, args.jobs, args.concurrency[0]))
+        emit(
+            fencebridge_drain(
+                args.database_url,
+                args.jobs,
+                args.threads,
+                args.claimers or default_claimers(args.threads),
+                args.processes,
+            )
+        )
         return 0
     plan = QUICK if args.quick else FULL
     overrides: dict[str, Any] = {}
@@ -377,10 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["jobs"] = args.jobs
     if args.runs:
         overrides["runs"] = args.runs
-    if args.concurrency:
-        overrides["concurrency"] = tuple(args.concurrency)
     if args.system:
-        overrides["systems"] = tuple(args.system)
+        overrides["configs"] = tuple(c for c in plan.configs if c.system in args.system)
     plan = replace(plan, **overrides)
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0

@@ -74,6 +74,7 @@ def summarize(
     wall: float,
     cpu: float,
 ) -> Drain:
+    conn.execute("ANALYZE")  # fresh statistics for the read-back, whatever the drain wrote
     row = conn.execute(SUMMARY.format(pairs=pairs).encode()).fetchone()
     assert row is not None
     settled, seconds, p50, p99 = row
@@ -107,6 +108,10 @@ def parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--batch-size", type=int, help="rows per dequeue, where the system has one")
+    parser.add_argument(
+        "--consumers", type=int, help="consumer instances, where the system has them"
+    )
+    parser.add_argument("--limit", type=int, help="a concurrency limit, where the system has one")
     return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 

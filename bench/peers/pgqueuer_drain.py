@@ -1,14 +1,20 @@
 """PgQueuer: drain the queue with a no-op entrypoint (see :mod:`bench.peers`).
 
-Driver asyncpg (PgQueuer's fastest), one connection as in PgQueuer's own examples. The
-concurrency is the entrypoint's ``concurrency_limit``: at most that many jobs picked at once,
-enforced by PgQueuer's dequeue statement (``max_concurrent_tasks`` cannot express 1: it must be
-at least twice the batch size). The batch size is PgQueuer's default of 10, or the concurrency
-when lower (``--batch-size`` overrides it); its completion buffer flushes at that many
-completions or after 0.1 s. Mode
-``drain`` (it returns once the queue is empty), LISTEN/NOTIFY on as by default, dequeue timeout
-1 s. A completed job is deleted from ``pgqueuer`` and logged in ``pgqueuer_log`` (PgQueuer's
-only completion mode); pick and settlement are its ``picked`` and ``successful`` log rows.
+Driver asyncpg (PgQueuer's fastest). The knobs PgQueuer's users turn, all swept by
+:mod:`bench.workers` to find its best configuration:
+
+* ``--consumers``: PgQueuer instances in this process, each with its own connection (as
+  PgQueuer's own examples run one per connection), running at once;
+* ``--batch-size``: jobs per dequeue (PgQueuer's default is 10); its completion buffer flushes
+  at that many completions or after 0.1 s;
+* ``--limit``: the entrypoint's ``concurrency_limit`` (0, the default: none), at most that many
+  jobs picked at once across all consumers, enforced by PgQueuer's dequeue statement (it
+  switches PgQueuer to its capacity-gated dequeue).
+
+Mode ``drain`` (each consumer returns once the queue is empty), LISTEN/NOTIFY on as by
+default, dequeue timeout 1 s. A completed job is deleted from ``pgqueuer`` and logged in
+``pgqueuer_log`` (PgQueuer's only completion mode); pick and settlement are its ``picked`` and
+``successful`` log rows.
 """
 
 from __future__ import annotations
@@ -53,12 +59,12 @@ async def prepare(url: str, jobs: int) -> None:
         await conn.close()
 
 
-async def drain(url: str, concurrency: int, batch_size: int) -> None:
+async def consume(url: str, limit: int, batch_size: int) -> None:
     conn = await asyncpg.connect(url)
     try:
         pgq = PgQueuer(AsyncpgDriver(conn))
 
-        @pgq.entrypoint(ENTRYPOINT, concurrency_limit=concurrency)
+        @pgq.entrypoint(ENTRYPOINT, concurrency_limit=limit)
         async def noop(job: Job) -> None:
             return None
 
@@ -71,15 +77,21 @@ async def drain(url: str, concurrency: int, batch_size: int) -> None:
         await conn.close()
 
 
+async def drain(url: str, consumers: int, limit: int, batch_size: int) -> None:
+    await asyncio.gather(*(consume(url, limit, batch_size) for _ in range(consumers)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv, "python -m bench.peers.pgqueuer_drain")
-    batch = args.batch_size or min(BATCH_DEFAULT, args.concurrency)
+    batch = args.batch_size or BATCH_DEFAULT
     return measure(
         args,
         PAIRS,
         system=SYSTEM,
         prepare=lambda: asyncio.run(prepare(args.database_url, args.jobs)),
-        drain=lambda: asyncio.run(drain(args.database_url, args.concurrency, batch)),
+        drain=lambda: asyncio.run(
+            drain(args.database_url, args.consumers or 1, args.limit or 0, batch)
+        ),
     )
 
 
