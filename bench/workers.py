@@ -117,15 +117,29 @@ class Config:
     label: str
     in_flight: int
     args: tuple[str, ...] = ()
+    #: fencebridge only: the CPU-bound handler instead of the no-op (not compared with peers)
+    spin: bool = False
 
 
-def fencebridge(threads: int, *, claimers: int | None = None, processes: int = 1) -> Config:
+def fencebridge(
+    threads: int, *, claimers: int | None = None, processes: int = 1, spin: bool = False
+) -> Config:
     claimers = default_claimers(threads) if claimers is None else claimers
     label = f"{threads} threads, {claimers} claimer(s)"
     if processes > 1:
         label = f"{processes} processes x {label}"
-    args = ("--threads", str(threads), "--claimers", str(claimers), "--processes", str(processes))
-    return Config(FENCEBRIDGE, label, threads * processes, args)
+    args: tuple[str, ...] = (
+        "--threads",
+        str(threads),
+        "--claimers",
+        str(claimers),
+        "--processes",
+        str(processes),
+    )
+    if spin:
+        label += ", CPU-bound handler"
+        args += ("--spin",)
+    return Config(FENCEBRIDGE, label, threads * processes, args, spin)
 
 
 def pgqueuer(consumers: int, batch: int, limit: int = 0) -> Config:
@@ -154,6 +168,9 @@ SWEEP: tuple[Config, ...] = (
     fencebridge(16, claimers=2),
     fencebridge(16, claimers=3),
     fencebridge(8, claimers=2, processes=2),
+    fencebridge(16, spin=True),
+    fencebridge(8, processes=2, spin=True),
+    fencebridge(4, processes=4, spin=True),
     pgqueuer(1, 16),
     pgqueuer(2, 8),
     pgqueuer(4, 4),
@@ -194,6 +211,21 @@ class Noop(ConditionalWriteHandler):
         return None
 
 
+#: pure-Python iterations of the CPU-bound handler: about a millisecond of one core here
+SPIN_ITERATIONS = 20_000
+
+
+class Spin(ConditionalWriteHandler):
+    """Holds the GIL for a fixed amount of pure-Python work: a CPU-bound handler."""
+
+    def handle(self, ctx: Context) -> None:
+        total = 0
+        for i in range(SPIN_ITERATIONS):
+            total += i * i
+        if total < 0:  # never: keeps the loop from being optimised away
+            raise AssertionError(total)
+
+
 class Settled:
     """The events receiver that tells the drain when every job has settled."""
 
@@ -208,6 +240,12 @@ class Settled:
             self._left -= 1
             if self._left <= 0:
                 self.done.set()
+
+    @property
+    def left(self) -> int:
+        """Jobs not settled yet."""
+        with self._lock:
+            return self._left
 
     def claimed(self, claim: Claim) -> None:
         pass
@@ -247,7 +285,7 @@ def fencebridge_prepare(store: PostgresStore, jobs: int) -> None:
 
 
 def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positional arguments)
-    url: str, jobs: int, threads: int, claimers: int, left: Any, done: Any, problems: Any
+    url: str, threads: int, claimers: int, spin: bool, left: Any, done: Any, problems: Any
 ) -> None:
     """One pool in this process, draining until ``left`` (shared by every process) is zero."""
     connections = threads + claimers + 1  # the workers, the claimers and the heartbeater
@@ -255,7 +293,7 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     try:
         store.pool.wait()
         registry = Registry()
-        registry.register(JOB_TYPE, Noop())
+        registry.register(JOB_TYPE, Spin() if spin else Noop())
         settled = SharedSettled(left, done)
         pool = WorkerPool(
             store,
@@ -291,7 +329,9 @@ class SharedSettled(Settled):
                 self.done.set()
 
 
-def fencebridge_drain(url: str, jobs: int, threads: int, claimers: int, processes: int) -> Drain:
+def fencebridge_drain(  # noqa: PLR0917
+    url: str, jobs: int, threads: int, claimers: int, processes: int, spin: bool = False
+) -> Drain:
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
     store = PostgresStore.connect(url, min_size=1, max_size=2)
@@ -305,7 +345,7 @@ def fencebridge_drain(url: str, jobs: int, threads: int, claimers: int, processe
     children = [
         context.Process(
             target=fencebridge_drain_process,
-            args=(url, jobs, threads, claimers, left, done, problems),
+            args=(url, threads, claimers, spin, left, done, problems),
         )
         for _ in range(processes)
     ]
@@ -400,7 +440,7 @@ class Report:
         found = [
             c
             for c in self.drains
-            if c.system == system and (in_flight is None or c.in_flight == in_flight)
+            if c.system == system and not c.spin and (in_flight is None or c.in_flight == in_flight)
         ]
         return max(found, key=lambda c: median_rate(self.drains[c]), default=None)
 
@@ -520,6 +560,7 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=IN_FLIGHT, help="internal, with --drain")
     parser.add_argument("--claimers", type=int, help="internal, with --drain")
     parser.add_argument("--processes", type=int, default=1, help="internal, with --drain")
+    parser.add_argument("--spin", action="store_true", help="internal: the CPU-bound handler")
     return parser
 
 
@@ -533,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.threads,
                 args.claimers or default_claimers(args.threads),
                 args.processes,
+                args.spin,
             )
         )
         return 0

@@ -1,0 +1,239 @@
+"""Inbox to settle, end to end, with no broker: ingest, claim and complete in one process.
+
+One writer thread per subscription writes ``--deliveries`` new deliveries between them through
+:class:`~bridge.inbox.Inbox` in batches of 10 (one transaction each, as a consumer writes a
+received batch), as fast as its commits return; the inbox hands the new keys to a
+:class:`~bridge.worker.WorkerPool` (16 threads, a no-op class B handler) that drains them while
+they arrive. The rate is the deliveries over the time from the first work row's creation to
+the last settlement, by the database clock (``work_item.created_at`` and ``settled_at``, read
+after ``ANALYZE``); beside it, the ingest alone (first to last creation).
+
+The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.commit_ceiling`,
+``pgbench`` inserting one row per transaction) at 1 and at 16 clients, measured in the same
+run, between the rounds: each delivery costs at least its share of an inbox commit and of a
+settle commit, so end to end at 0.3x the single-row ceiling means the two commit paths are
+batched well. The decoder is the benchmark's own (the delivery's identifiers are its
+attributes), so decoding rules do not enter the measure::
+
+    python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 2 subscriptions
+    python -m bench.inbox --quick          # 1 round of 4,000
+    python -m bench.inbox --subscriptions 4 --deliveries 40000 --database-url postgresql://...
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg
+
+from bench.ceiling import Rate, commit_ceiling
+from bench.store import (
+    BODY,
+    arguments,
+    bench_database,
+    command_line,
+    facts_table,
+    log,
+    report_facts,
+    server,
+)
+from bench.workers import JOB_TYPE, Noop, Settled
+from bridge.decode import RawDelivery
+from bridge.identity import IdentityHasher
+from bridge.inbox import Inbox
+from bridge.registry import Registry
+from bridge.store import PostgresStore
+from bridge.types import Delivery, Rejection, TargetClass
+from bridge.worker import WorkerPool, default_claimers
+
+BATCH = 10
+THREADS = 16
+#: a round may not take longer than this
+ROUND_TIMEOUT = 1800.0
+
+SPANS = """
+SELECT count(*) FILTER (WHERE state = 'succeeded'),
+       extract(epoch FROM max(settled_at) - min(created_at)),
+       extract(epoch FROM max(created_at) - min(created_at))
+  FROM work_item
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    runs: int
+    deliveries: int
+    subscriptions: int
+    ceiling_seconds: int
+
+
+FULL = Plan(runs=3, deliveries=20_000, subscriptions=2, ceiling_seconds=10)
+QUICK = Plan(runs=1, deliveries=4_000, subscriptions=2, ceiling_seconds=3)
+
+
+def decoder(raw: RawDelivery) -> Delivery | Rejection:
+    """The bench's own rules: identifiers from attributes, the body as the payload."""
+    return Delivery(
+        tenant_id=raw.attributes["tenant"],
+        operation_id=raw.attributes["operation"],
+        subscription=raw.subscription,
+        job_type=JOB_TYPE,
+        target_class=TargetClass.B,
+        payload=raw.body,
+        broker_message_id=raw.message_id,
+    )
+
+
+def writer(inbox: Inbox, subscription: str, count: int, errors: list[Exception]) -> None:
+    try:
+        for start in range(0, count, BATCH):
+            inbox.write(
+                [
+                    RawDelivery(
+                        subscription=subscription,
+                        message_id=f"{subscription}-{i}",
+                        body=BODY,
+                        attributes={"tenant": "bench", "operation": f"{subscription}-{i}"},
+                    )
+                    for i in range(start, min(start + BATCH, count))
+                ]
+            )
+    except Exception as exc:  # noqa: BLE001  (reported by the round: never a silent failure)
+        errors.append(exc)
+
+
+@dataclass(frozen=True)
+class Round:
+    settled: int
+    end_to_end: float
+    ingest: float
+    cpu_ms: float
+
+
+def one_round(url: str, plan: Plan) -> Round:
+    claimers = default_claimers(THREADS)
+    size = THREADS + claimers + 1 + plan.subscriptions + 2
+    store = PostgresStore.connect(url, min_size=size, max_size=size)
+    try:
+        store.pool.wait()
+        registry = Registry()
+        registry.register(JOB_TYPE, Noop())
+        settled = Settled(plan.deliveries)
+        pool = WorkerPool(
+            store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
+        )
+        inbox = Inbox(store, decoder, hand_off=pool.hand_off)
+        per = plan.deliveries // plan.subscriptions
+        errors: list[Exception] = []
+        writers = [
+            threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors))
+            for s in range(plan.subscriptions)
+        ]
+        cpu_started = time.process_time()
+        pool.start()
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(ROUND_TIMEOUT)
+        if errors:
+            raise RuntimeError(f"a writer failed: {type(errors[0]).__name__}") from errors[0]
+        settled.done.wait(ROUND_TIMEOUT)
+        pool.stop()
+        used = time.process_time() - cpu_started
+    finally:
+        store.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE work_item")
+        row = conn.execute(SPANS).fetchone()
+    assert row is not None
+    count, span, ingest = int(row[0]), float(row[1] or 0), float(row[2] or 0)
+    if count != per * plan.subscriptions:
+        raise RuntimeError(f"settled {count} of {per * plan.subscriptions} deliveries")
+    return Round(count, count / span, count / ingest if ingest else 0.0, used * 1000 / count)
+
+
+@dataclass
+class Report:
+    plan: Plan
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
+    ceilings: dict[int, list[Rate]] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        e2e = [r.end_to_end for r in self.rounds]
+        lines = [
+            f"{self.plan.runs} round(s) of {self.plan.deliveries:,} deliveries: "
+            f"{self.plan.subscriptions} subscription(s), one writer thread each, batches of "
+            f"{BATCH}; a pool of {THREADS} threads draining; medians with min..max.",
+            "",
+            *facts_table(self.facts),
+            "",
+            "| measure | rows/s |",
+            "| --- | ---: |",
+            f"| end to end: first ingest to last settlement | {_cell(e2e)} |",
+            f"| ingest alone: first to last work row | {_cell([r.ingest for r in self.rounds])} |",
+        ]
+        for clients, rates in sorted(self.ceilings.items()):
+            lines.append(
+                f"| single-row commits, pgbench, {clients} client(s) | "
+                f"{_cell([r.per_second for r in rates])} |"
+            )
+        cpu = statistics.median(r.cpu_ms for r in self.rounds)
+        lines += ["", f"Client CPU (the whole process): {cpu:.2f} ms per delivery."]
+        if self.ceilings:
+            top = max(statistics.median(r.per_second for r in v) for v in self.ceilings.values())
+            lines.append(
+                f"End to end at {statistics.median(e2e) / top:.2f}x the best single-row commit "
+                f"ceiling ({top:,.0f} commits/s)."
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _cell(values: Sequence[float]) -> str:
+    text = f"{statistics.median(values):,.0f}"
+    if len(values) > 1:
+        text += f" ({min(values):,.0f}..{max(values):,.0f})"
+    return text
+
+
+def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
+    report = Report(plan)
+    with server(database_url) as admin_url, report_facts(admin_url, argv) as facts:
+        report.facts = facts
+        for k in range(plan.runs):
+            with bench_database(admin_url, "inbox") as url:
+                result = one_round(url, plan)
+            log(f"round {k + 1}: end to end {result.end_to_end:,.0f}/s")
+            report.rounds.append(result)
+            with bench_database(admin_url, "commits") as url:
+                for clients in (1, THREADS):
+                    rate = commit_ceiling(url, clients, plan.ceiling_seconds)
+                    log(f"round {k + 1}: {clients} client(s): {rate.per_second:,.0f} commits/s")
+                    report.ceilings.setdefault(clients, []).append(rate)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = arguments("bench.inbox", "Inbox to settle, end to end, against the commit ceiling.")
+    parser.add_argument("--runs", type=int, help="rounds")
+    parser.add_argument("--deliveries", type=int, help="deliveries per round")
+    parser.add_argument("--subscriptions", type=int, help="writer threads, one per subscription")
+    args, command = command_line(parser, argv)
+    plan = QUICK if args.quick else FULL
+    overrides: dict[str, Any] = {}
+    for name in ("runs", "deliveries", "subscriptions"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
+    plan = replace(plan, **overrides)
+    print(run(args.database_url, plan, command).markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Steady state: a fixed offered load for ``--minutes`` beside a million terminal rows.
+
+The database starts with 1,000,000 ``succeeded`` rows (settled when the run starts). One
+producer thread offers ``--rate`` deliveries per second through
+:class:`~bridge.inbox.Inbox` in batches of 10, on a fixed schedule (a batch that falls behind is
+sent at once, never dropped); a :class:`~bridge.worker.WorkerPool` of 16 threads drains them
+(no-op class B handler); the purge runs beside it (:meth:`~bridge.store.PostgresStore.purge_batch`,
+batches of ``PURGE_BATCH`` every second, rows older than ``--retention``), so from then on the
+oldest terminal rows are deleted while new ones arrive; autovacuum must be on.
+
+Every 30 s window reports: deliveries offered and settled per second, the latency of the
+pool's claim transactions (each claim, claim of handed-off keys, or settle-and-claim, as the
+pool calls it, median and p99 by this process's clock), and ``work_item``'s dead tuples and
+the sizes of its partial indexes (``pg_stat_user_tables``, ``pg_relation_size``). The report
+compares the last window with the first; the target is no window below 0.8x the first::
+
+    python -m bench.steady                     # 15 minutes at 500 deliveries/s
+    python -m bench.steady --quick             # 2 minutes, 100,000 terminal rows
+    python -m bench.steady --minutes 5 --rate 1000 --enable-autovacuum
+
+With ``--enable-autovacuum`` a server whose autovacuum is off gets it turned on for the run
+(``ALTER SYSTEM``, reset afterwards); without it such a server is refused. Without a server
+(no ``--database-url`` nor ``$FENCEBRIDGE_DATABASE_URL``) the run starts an embedded one, whose
+autovacuum is on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from bench.inbox import BATCH, THREADS, decoder
+from bench.store import (
+    BODY,
+    arguments,
+    bench_database,
+    command_line,
+    facts_table,
+    fill_history,
+    log,
+    report_facts,
+    server,
+)
+from bench.workers import JOB_TYPE, Noop, Settled
+from bridge.decode import RawDelivery
+from bridge.identity import IdentityHasher
+from bridge.inbox import Inbox
+from bridge.registry import Registry
+from bridge.service import Supervised
+from bridge.store import PostgresStore
+from bridge.worker import WorkerPool, default_claimers
+
+WINDOW_SECONDS = 30.0
+PURGE_BATCH = 1000
+#: the partial indexes whose dead entries a claim or a purge walks through
+INDEXES = ("work_item_queued", "work_item_claimed", "work_item_terminal")
+
+TABLE_STATS = """
+SELECT n_dead_tup, n_live_tup, autovacuum_count,
+       (SELECT coalesce(sum(pg_relation_size(i::regclass)), 0)
+          FROM unnest(%(indexes)s::text[]) AS i)
+  FROM pg_stat_user_tables WHERE relname = 'work_item'
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    minutes: float
+    rate: int
+    history_rows: int
+    retention: timedelta
+
+
+FULL = Plan(minutes=15, rate=500, history_rows=1_000_000, retention=timedelta(minutes=5))
+QUICK = Plan(minutes=2, rate=300, history_rows=100_000, retention=timedelta(seconds=30))
+
+
+class Latencies:
+    """Durations of the pool's claim transactions, taken per window."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: list[float] = []
+
+    def wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._seen.append(time.perf_counter() - started)
+
+        return timed
+
+    def take(self) -> list[float]:
+        with self._lock:
+            seen, self._seen = self._seen, []
+        return seen
+
+
+class Producer:
+    """Offers deliveries at a fixed rate, in batches of 10, on a schedule it never drops."""
+
+    def __init__(self, inbox: Inbox, rate: int) -> None:
+        self._inbox = inbox
+        self._interval = BATCH / rate
+        self._next = time.monotonic()
+        self._sent = 0
+        self.stop = threading.Event()
+        self.offered = 0
+        self.service = Supervised("producer", self.round, stop=self.stop)
+
+    def round(self) -> None:
+        pause = self._next - time.monotonic()
+        if pause > 0 and self.stop.wait(pause):
+            return
+        start = self._sent
+        self._inbox.write(
+            [
+                RawDelivery(
+                    subscription="steady",
+                    message_id=f"s-{i}",
+                    body=BODY,
+                    attributes={"tenant": "bench", "operation": f"s-{i}"},
+                )
+                for i in range(start, start + BATCH)
+            ]
+        )
+        self._sent += BATCH
+        self.offered = self._sent
+        self._next += self._interval
+
+
+@dataclass(frozen=True)
+class Window:
+    at: float
+    offered: float
+    settled: float
+    claim_p50_ms: float
+    claim_p99_ms: float
+    dead: int
+    live: int
+    autovacuums: int
+    index_mb: float
+
+
+@dataclass
+class Report:
+    plan: Plan
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    purged: int = 0
+
+    def markdown(self) -> str:
+        lines = [
+            f"{self.plan.minutes:g} minutes at {self.plan.rate:,} deliveries/s offered, beside "
+            f"{self.plan.history_rows:,} terminal rows; purge of rows older than "
+            f"{self.plan.retention.total_seconds():.0f}s in batches of {PURGE_BATCH:,} every "
+            f"second ({self.purged:,} rows purged); pool of {THREADS} threads; "
+            f"{WINDOW_SECONDS:.0f} s windows.",
+            "",
+            *facts_table(self.facts),
+            "",
+            "| window end (s) | offered/s | settled/s | claim p50 ms | claim p99 ms | "
+            "dead tuples | live tuples | autovacuums | partial indexes MB |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for w in self.windows:
+            lines.append(
+                f"| {w.at:.0f} | {w.offered:,.0f} | {w.settled:,.0f} | {w.claim_p50_ms:.1f} | "
+                f"{w.claim_p99_ms:.1f} | {w.dead:,} | {w.live:,} | {w.autovacuums} | "
+                f"{w.index_mb:.1f} |"
+            )
+        if self.windows:
+            first = self.windows[0].settled
+            low = min(w.settled for w in self.windows)
+            last = self.windows[-1]
+            lines += [
+                "",
+                f"Lowest window at {low / first:.2f}x the first; claim p50 "
+                f"{self.windows[0].claim_p50_ms:.1f} ms in the first window, "
+                f"{last.claim_p50_ms:.1f} ms in the last.",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+@contextmanager
+def autovacuum_on(admin_url: str, enable: bool) -> Iterator[None]:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        if row and row[0] == "on":
+            yield
+            return
+        if not enable:
+            raise SystemExit(
+                "autovacuum is off on this server, and the steady-state run needs it: pass "
+                "--enable-autovacuum to turn it on for the run (ALTER SYSTEM, reset afterwards) "
+                "or use a server that has it on"
+            )
+        conn.execute("ALTER SYSTEM SET autovacuum = on")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def steady(url: str, plan: Plan, report: Report) -> None:
+    log(f"filling {plan.history_rows:,} terminal rows")
+    fill_history(url, plan.history_rows)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE work_item SET settled_at = now(), updated_at = now()")
+        conn.execute("VACUUM ANALYZE work_item")
+    size = THREADS + default_claimers(THREADS) + 1 + 1 + 1 + 2
+    store = PostgresStore.connect(url, min_size=size, max_size=size)
+    latencies = Latencies()
+    store.claim = latencies.wrap(store.claim)  # type: ignore[method-assign]
+    store.settle_and_claim = latencies.wrap(store.settle_and_claim)  # type: ignore[method-assign]
+    store.claim_keys = latencies.wrap(store.claim_keys)  # type: ignore[method-assign]
+    stop_purge = threading.Event()
+
+    def purge_round() -> None:
+        counts = store.purge_batch(plan.retention, PURGE_BATCH)
+        if counts is not None:
+            report.purged += counts.work_rows
+
+    purger = Supervised("purge", purge_round, every=1.0, stop=stop_purge)
+    try:
+        store.pool.wait()
+        registry = Registry()
+        registry.register(JOB_TYPE, Noop())
+        settled = Settled(10**12)
+        pool = WorkerPool(
+            store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
+        )
+        producer = Producer(Inbox(store, decoder, hand_off=pool.hand_off), plan.rate)
+        pool.start()
+        purger.start()
+        producer.service.start()
+        started = time.monotonic()
+        last_offered, last_left = 0, 10**12
+        windows = max(1, int(plan.minutes * 60 / WINDOW_SECONDS))
+        with psycopg.connect(url, autocommit=True) as conn:
+            for k in range(windows):
+                time.sleep(max(0.0, started + (k + 1) * WINDOW_SECONDS - time.monotonic()))
+                offered, left = producer.offered, settled.left
+                seen = latencies.take()
+                stats = conn.execute(TABLE_STATS, {"indexes": list(INDEXES)}).fetchone()
+                assert stats is not None
+                window = Window(
+                    at=time.monotonic() - started,
+                    offered=(offered - last_offered) / WINDOW_SECONDS,
+                    settled=(last_left - left) / WINDOW_SECONDS,
+                    claim_p50_ms=statistics.median(seen) * 1000 if seen else 0.0,
+                    claim_p99_ms=_percentile(seen, 0.99),
+                    dead=int(stats[0]),
+                    live=int(stats[1]),
+                    autovacuums=int(stats[2]),
+                    index_mb=int(stats[3]) / 1024 / 1024,
+                )
+                log(
+                    f"{window.at:.0f}s: settled {window.settled:,.0f}/s, claim p50 "
+                    f"{window.claim_p50_ms:.1f} ms, dead {window.dead:,}"
+                )
+                report.windows.append(window)
+                last_offered, last_left = offered, left
+        producer.stop.set()
+        producer.service.stop(10)
+        pool.stop()
+    finally:
+        stop_purge.set()
+        purger.stop(10)
+        store.close()
+
+
+def run(database_url: str | None, plan: Plan, argv: list[str], enable: bool) -> Report:
+    report = Report(plan)
+    with (
+        server(database_url) as admin_url,
+        autovacuum_on(admin_url, enable),
+        report_facts(admin_url, argv) as facts,
+    ):
+        report.facts = facts
+        with bench_database(admin_url, "steady") as url:
+            steady(url, plan, report)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = arguments("bench.steady", "A fixed offered load beside a million terminal rows.")
+    parser.add_argument("--minutes", type=float, help="length of the run")
+    parser.add_argument("--rate", type=int, help="deliveries offered per second")
+    parser.add_argument("--history-rows", type=int, help="terminal rows present at the start")
+    parser.add_argument(
+        "--enable-autovacuum",
+        action="store_true",
+        help="turn autovacuum on for the run if the server has it off (ALTER SYSTEM)",
+    )
+    args, command = command_line(parser, argv)
+    plan = QUICK if args.quick else FULL
+    overrides: dict[str, Any] = {}
+    if args.minutes:
+        overrides["minutes"] = args.minutes
+    if args.rate:
+        overrides["rate"] = args.rate
+    if args.history_rows:
+        overrides["history_rows"] = args.history_rows
+    plan = replace(plan, **overrides)
+    print(run(args.database_url, plan, command, args.enable_autovacuum).markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
