@@ -1,6 +1,7 @@
 """Two ``fencebridge run`` processes on one database with different identity keys: the second
-refuses to start, saying which key the database expects, and ``fencebridge identity status``
-tells an operator the same without needing any key."""
+refuses to start, saying which key the database expects; the operator commands refuse that key
+too, ``fencebridge identity status`` tells the expected key without needing any, and after
+``fencebridge identity rotate`` the second bridge starts with the first key as a previous one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.identity import IDENTITY_KEY_ENV, fingerprint, shown
+from bridge.identity import IDENTITY_KEY_ENV, IDENTITY_PREVIOUS_KEYS_ENV, fingerprint, shown
 from tests.support.bridge_process import (
     IDENTITY_KEY,
     REPO,
@@ -77,7 +78,28 @@ def test_a_second_bridge_with_another_key_refuses_to_start(
         assert f"{IDENTITY_KEY_ENV} is not set" in status.stdout
         assert "openssl" not in status.stdout
         # With the other key, the same command says it is not the current key, and fails.
-        wrong = fencebridge(bridge_env(db_url, identity_key=OTHER_KEY), "identity", "status")
+        other_env = bridge_env(db_url, identity_key=OTHER_KEY)
+        wrong = fencebridge(other_env, "identity", "status")
         assert wrong.returncode == 1
         assert "is not the current key (key 1)" in wrong.stdout
+        # The issue's false finding: a redrive under another key never gets to look anything up.
+        config_file = tmp_path / "second.toml"
+        for command in (
+            ["status"],
+            ["redrive", "--config", str(config_file), "--reason", "r", "--dry-run"],
+        ):
+            done = fencebridge(other_env, *command)
+            assert done.returncode == 1, (command, done.stdout)
+            assert f"it expects {expected}" in done.stderr
+            assert done.stdout == ""
+
+        # A rotation to the other key; the second bridge then starts, holding key 1 as well.
+        rotate_env = {**other_env, IDENTITY_PREVIOUS_KEYS_ENV: IDENTITY_KEY}
+        rotated = fencebridge(rotate_env, "identity", "rotate", "--reason", "CHG-1")
+        assert rotated.returncode == 0, rotated.stderr
+        assert "recorded key 2" in rotated.stdout
+        with BridgeProcess.start(second, tmp_path, rotate_env) as restarted:
+            restarted.wait_ready()
+            assert restarted.terminate() == 0, restarted.logs()
+        assert first.returncode is None, "a bridge started before the rotation keeps running"
         assert first.terminate() == 0, first.logs()
