@@ -480,7 +480,8 @@ def _redrive(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     hasher = _hasher()
     with _store(args) as store:
-        _keyed(store, hasher, record="redrive")
+        # a dry run compares the key but records nothing, not even a first key
+        _keyed(store, hasher, record=None if args.dry_run else "redrive")
         report = Redrive(
             store,
             config,
@@ -632,7 +633,7 @@ def _purge(args: argparse.Namespace) -> int:
 def _erase(args: argparse.Namespace) -> int:
     hasher = _hasher()
     with _store(args) as store:
-        _keyed(store, hasher, record="erase")
+        _keyed(store, hasher, record=None if args.dry_run else "erase")
         tenant_hash = hasher.tenant(args.tenant)
         counts = store.erase_tenant(
             args.tenant,
@@ -681,8 +682,8 @@ def _identity_status(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
         return 0 if fine or hasher is None else 1
     if not uses:
-        print("no identity key recorded yet: the first bridge or command that hashes records its")
-        print(f"key; {REUSE_ADVICE}")
+        print("no identity key recorded yet: the first bridge or command that hashes records it")
+        print(f"{REUSE_ADVICE[0].upper()}{REUSE_ADVICE[1:]}")
         return 0
     rows = [
         [

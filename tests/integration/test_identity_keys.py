@@ -17,12 +17,14 @@ import psycopg
 import pytest
 
 from bridge import keyring
+from bridge.cli import main
 from bridge.demo.payments import ChargeCustomer
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.handlers import Ambiguous, Context, RetryPolicy
 from bridge.identity import (
+    IDENTITY_KEY_ENV,
     IDENTITY_PREVIOUS_KEYS_ENV,
     IdentityHasher,
     IdentityKeyMissing,
@@ -304,3 +306,15 @@ def test_a_hasher_that_consulted_no_database_derives_key_1_rows_only(store: Post
     )
     with pytest.raises(IdentityKeyMissing):
         Context.for_claim(dataclasses.replace(claim, identity_key_id=2), hasher)
+
+
+def test_a_dry_run_records_no_key_and_the_real_command_does(
+    db_url: str, db: Db, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(IDENTITY_KEY_ENV, KEY_1.decode())
+    erase = ["erase", "--tenant", "t1", "--reason", "DSR-1", "--database-url", db_url]
+    assert main([*erase, "--dry-run"]) == 0
+    assert "nothing was written" in capsys.readouterr().out
+    assert recorded(db) == []
+    assert main(erase) == 0
+    assert recorded(db) == [(1, fingerprint(KEY_1))]
