@@ -84,12 +84,15 @@ class Rotation:
 def attach(store: PostgresStore, hasher: IdentityHasher, *, used_by: str) -> None:
     """Record the key on first use, refuse keys the database was not written under, and bind
     the database's key ids to ``hasher`` and ``store``. Changes nothing when it refuses."""
-    with translate_errors("identity keys"), store.pool.connection() as conn:
-        with conn.transaction():
-            first = conn.execute(
-                sql.statement("identity_register_first"),
-                {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
-            ).fetchone()
+    with (
+        translate_errors("identity keys"),
+        store.pool.connection() as conn,
+        conn.transaction(),  # a refusal rolls back the first use's record too
+    ):
+        first = conn.execute(
+            sql.statement("identity_register_first"),
+            {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
+        ).fetchone()
         keys = _recorded(conn)
         _check(conn, keys, hasher)
     if first is not None:

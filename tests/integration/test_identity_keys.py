@@ -146,6 +146,12 @@ def test_a_command_that_only_shows_hashes_records_nothing(store: PostgresStore, 
     assert recorded(db) == []
 
 
+def test_a_first_use_that_is_refused_records_nothing(store: PostgresStore, db: Db) -> None:
+    with pytest.raises(IdentityKeyMismatch, match="never recorded"):
+        keyring.attach(store, IdentityHasher(KEY_1, [KEY_2]), used_by="fencebridge run")
+    assert recorded(db) == []
+
+
 def test_a_rotation_keeps_every_existing_operations_key(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
