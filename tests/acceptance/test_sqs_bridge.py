@@ -316,7 +316,8 @@ def test_nothing_is_deleted_while_the_database_refuses_the_commit(
         # ends (all ten visible again): nothing was deleted.
         all_in_flight = all_back = False
         end = time.monotonic() + DEADLINE
-        while not (all_back and "orders: ingest:" in bridge.logs()):
+        failed_write = "sqs:orders:receive-0 failed (StoreUnavailable: ingest:"
+        while not (all_back and failed_write in bridge.logs()):
             assert time.monotonic() < end, f"the messages did not come back; log:\n{bridge.logs()}"
             visible, in_flight = on_queue(sqs, queue_url)
             all_in_flight = all_in_flight or in_flight == 10
