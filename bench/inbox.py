@@ -50,7 +50,7 @@ from bridge.inbox import Inbox
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Rejection, TargetClass
-from bridge.worker import WorkerPool, default_claimers
+from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
 BATCH = 10
 THREADS = 16
@@ -117,7 +117,7 @@ class Round:
 
 
 def one_round(url: str, plan: Plan) -> Round:
-    claimers = default_claimers(THREADS)
+    claimers = CLAIMERS_DEFAULT
     size = THREADS + claimers + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size)
     try:

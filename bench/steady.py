@@ -57,7 +57,7 @@ from bridge.inbox import Inbox
 from bridge.registry import Registry
 from bridge.service import Supervised
 from bridge.store import PostgresStore
-from bridge.worker import WorkerPool, default_claimers
+from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
 WINDOW_SECONDS = 30.0
 PURGE_BATCH = 1000
@@ -230,7 +230,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE work_item SET settled_at = now(), updated_at = now()")
         conn.execute("VACUUM ANALYZE work_item")
-    size = THREADS + default_claimers(THREADS) + 1 + 1 + 1 + 2
+    size = THREADS + CLAIMERS_DEFAULT + 1 + 1 + 1 + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size)
     latencies = Latencies()
     store.claim = latencies.wrap(store.claim)  # type: ignore[method-assign]

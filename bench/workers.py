@@ -1,7 +1,7 @@
 """The worker tier beside PgQueuer and Procrastinate, each in its best configuration.
 
 Each system drains the same workload on the same PostgreSQL server: ``--jobs`` no-op jobs
-(20,000) queued beforehand with the system's own batch API (batches of 1,000, about 100 bytes of
+(10,000) queued beforehand with the system's own batch API (batches of 1,000, about 100 bytes of
 JSON each). Every drain runs in a fresh Python process on a fresh database of its own, created
 here and dropped afterwards; the process installs the system's schema, queues the jobs, runs
 ``VACUUM ANALYZE`` and ``CHECKPOINT``, drains, runs ``ANALYZE`` and reads back, and reports
@@ -33,7 +33,7 @@ a round every configuration drains once, in an order that rotates from round to 
 see the same background load. Ratios are taken from the medians of this one run. The peers must
 be importable (``make bench`` installs them into ``.venv-bench``)::
 
-    python -m bench.workers                       # full run: 3 rounds of 20,000 jobs
+    python -m bench.workers                       # full run: 3 rounds of 10,000 jobs
     python -m bench.workers --quick               # smoke run: 1 round of 5,000 jobs
     python -m bench.workers --system fencebridge --runs 5 --database-url postgresql://...
 
@@ -79,7 +79,7 @@ from bridge.migrate import migrate
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Delivery, State, TargetClass
-from bridge.worker import CLAIM_BATCH_DEFAULT, WorkerPool, default_claimers
+from bridge.worker import CLAIM_BATCH_DEFAULT, CLAIMERS_DEFAULT, WorkerPool
 
 FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING = (
     "fencebridge",
@@ -122,9 +122,8 @@ class Config:
 
 
 def fencebridge(
-    threads: int, *, claimers: int | None = None, processes: int = 1, spin: bool = False
+    threads: int, *, claimers: int = CLAIMERS_DEFAULT, processes: int = 1, spin: bool = False
 ) -> Config:
-    claimers = default_claimers(threads) if claimers is None else claimers
     label = f"{threads} threads, {claimers} claimer(s)"
     if processes > 1:
         label = f"{processes} processes x {label}"
@@ -167,7 +166,7 @@ SWEEP: tuple[Config, ...] = (
     fencebridge(16, claimers=1),
     fencebridge(16, claimers=2),
     fencebridge(16, claimers=3),
-    fencebridge(8, claimers=2, processes=2),
+    fencebridge(8, processes=2),
     fencebridge(16, spin=True),
     fencebridge(8, processes=2, spin=True),
     fencebridge(4, processes=4, spin=True),
@@ -181,7 +180,6 @@ SWEEP: tuple[Config, ...] = (
     pgqueuer(1, 10, limit=16),
     pgqueuer(2, 8, limit=16),
     pgqueuer(4, 4, limit=16),
-    pgqueuer(16, 1, limit=16),
     procrastinate(8),
     procrastinate(16),
     procrastinate(32),
@@ -197,7 +195,7 @@ class Plan:
     configs: tuple[Config, ...]
 
 
-FULL = Plan(jobs=20_000, warmup_jobs=2_000, runs=3, configs=SWEEP)
+FULL = Plan(jobs=10_000, warmup_jobs=1_000, runs=3, configs=SWEEP)
 QUICK = Plan(jobs=5_000, warmup_jobs=0, runs=1, configs=SWEEP)
 
 
@@ -572,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.database_url,
                 args.jobs,
                 args.threads,
-                args.claimers or default_claimers(args.threads),
+                args.claimers or CLAIMERS_DEFAULT,
                 args.processes,
                 args.spin,
             )

@@ -38,14 +38,14 @@ from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
 from bridge.telemetry import Telemetry, names
-from bridge.worker import StopReport, WorkerPool, default_claimers
+from bridge.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 
 log = logging.getLogger(__name__)
 
 MESSAGING_SYSTEMS = {"sqs": names.SYSTEM_SQS, "pubsub": names.SYSTEM_PUBSUB}
 #: threads of the core that use a connection besides the workers: the first claimer (claimers
 #: also write the completer's batches), heartbeater, sweeper, database gauges; each further
-#: claimer (:func:`~bridge.worker.default_claimers`) takes one more
+#: claimer (:data:`~bridge.worker.CLAIMERS_DEFAULT`) takes one more
 CORE_CONNECTIONS = 4
 #: spare connections: a command-line check, a connection being replaced after an error
 POOL_MARGIN = 2
@@ -208,9 +208,8 @@ def pool_size(config: BridgeConfig) -> int:
         sub.consumers + (1 if sub.ack_mode is AckMode.AFTER_OUTCOME else 0)
         for sub in config.subscriptions.values()
     )
-    threads = config.bridge.worker_threads
-    claimers = default_claimers(threads) - 1  # the first is in CORE_CONNECTIONS
-    return threads + CORE_CONNECTIONS + claimers + consumers + POOL_MARGIN
+    claimers = CLAIMERS_DEFAULT - 1  # the first is in CORE_CONNECTIONS
+    return config.bridge.worker_threads + CORE_CONNECTIONS + claimers + consumers + POOL_MARGIN
 
 
 def open_bridge(

@@ -21,7 +21,7 @@ Final settlements of concurrent runs are written together: runs hand them to a
 in the same transaction as the claim that refills the workers they free (one commit for both,
 each row under its own fence). A run waits for its own answer, so it ends as it would have.
 
-Several claimers (``claimers``; by default one per 8 workers, at most 4), each with its own
+Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
 connection, overlap: while one
 transaction is in flight the next batch of settlements gathers and another claimer writes it,
 so the pool is not bound by one stop-and-wait loop. Before writing, a claimer lingers for the
@@ -61,11 +61,11 @@ log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
 CLAIM_BATCH_DEFAULT = 10
-#: workers per claimer when the claimers are not given: fewer share one claimer, whose batches
-#: would otherwise shrink to a row or two (more commits per row, no overlap gained)
-WORKERS_PER_CLAIMER = 8
-#: the most claimers a pool starts by default
-CLAIMERS_MAX_DEFAULT = 4
+#: claim/settle transactions in flight at once, by default. One: measured on two cores with the
+#: database beside the pool, a second claimer split the batches and cost more CPU per job than
+#: its overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are
+#: long (a remote database); measure before raising it.
+CLAIMERS_DEFAULT = 1
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
 SETTLE_LINGER_DEFAULT = 0.002
@@ -75,11 +75,6 @@ WORKER_ROUND_SECONDS = 1.0
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def default_claimers(threads: int) -> int:
-    """Claim/settle transactions in flight at once: one per 8 workers, 1 to 4."""
-    return max(1, min(CLAIMERS_MAX_DEFAULT, threads // WORKERS_PER_CLAIMER))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +94,7 @@ class WorkerPool:
         worker_id: str | None = None,
         threads: int = WORKER_THREADS_DEFAULT,
         claim_batch: int = CLAIM_BATCH_DEFAULT,
-        claimers: int | None = None,
+        claimers: int = CLAIMERS_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         settle_linger: float = SETTLE_LINGER_DEFAULT,
         events: WorkEvents | None = None,
@@ -109,7 +104,6 @@ class WorkerPool:
     ) -> None:
         if threads < 1:
             raise ValueError("a worker pool needs at least one thread")
-        claimers = default_claimers(threads) if claimers is None else claimers
         if claimers < 1:
             raise ValueError("a worker pool needs at least one claimer")
         self.worker_id = worker_id or default_worker_id()

@@ -485,3 +485,57 @@ def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once
     assert events.of("lease_lost") == []
     assert events.of("settle_unknown") == []
     assert sorted(op for op, _, _ in events.of("settled")) == sorted(ops)
+
+
+# -- replicas: processes beside threads ----------------------------------------------------------
+
+
+class Busy(ConditionalWriteHandler):
+    """Holds the GIL for a while: a CPU-bound handler, as one process's threads would share."""
+
+    def handle(self, ctx: Context) -> None:
+        total = 0
+        for i in range(20_000):
+            total += i * i
+        assert total > 0
+
+
+def replica(url: str, expected: int, ran: Any) -> None:
+    """One replica in a process of its own: a pool that drains until every row settled."""
+    store = PostgresStore.connect(url, max_size=12)
+    try:
+        registry = Registry()
+        registry.register("busy", Busy())
+        pool = WorkerPool(store, registry, HASHER, threads=4, poll_interval=POLL)
+        pool.start()
+        with psycopg.connect(url, autocommit=True) as conn:
+            eventually(lambda: states(conn).get("succeeded", 0) == expected, "every row settled")
+        pool.stop(deadline=10)
+        ran.value = pool.counts["settled.succeeded"]
+    finally:
+        store.close()
+
+
+def test_replicas_in_processes_of_their_own_share_the_work_and_run_each_row_once(
+    store: PostgresStore, db_url: str, db: Db
+) -> None:
+    """The shape for CPU-bound handlers: several processes (replicas), each with its own pool."""
+    import multiprocessing  # noqa: PLC0415  (only this test starts processes)
+
+    registry = Registry()
+    registry.register("busy", Busy())
+    ops = [f"busy-{i}" for i in range(400)]
+    store.ingest([for_job(registry, "busy", op) for op in ops])
+    spawn = multiprocessing.get_context("spawn")
+    counts = [spawn.Value("l", 0) for _ in range(2)]
+    children = [spawn.Process(target=replica, args=(db_url, len(ops), ran)) for ran in counts]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(DEADLINE * 2)
+    assert [child.exitcode for child in children] == [0, 0]
+    assert states(db) == {"succeeded": len(ops)}
+    assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
+    ran = [c.value for c in counts]
+    assert sum(ran) == len(ops), "each row ran once, in one replica"
+    assert all(n > 0 for n in ran), f"both replicas took work: {ran}"
