@@ -168,7 +168,7 @@ def test_the_deployment_runs_locked_down() -> None:
     assert container["resources"]["limits"]["memory"]
 
 
-def test_config_comes_from_the_configmap_and_the_database_url_from_a_secret() -> None:
+def test_config_comes_from_the_configmap_and_the_secrets_from_secrets() -> None:
     deployment = the("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = bridge_container()
@@ -185,6 +185,11 @@ def test_config_comes_from_the_configmap_and_the_database_url_from_a_secret() ->
     assert "value" not in database
     assert database["valueFrom"]["secretKeyRef"]["name"]
     assert "migrate" not in container["args"]
+    # `run` refuses to start without the identity key: it comes from a Secret, like the URL
+    for name in ("FENCEBRIDGE_IDENTITY_KEY", "FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS"):
+        assert "value" not in env[name]
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "fencebridge-identity"
+    assert env["FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS"]["valueFrom"]["secretKeyRef"]["optional"]
 
 
 def test_the_autoscaler_scales_the_deployment_on_an_external_backlog_metric() -> None:
