@@ -102,6 +102,10 @@ class ChargeCustomer(IdempotentApiHandler):
     def __init__(self, client: PaymentClient | None = None) -> None:
         self._client = client or _client_from_env()
 
+    def validate(self, ctx: Context) -> None:
+        """Before anything is sent: a payload it cannot read is quarantined, never charged."""
+        ChargeRequest.of(ctx)
+
     def perform(self, ctx: Context, key: str) -> Success:
         request = ChargeRequest.of(ctx)
         try:

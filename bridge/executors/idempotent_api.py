@@ -15,7 +15,9 @@ retry on top:
   class D does), so a row without an intent has never called the provider: its later claims
   perform (under the same key) instead of parking a row nobody needs to reconcile;
 * the lookup raises :class:`~bridge.handlers.Quarantine` (it cannot read the payload to compare
-  it with the provider's record) → ``quarantined``, as the attempt itself would have ended.
+  it with the provider's record) → ``quarantined`` when no attempt recorded an intent (nothing
+  was ever sent: the row ends as its first attempt did), ``unknown`` when one did (a request may
+  have left, and nobody confirmed what it did).
 
 Where an error is raised decides what it means. ``validate`` runs before anything is sent, so
 what it raises is classified by the handler table. Once ``perform`` is entered the request may
@@ -124,11 +126,14 @@ def execute(run: Run, handler: IdempotentApiHandler) -> None:
 def _settled_by_lookup(run: Run, handler: IdempotentApiHandler) -> bool:
     """A later claim looks the key up before acting; True when that ended the run."""
     finding, found = reconcile(run, handler)
+    sent = run.claim.intent_fence is not None  # an earlier attempt may have reached it
     if isinstance(found, Success):
         settle_success(run, found)
-    elif isinstance(found, Quarantine):
+    elif isinstance(found, Quarantine) and not sent:
         settle_outcome(run, found)
-    elif finding is Finding.CANNOT_TELL and run.claim.intent_fence is not None:
+    elif isinstance(found, Quarantine):
+        park_unknown(run, "reconcile_failed", _UNREADABLE)
+    elif finding is Finding.CANNOT_TELL and sent:
         park_unknown(run, "reconcile_failed", "lookup could not tell whether it was applied")
     else:
         # Not applied, or no attempt ever recorded an intent: the provider was never called
@@ -156,12 +161,17 @@ def _resolve(run: Run, handler: IdempotentApiHandler, outcome: Ambiguous) -> Non
     if isinstance(found, Success):
         settle_success(run, found)
     elif isinstance(found, Quarantine):
-        settle_outcome(run, found)  # its intent stays: a redrive looks the key up again first
+        # This attempt's request may have left: a lookup that cannot read the payload cannot
+        # say what it did.
+        park_unknown(run, outcome.code, _UNREADABLE)
     elif finding is Finding.NOT_APPLIED:
         # Confirmed not applied: perform again, but under the next claim's fence.
         settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))
     else:
         park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
+
+
+_UNREADABLE = "the lookup could not read the payload, and a request may have reached the provider"
 
 
 def _retry_if_ambiguous(outcome: HandlerOutcome) -> HandlerOutcome:

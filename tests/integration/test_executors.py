@@ -612,6 +612,23 @@ def test_class_c_redriven_quarantined_row_is_quarantined_again_not_parked_unknow
     assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (0, 0)
 
 
+def test_class_c_lookup_that_cannot_read_the_payload_after_an_intent_is_unknown(
+    bench: Bench, charges: PaymentClient, provider: PaymentProvider
+) -> None:
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", {"amount": "12.00", "currency": "eur"})
+    ikey = key_of(bench, key)
+    # An earlier attempt recorded its intent (a request may have left), then vanished.
+    bench.store.record_intent(bench.claim(key).ticket)
+    bench.lapse()
+
+    counts = bench.run(key).snapshot()
+
+    # Its lookup cannot read the payload: nobody can say what that request did.
+    assert counts == {"reconciled.cannot_tell": 1, "settled.unknown": 1}
+    assert bench.outcome(key) == (UNKNOWN, "reconcile_failed")
+    assert provider.requests_for(ikey) == 0
+
+
 def test_class_c_timeout_after_the_charge_applied_is_reconciled_as_applied(
     bench: Bench, charges: PaymentClient, provider: PaymentProvider
 ) -> None:

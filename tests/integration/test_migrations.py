@@ -283,6 +283,47 @@ def without_checksums(taken: Snapshot) -> Snapshot:
     return {**taken, "migrations": [row[:2] for row in taken["migrations"]]}
 
 
+def test_class_c_rows_an_earlier_release_attempted_are_marked_as_possibly_sent(
+    empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = empty_database()
+    at_version(conn, 5, monkeypatch)
+    rows = [
+        # (operation, class, state, attempts): what the release before 0006 left behind
+        ("c-retry", "C", "queued", 1),
+        ("c-running", "C", "claimed", 2),
+        ("c-fresh", "C", "queued", 0),
+        ("c-done", "C", "succeeded", 1),
+        ("b-retry", "B", "queued", 1),
+        ("d-redriven", "D", "queued", 1),
+    ]
+    for operation, target_class, state, attempts in rows:
+        conn.execute(
+            "INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,"
+            " payload_hash, payload_ref, state, fence, attempts, lease_expires_at)"
+            " VALUES ('t1', %s, 'orders', 'job', %s, sha256('x'), 'ref', %s, %s, %s,"
+            " CASE WHEN %s = 'claimed' THEN now() END)",
+            (operation, target_class, state, attempts, attempts, state),
+        )
+    conn.commit()
+
+    migrate(conn)
+
+    marked = dict(
+        conn.execute("SELECT operation_id, intent_fence FROM work_item ORDER BY 1").fetchall()
+    )
+    # In flight and attempted under class C: its later claims park it unknown if the lookup
+    # cannot tell. Nothing else changes.
+    assert marked == {
+        "b-retry": None,
+        "c-done": None,
+        "c-fresh": None,
+        "c-retry": 1,
+        "c-running": 2,
+        "d-redriven": None,
+    }
+
+
 def test_after_the_first_migration_indexes_are_built_concurrently_outside_a_transaction() -> None:
     builds = re.compile(r"CREATE\s+(UNIQUE\s+)?INDEX\s", re.IGNORECASE)
     for migration in sql.migrations()[1:]:
