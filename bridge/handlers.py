@@ -377,7 +377,8 @@ class IdempotentApiHandler(Handler):
     (no second call), confirmed-not-applied means perform under the new fence, and a lookup
     that cannot tell parks the operation as ``unknown`` once an attempt may have reached the
     provider (the executor records the intent before :meth:`perform`; without one, nothing
-    was sent and it performs). A lookup that raises :class:`Quarantine` quarantines the row.
+    was sent and it performs). A lookup that raises :class:`Quarantine` quarantines the row
+    when no attempt recorded an intent, and parks it ``unknown`` when one did.
 
     :meth:`validate` runs before :meth:`perform` and is the place for every check that can
     fail before a request is sent: what it raises is classified by the table. Once
