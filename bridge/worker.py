@@ -129,7 +129,7 @@ class WorkerPool:
         self._share = max(1, -(-threads // claimers))
         self._handoff: dict[Key, str] = {}
         self._stopping = threading.Event()
-        self._completer = BatchCompleter(store, on_pending=self.wake)
+        self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
         on_restart = telemetry.thread_restarted if telemetry is not None else None
         self.heartbeater = Heartbeater(
             store,
@@ -211,6 +211,14 @@ class WorkerPool:
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+    def _settlement_arrived(self) -> None:
+        """Wake the claimers only when it changes what they do: the first settlement of a batch
+        (a claimer may be waiting for any work), or the last of the running handlers (a
+        lingering claimer may stop). Between those a lingering claimer polls the count."""
+        pending = self._completer.pending
+        if pending <= 1 or pending >= self._threads - self._idle - self._reserved:
+            self.wake()
 
     def stop(self, deadline: float | Deadline = 30.0) -> StopReport:
         """Stop claiming, release unstarted claims, wait for running handlers until deadline.
