@@ -68,7 +68,6 @@ from bridge.decode import decode
 from bridge.demo.emulator import (
     EMULATOR_ENV,
     PubSubEmulator,
-    emulator_subscriber,
     find_launcher,
     with_emulator_host,
 )
@@ -78,7 +77,7 @@ from bridge.inbox import Inbox
 from bridge.runtime import build_registry
 from bridge.store import PostgresStore
 from bridge.worker import WorkerPool
-from consumers.pubsub import PubSubConsumer, from_config
+from consumers.pubsub import PubSubConsumer, from_config, subscriber_client
 
 JOB = "noop"
 TENANT = "bench"
@@ -216,7 +215,7 @@ def bare_arm(emulator: PubSubEmulator, path: str, plan: Plan, exactly_once: bool
             message.ack()
             counter.add()
 
-    client = emulator.new_subscriber()
+    client = subscriber_client(emulator.host)
     flow = pubsub_v1.types.FlowControl(max_messages=FLOW_MAX_MESSAGES)
     started = time.perf_counter()
     future = client.subscribe(path, callback, flow_control=flow)
@@ -300,7 +299,7 @@ def _bare_process(host: str, path: str, acked: Any, go: Any, stop: Any) -> None:
     def callback(message: Any) -> None:
         message.ack_with_response().add_done_callback(confirmed)
 
-    client = emulator_subscriber(host)
+    client = subscriber_client(host)
     go.wait()
     future = client.subscribe(
         path, callback, flow_control=pubsub_v1.types.FlowControl(max_messages=FLOW_MAX_MESSAGES)
@@ -326,7 +325,7 @@ def _consumer_process(  # noqa: PLR0917  (the child process entry point)
     )
     store = PostgresStore.connect(db_url, max_size=4)
     inbox = Inbox(store, partial(decode, config.decode_rules("bench")))
-    consumer = PubSubConsumer(emulator_subscriber(host), path, "bench", inbox, close_client=True)
+    consumer = PubSubConsumer(subscriber_client(host), path, "bench", inbox, close_client=True)
     go.wait()
     consumer.start()
     reported = 0

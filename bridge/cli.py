@@ -3,7 +3,9 @@
 Settings come from flags or from ``FENCEBRIDGE_*`` environment variables; secrets (the
 database URL) only from the environment or a flag, never from the subscription file.
 Exit codes: 0 success, 1 a fencebridge error the message explains (for ``check``: a no-go;
-for ``purge``: another purge was running), 2 bad usage.
+for ``purge``: another purge was running), 2 bad usage, 130 interrupted, 141 the reader of
+the output went away (``fencebridge status --json | head -1``), as a process killed by
+SIGPIPE would report it.
 
 The operator commands (status, inspect, redrive, resolve, sweep, purge, erase, check) never
 print payload bytes. Tenants and operations are shown as keyed hashes
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from bridge.types import Key, Stats
 
 Command = Callable[[argparse.Namespace], int]
+
+EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -1035,7 +1039,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     run: Command = args.run
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # a closed pipe is found here, not at exit where it cannot be caught
+    except BrokenPipeError:
+        # The reader closed the pipe: what is left is for nobody. Point stdout at /dev/null so
+        # that the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
     except _UsageError as exc:
         parser.error(f"{args.command}: {exc}")
     except FenceBridgeError as exc:
@@ -1043,3 +1053,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return code

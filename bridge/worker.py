@@ -32,9 +32,7 @@ workers has settled or no settlement arrived for a quarter of the linger.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 from collections import defaultdict
@@ -44,6 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
+from bridge.config import default_worker_id
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
@@ -71,10 +70,6 @@ POLL_INTERVAL_DEFAULT = 1.0
 SETTLE_LINGER_DEFAULT = 0.002
 #: how long an idle worker waits for a claim before its round ends (and a failure clears)
 WORKER_ROUND_SECONDS = 1.0
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Protocol, TypeVar
 
+import grpc
 from google.api_core import exceptions as api_exceptions
 from google.cloud import pubsub_v1
 from tenacity import (
@@ -84,7 +85,6 @@ from tenacity import (
 
 from bridge.config import Source, SubscriptionConfig
 from bridge.decode import RawDelivery
-from bridge.demo.emulator import EMULATOR_HOST_ENV, emulator_subscriber
 from bridge.errors import ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
@@ -95,6 +95,13 @@ from bridge.types import Key
 
 log = logging.getLogger(__name__)
 
+EMULATOR_HOST_ENV: Final = "PUBSUB_EMULATOR_HOST"
+#: the channel limits the client library gives its channel to the real service
+CHANNEL_OPTIONS: Final = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_metadata_size", 4 * 1024 * 1024),
+)
 FLOW_MAX_MESSAGES_DEFAULT: Final = 1000
 FLOW_MAX_BYTES_DEFAULT: Final = 100 * 1024 * 1024
 MAX_LEASE_DURATION_DEFAULT: Final = 3600.0
@@ -124,12 +131,24 @@ _PERMANENT_CODES: Final = (
 )
 
 
-def subscriber_client() -> Any:
-    """A subscriber client; towards an emulator, with the real service's channel limits."""
-    host = os.environ.get(EMULATOR_HOST_ENV)
+def subscriber_client(emulator_host: str | None = None) -> Any:
+    """A subscriber client; towards an emulator (``emulator_host``, else
+    ``PUBSUB_EMULATOR_HOST``), with the real service's channel limits.
+
+    Its channel reads error metadata up to 4 MiB, as the client library's channel to the real
+    service does (an exactly-once ack error lists every refused ack id there); the library's
+    own emulator channel keeps gRPC's 8 KiB default, past which such an error cannot be read.
+    """
+    host = emulator_host or os.environ.get(EMULATOR_HOST_ENV)
     if not host:
         return pubsub_v1.SubscriberClient()
-    return emulator_subscriber(host)
+    from google.pubsub_v1.services.subscriber.transports.grpc import (  # noqa: PLC0415
+        SubscriberGrpcTransport,
+    )
+
+    channel = grpc.insecure_channel(host, options=list(CHANNEL_OPTIONS))
+    # A client given its transport needs neither the emulator variable nor credentials.
+    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
 
 
 def to_raw(subscription: str, message: Any) -> RawDelivery:

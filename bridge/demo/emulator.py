@@ -30,7 +30,6 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 from google.api_core import exceptions as api_exceptions
 from google.cloud import pubsub_v1
 
@@ -39,12 +38,6 @@ EMULATOR_HOST_ENV = "PUBSUB_EMULATOR_HOST"
 LAUNCHER = Path("platform", "pubsub-emulator", "bin", "cloud-pubsub-emulator")
 PROJECT = "fencebridge-local"
 START_TIMEOUT = 120.0
-#: the channel limits the client library gives its channel to the real service
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_metadata_size", 4 * 1024 * 1024),
-)
 
 _env_lock = threading.Lock()
 T = TypeVar("T")
@@ -94,22 +87,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def emulator_subscriber(host: str) -> Any:
-    """A subscriber client for the emulator at ``host``, with the real service's channel limits.
-
-    Its channel reads error metadata up to 4 MiB, as the client library's channel to the real
-    service does (an exactly-once ack error lists every refused ack id there); the library's
-    own emulator channel keeps gRPC's 8 KiB default, past which such an error cannot be read.
-    """
-    from google.pubsub_v1.services.subscriber.transports.grpc import (  # noqa: PLC0415
-        SubscriberGrpcTransport,
-    )
-
-    channel = grpc.insecure_channel(host, options=list(CHANNEL_OPTIONS))
-    # A client given its transport needs neither the emulator variable nor credentials.
-    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
 
 
 def with_emulator_host(host: str, build: Callable[[], T]) -> T:
@@ -238,14 +215,11 @@ class PubSubEmulator:
         return self._publisher
 
     def subscriber(self) -> Any:
-        """A shared subscriber client for test set-up and inspection."""
+        """A shared subscriber client for test set-up and inspection (a consumer gets its own,
+        from :func:`consumers.pubsub.subscriber_client`)."""
         if self._subscriber is None:
-            self._subscriber = self.new_subscriber()
+            self._subscriber = with_emulator_host(self.host, pubsub_v1.SubscriberClient)
         return self._subscriber
-
-    def new_subscriber(self) -> Any:
-        """A subscriber client of its own (a consumer closes the client it is given)."""
-        return emulator_subscriber(self.host)
 
     # -- resources --------------------------------------------------------------------------
 

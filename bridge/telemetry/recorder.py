@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -25,16 +25,35 @@ from bridge.identity import IdentityHasher
 from bridge.service import Supervised
 from bridge.telemetry import names as n
 from bridge.telemetry.propagation import link_to
-from bridge.types import Claim, Decision, State, Stats
+from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, State, Stats
 
 if TYPE_CHECKING:
     from bridge.decode import RawDelivery
-    from bridge.inbox import Written
     from bridge.store import PostgresStore
 
 log = logging.getLogger(__name__)
 
 decisions_log = logging.getLogger("fencebridge.decisions")
+
+
+class Decided(Protocol):
+    """A delivery the inbox has written and decided on (:class:`bridge.inbox.Written`).
+
+    Declared here, not imported, so that telemetry does not depend on the inbox it observes.
+    """
+
+    @property
+    def raw(self) -> RawDelivery: ...
+
+    @property
+    def decoded(self) -> Delivery | Rejection: ...
+
+    @property
+    def result(self) -> IngestResult: ...
+
+    @property
+    def decision(self) -> Decision: ...
+
 
 STATS_REFRESH_SECONDS_DEFAULT = 15.0
 #: bucket bounds for the duration histograms, in seconds (the SDK's default bounds are meant
@@ -170,7 +189,7 @@ class Telemetry:
             yield span
         self._commit.record(time.perf_counter() - started, {n.LABEL_SUBSCRIPTION: subscription})
 
-    def decided(self, span: trace.Span, written: Iterable[Written]) -> None:
+    def decided(self, span: trace.Span, written: Iterable[Decided]) -> None:
         """One span event, one count and (when it needs a person) one log line per delivery."""
         recording = span.is_recording()
         for w in written:

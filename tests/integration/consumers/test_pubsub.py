@@ -25,7 +25,7 @@ from bridge.database import SessionTimeouts
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import Key
-from consumers.pubsub import PubSubConsumer, from_config
+from consumers.pubsub import PubSubConsumer, from_config, subscriber_client
 from tests.integration.consumers.conformance import (
     SUBSCRIPTION,
     Db,
@@ -54,7 +54,7 @@ class Consumers:
     def start(self, path: str, inbox: Inbox, **options: Any) -> PubSubConsumer:
         options = {"batch_max_wait_ms": 20, "probe_interval": 0.5, **options}
         consumer = PubSubConsumer(
-            self.emulator.new_subscriber(),
+            subscriber_client(self.emulator.host),
             path,
             SUBSCRIPTION,
             inbox,

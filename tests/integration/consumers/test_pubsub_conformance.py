@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from bridge.inbox import Inbox
-from consumers.pubsub import PubSubConsumer
+from consumers.pubsub import PubSubConsumer, subscriber_client
 from tests.integration.consumers.conformance import SUBSCRIPTION, ConsumerConformance, Outgoing
 from tests.support.pubsub_emulator import PubSubEmulator
 
@@ -29,7 +29,7 @@ class PubSubBroker:
 
     def consumer(self, inbox: Inbox) -> PubSubConsumer:
         consumer = PubSubConsumer(
-            self._emulator.new_subscriber(),
+            subscriber_client(self._emulator.host),
             self.path,
             SUBSCRIPTION,
             inbox,
