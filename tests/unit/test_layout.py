@@ -86,7 +86,7 @@ def test_the_core_never_imports_an_adapter() -> None:
 
 
 #: the modules that run the demo; nothing else may import it
-DEMO_RUNNERS = frozenset({"bridge.cli"})
+DEMO_RUNNERS = frozenset({"bridge.commands.demo"})
 
 
 def test_no_module_of_the_runtime_imports_the_demo() -> None:

@@ -1,0 +1,237 @@
+"""``fencebridge inspect``: one operation's row, its redrives and its rejected deliveries,
+and, when there is no row, why as far as the database can tell."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bridge.commands.arguments import add_database_flag, stored_text
+from bridge.commands.session import (
+    iso_time,
+    log_hashes,
+    moment,
+    open_store,
+    optional_hasher,
+    print_json,
+)
+from bridge.identity import IDENTITY_KEY_ENV
+from bridge.types import State
+
+if TYPE_CHECKING:
+    from bridge.commands.arguments import Subcommands
+    from bridge.records import ErasureRecord, OperationHistory
+
+
+def register(commands: Subcommands) -> None:
+    p = commands.add_parser(
+        "inspect",
+        help="one operation's history: its row, its redrives, its rejected deliveries",
+        description="Never prints payload bytes: their size and sha256 only.",
+    )
+    p.add_argument("tenant", type=stored_text, help="the tenant id")
+    p.add_argument("operation", type=stored_text, help="the operation id")
+    p.add_argument("--json", action="store_true", help="print a JSON document instead")
+    add_database_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.types import Key  # noqa: PLC0415
+
+    key = Key(args.tenant, args.operation)
+    with open_store(args) as store:
+        hasher = optional_hasher(store)
+        history = store.history(key)
+        erasures = (
+            store.erasures(hasher.tenant(key.tenant_id))
+            if hasher is not None and history.row is None
+            else []
+        )
+    document = _history_document(history)
+    hashes: list[str] = []
+    if hasher is not None:
+        hashes = log_hashes(hasher, key)
+        document["log_hashes"] = hashes
+    absence = _absence(history, erasures, checked=hasher is not None)
+    if history.row is None:
+        document["work_row_absent"] = {
+            "explanation": absence,
+            "tenant_erasures": [
+                {"at": iso_time(e.at), "actor": e.actor, "reason": e.reason} for e in erasures
+            ],
+        }
+    if args.json:
+        print_json(document)
+    else:
+        lines = _history_lines(history, absence)
+        if hashes:
+            lines.insert(1, f"  log hashes     {' '.join(hashes)}")
+        print("\n".join(lines))
+    return 0 if history.found else 1
+
+
+def _absence(history: OperationHistory, erasures: Sequence[ErasureRecord], *, checked: bool) -> str:
+    """Why there is no work row, as far as the database can still tell."""
+    if history.row is not None:
+        return ""
+    if erasures:
+        last = erasures[0]
+        return (
+            f"erased: its tenant was erased at {moment(last.at)} by {last.actor} ({last.reason}); "
+            "an erasure keeps no record of which operations it removed"
+        )
+    ingested = bool(history.redrives) or any(
+        r.kind == "conflict" or r.redrive_outcome is not None for r in history.rejected
+    )
+    if ingested:
+        return (
+            "purged by retention: the records below show it was ingested, and no erasure of "
+            "its tenant is recorded"
+            if checked
+            else "purged by retention (the records below show it was ingested), or erased with "
+            f"its tenant: set ${IDENTITY_KEY_ENV} to check the erasure record"
+        )
+    if history.rejected:
+        return "never ingested: only the quarantined deliveries below were recorded under its key"
+    if not checked:
+        return (
+            "never ingested, purged by retention or erased with its tenant: set "
+            f"${IDENTITY_KEY_ENV} to check the erasure record (it names tenants by keyed hash)"
+        )
+    return (
+        "never ingested, or purged by retention: no erasure of its tenant is recorded, and a "
+        "purge keeps no record of which operations it removed"
+    )
+
+
+def _history_document(history: OperationHistory) -> dict[str, Any]:
+    row = history.row
+    work: dict[str, Any] | None = None
+    if row is not None:
+        work = {
+            "subscription": row.subscription,
+            "job_type": row.job_type,
+            "target_class": row.target_class.value,
+            "schema_version": row.schema_version,
+            "state": row.state.value,
+            "fence": row.fence,
+            "attempts": row.attempts,
+            "max_attempts": row.max_attempts,
+            "lease_owner": row.lease_owner,
+            "lease_expires_at": iso_time(row.lease_expires_at),
+            # only a queued row has a next attempt; on any other it is a leftover
+            "next_attempt_at": iso_time(row.next_attempt_at) if row.state is State.QUEUED else None,
+            "intent_fence": row.intent_fence,
+            "outcome_code": row.outcome_code,
+            "outcome_detail": row.outcome_detail,
+            "payload_sha256": row.payload_hash.hex(),
+            "payload_bytes": row.payload_bytes,
+            "broker_message_id": row.broker_message_id,
+            "receive_count": row.receive_count,
+            "created_at": iso_time(row.created_at),
+            "claimed_at": iso_time(row.claimed_at),
+            "settled_at": iso_time(row.settled_at),
+            "updated_at": iso_time(row.updated_at),
+            "trace_id": row.trace_id,
+            "traceparent": row.trace_context,
+        }
+    return {
+        "tenant_id": history.key.tenant_id,
+        "operation_id": history.key.operation_id,
+        "work_row": work,
+        "redrives": [
+            {
+                "at": iso_time(r.at),
+                "actor": r.actor,
+                "reason": r.reason,
+                "from_state": r.from_state,
+                "to_state": r.to_state,
+                "fence": r.fence,
+                "attempts": r.attempts,
+            }
+            for r in history.redrives
+        ],
+        "rejected_deliveries": [
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "reason": r.reason,
+                "subscription": r.subscription,
+                "broker_message_id": r.broker_message_id,
+                "payload_sha256": r.payload_hash.hex() if r.payload_hash else None,
+                "created_at": iso_time(r.created_at),
+                "redriven_at": iso_time(r.redriven_at),
+                "redriven_by": r.redriven_by,
+                "redrive_reason": r.redrive_reason,
+                "redrive_outcome": r.redrive_outcome,
+                "resolved_at": iso_time(r.resolved_at),
+                "resolved_by": r.resolved_by,
+                "resolution_reason": r.resolution_reason,
+                "open": r.open,
+            }
+            for r in history.rejected
+        ],
+    }
+
+
+def _history_lines(history: OperationHistory, absence: str) -> list[str]:
+    key, row = history.key, history.row
+    lines = [f"operation {key.operation_id!r} of tenant {key.tenant_id!r}"]
+    if row is None:
+        lines.append(f"work row: none ({absence})")
+    else:
+        lease = (
+            "-"
+            if row.lease_owner is None
+            else f"{row.lease_owner} until {moment(row.lease_expires_at)}"
+        )
+        outcome = row.outcome_code or "-"
+        if row.outcome_detail:
+            outcome += f" ({row.outcome_detail})"
+        payload = f"sha256 {row.payload_hash.hex()}, " + (
+            "gone" if row.payload_bytes is None else f"{row.payload_bytes} bytes"
+        )
+        intent = "-" if row.intent_fence is None else str(row.intent_fence)
+        trace = row.trace_id or "none recorded (the delivery carried no trace context)"
+        upcoming = (
+            [f"  next attempt   {moment(row.next_attempt_at)}"] if row.state is State.QUEUED else []
+        )
+        lines += [
+            f"  subscription   {row.subscription}",
+            f"  job type       {row.job_type} (class {row.target_class.value})",
+            f"  state          {row.state.value}",
+            f"  outcome        {outcome}",
+            f"  fence          {row.fence} (intent recorded at fence: {intent})",
+            f"  attempts       {row.attempts} of {row.max_attempts}",
+            f"  lease          {lease}",
+            *upcoming,
+            f"  created        {moment(row.created_at)}",
+            f"  last claimed   {moment(row.claimed_at)}",
+            f"  settled        {moment(row.settled_at)}",
+            f"  updated        {moment(row.updated_at)}",
+            f"  payload        {payload}",
+            f"  trace id       {trace}",
+        ]
+    lines.append(f"redrives: {len(history.redrives) or 'none'}")
+    lines += [
+        f"  {moment(r.at)}  {r.from_state} -> {r.to_state}  fence {r.fence}, attempts {r.attempts}"
+        f"  by {r.actor}: {r.reason}"
+        for r in history.redrives
+    ]
+    lines.append(f"rejected deliveries: {len(history.rejected) or 'none'}")
+    for r in history.rejected:
+        if r.resolved_at is not None:
+            closed = f"resolved {moment(r.resolved_at)} by {r.resolved_by}: {r.resolution_reason}"
+        elif r.redriven_at is not None:
+            closed = f"redriven {moment(r.redriven_at)} by {r.redriven_by} -> {r.redrive_outcome}"
+        else:
+            closed = "open (awaiting a person)"
+        lines.append(f"  #{r.id}  {moment(r.created_at)}  {r.kind}  {r.subscription}  {closed}")
+        lines.append(f"      {r.reason}")
+    lines.append(
+        "not shown: payload bytes, and earlier claims and heartbeats (the row keeps only the "
+        "latest claim; see the fence and attempt count)"
+    )
+    return lines

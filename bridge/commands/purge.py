@@ -1,0 +1,71 @@
+"""``fencebridge purge``: finished work older than an age, removed in bounded batches (never
+unknown or quarantined rows)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from bridge.commands.arguments import add_database_flag, duration, positive, usage
+from bridge.commands.session import open_store
+
+if TYPE_CHECKING:
+    from bridge.commands.arguments import Subcommands
+
+
+def register(commands: Subcommands) -> None:
+    p = commands.add_parser(
+        "purge",
+        help="delete finished rows and their payloads by age, in batches (never unknown or "
+        "quarantined)",
+    )
+    age = p.add_mutually_exclusive_group(required=True)
+    age.add_argument("--older-than", type=duration, help="age since settlement: 90d, 36h, 30m")
+    age.add_argument("--config", help="take the age from [retention] purge_after_days")
+    p.add_argument("--batch-size", type=positive, default=500, help="rows per batch transaction")
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    add_database_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.operations import purge  # noqa: PLC0415
+
+    older_than: timedelta | None = args.older_than
+    if older_than is None:
+        from bridge.config import load_config  # noqa: PLC0415
+
+        plan = load_config(args.config).retention
+        if plan is None:
+            raise usage(f"{args.config} has no [retention] table; pass --older-than")
+        older_than = timedelta(days=plan.purge_after_days)
+    with open_store(args) as store:
+        if args.dry_run:
+            counts = store.purge_preview(older_than)
+            print(
+                f"would purge {counts.work_rows} work row(s), {counts.rejected_deliveries} "
+                f"rejected deliveries and {counts.payloads} payload(s) older than "
+                f"{_span(older_than)}"
+            )
+            return 0
+        report = purge(store, older_than, batch_size=args.batch_size)
+    removed = report.removed
+    print(
+        f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
+        f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)} in "
+        f"{report.batches} batch(es)"
+    )
+    if report.locked_out:
+        print("fencebridge purge: another purge is running; this one stopped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _span(age: timedelta) -> str:
+    """A purge age as the operator wrote it: 30d, 12h or 90m."""
+    minutes = int(age.total_seconds()) // 60
+    if minutes % (24 * 60) == 0:
+        return f"{minutes // (24 * 60)}d"
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"

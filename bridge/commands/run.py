@@ -1,0 +1,56 @@
+"""``fencebridge run``: the bridge itself, until SIGTERM or SIGINT drains it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from bridge.commands.arguments import add_database_flag
+from bridge.database import DATABASE_URL_ENV, database_url
+from bridge.identity import IDENTITY_KEY_ENV
+
+if TYPE_CHECKING:
+    from bridge.commands.arguments import Subcommands
+
+
+def register(commands: Subcommands) -> None:
+    p = commands.add_parser(
+        "run",
+        help="run the bridge: consumers, worker pool, sweeper (SIGTERM/SIGINT drain and exit 0)",
+        description=(
+            f"Secrets come from the environment: ${DATABASE_URL_ENV} and ${IDENTITY_KEY_ENV} "
+            "(the key of idempotency keys and of hashed identifiers in logs: the deployment's "
+            "key, which the database checks; change it only with `fencebridge identity "
+            "rotate`)."
+        ),
+    )
+    p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
+    add_database_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.identity import IdentityHasher  # noqa: PLC0415
+    from bridge.runtime import open_bridge  # noqa: PLC0415
+    from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
+
+    config = load_config(args.config)
+    telemetry = configure_telemetry()  # an exporter it cannot honour stops the start here
+    try:
+        bridge = open_bridge(
+            config,
+            database_url(args.database_url),
+            IdentityHasher.from_env(),
+            limits=config.bridge.limits(),
+        )
+        if telemetry.metrics:
+            bridge.telemetry.observe(bridge.store)
+        try:
+            bridge.run_until_signalled()
+        finally:
+            bridge.telemetry.stop_observing()
+            bridge.store.close()
+    finally:
+        telemetry.shutdown()
+    return 0

@@ -1,0 +1,88 @@
+"""``fencebridge status``: counts by state per subscription and tenant hash, stalled claims,
+the oldest unknown and the rejected deliveries awaiting a person."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from bridge.commands.arguments import KEY_NOTE, add_database_flag
+from bridge.commands.session import identity_hasher, keyed, open_store, print_json, table
+from bridge.types import State
+
+if TYPE_CHECKING:
+    from bridge.commands.arguments import Subcommands
+    from bridge.identity import IdentityHasher
+    from bridge.types import Stats
+
+_STATES = tuple(s.value for s in State)
+
+
+def register(commands: Subcommands) -> None:
+    p = commands.add_parser(
+        "status",
+        help="counts by state per subscription and tenant hash; stalled claims; oldest unknown",
+        description=KEY_NOTE,
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON document instead")
+    add_database_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    hasher = identity_hasher()  # refuse before touching the database: status shows hashes only
+    with open_store(args) as store:
+        keyed(store, hasher)
+        stats = store.stats()
+    document = _status_document(stats, hasher)
+    if args.json:
+        print_json(document)
+        return 0
+    rows = [
+        [c["subscription"], c["tenant"], *(c["states"][s] for s in _STATES)]
+        for c in document["counts"]
+    ]
+    rows.append(["total", "", *(document["totals"][s] for s in _STATES)])
+    print("\n".join(table(["subscription", "tenant", *_STATES], rows)))
+    print()
+    print(f"stalled claims (lease expired, still claimed): {stats.stalled_claims}")
+    print(f"oldest unknown: {_age(stats.oldest_unknown_seconds)}")
+    rejected = stats.rejected
+    print(
+        f"rejected deliveries awaiting a person: {rejected.get('conflict', 0)} conflict, "
+        f"{rejected.get('quarantined', 0)} quarantined"
+    )
+    if any(rejected.values()):
+        print(
+            "  see them with `fencebridge inspect TENANT OPERATION`; close them with "
+            "`fencebridge resolve` (conflicts) or `fencebridge redrive` (quarantined)"
+        )
+    return 0
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    minutes, _ = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h"
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {int(seconds) % 60}s"
+
+
+def _status_document(stats: Stats, hasher: IdentityHasher) -> dict[str, Any]:
+    grouped: dict[tuple[str, str], dict[str, int]] = {}
+    for c in stats.counts:
+        key = (c.subscription, hasher.tenant(c.tenant_id))
+        grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
+    return {
+        "counts": [
+            {"subscription": sub, "tenant": tenant, "states": states}
+            for (sub, tenant), states in sorted(grouped.items())
+        ],
+        "totals": {s: sum(g[s] for g in grouped.values()) for s in _STATES},
+        "stalled_claims": stats.stalled_claims,
+        "oldest_unknown_seconds": stats.oldest_unknown_seconds,
+        "rejected": dict(stats.rejected),
+    }
