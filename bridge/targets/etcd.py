@@ -23,8 +23,9 @@ Outcomes, as :mod:`bridge.executors.conditional_write` expects them:
 * refused compare: :class:`~bridge.errors.FencedOut` (never retried);
 * the connection could not be opened: :class:`~bridge.handlers.RetryLater` (nothing was sent);
 * etcd refused the request as malformed or forbidden (HTTP 400, 403, 404, 413):
-  :class:`~bridge.handlers.TerminalFailure`; unauthenticated or rate-limited (401, 429):
-  :class:`~bridge.handlers.RetryLater` (etcd checks both before applying anything);
+  :class:`~bridge.handlers.TerminalFailure`; unauthenticated or resource-exhausted (401, 429;
+  429 is also the gateway's answer to a request over its size limit, which the attempts then
+  exhaust): :class:`~bridge.handlers.RetryLater` (all are refused before anything is applied);
 * anything else once the request may have left (a timeout, a reset, a 5xx such as the 504 of a
   proposal that timed out and may still apply, an answer that cannot be read):
   :class:`~bridge.handlers.Ambiguous`. The executor retries it under the next fence, whose write
@@ -87,6 +88,12 @@ class EtcdClient:
     ssl_context: ssl.SSLContext | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A bad url fails where the handler is built (and in `check`), never as a write outcome.
+        parts = urlsplit(self.url)
+        if parts.hostname is None or parts.scheme not in ("http", "https"):
+            raise ValueError("the etcd url must be http://host:port or https://host:port")
+
     def txn(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Send one ``Txn``; see the module docstring for what each failure means."""
         return self._post("/v3/kv/txn", request)
@@ -119,13 +126,12 @@ class EtcdClient:
 
     def _connection(self) -> http.client.HTTPConnection:
         parts = urlsplit(self.url)
-        if parts.hostname is None or parts.scheme not in ("http", "https"):
-            raise ValueError("the etcd url must be http://host:port or https://host:port")
+        host = parts.hostname or ""
         if parts.scheme == "https":
             return http.client.HTTPSConnection(
-                parts.hostname, parts.port or 2379, timeout=self.timeout, context=self.ssl_context
+                host, parts.port or 2379, timeout=self.timeout, context=self.ssl_context
             )
-        return http.client.HTTPConnection(parts.hostname, parts.port or 2379, timeout=self.timeout)
+        return http.client.HTTPConnection(host, parts.port or 2379, timeout=self.timeout)
 
 
 def fence_key(key: bytes | str) -> bytes:

@@ -18,7 +18,7 @@ from bridge.demo.emulator import free_port
 from bridge.errors import FencedOut
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
-from bridge.handlers import Ambiguous, Context, RetryLater
+from bridge.handlers import Ambiguous, Context, RetryLater, TerminalFailure
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
@@ -173,6 +173,20 @@ def test_a_write_that_cannot_connect_was_not_sent_and_is_retried(key: bytes) -> 
     with pytest.raises(RetryLater) as raised:
         fenced_put(client, key, b"never", ctx(1))
     assert raised.value.code == "etcd_unreachable"
+
+
+def test_a_request_etcd_rejects_as_invalid_is_terminal_and_writes_nothing(
+    etcd: EtcdServer,
+) -> None:
+    with pytest.raises(TerminalFailure) as raised:
+        fenced_put(etcd.client, b"", b"no key", ctx(1))  # etcd: "key is not provided"
+    assert raised.value.code == "etcd_rejected"
+    assert etcd.client.get(fence_key(b"")) is None, "the whole transaction was refused"
+
+
+def test_a_client_with_a_bad_url_fails_when_it_is_built() -> None:
+    with pytest.raises(ValueError, match="etcd url"):
+        EtcdClient("127.0.0.1:2379")
 
 
 @pytest.mark.parametrize(
