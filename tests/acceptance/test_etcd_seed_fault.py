@@ -8,7 +8,9 @@ work row succeeds once. Workers are :mod:`tests.support.etcd_worker` subprocesse
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,18 +19,40 @@ from bridge.identity import IDENTITY_KEY_ENV
 from bridge.store import PostgresStore
 from bridge.targets.etcd import stored_fence
 from bridge.types import Delivery, Key, TargetClass
-from tests.acceptance.test_seed_faults import (
-    LEASE_SECONDS,
-    SECRET,
-    TENANT,
-    wait_for_lapse,
-    work_row,
-)
 from tests.support.etcd_server import EtcdServer, etcd_server, require_etcd
 from tests.support.etcd_worker import JOB_TYPE, EtcdWorkerProcess, etcd_key
 from tests.support.worker_process import Claimed
 
 pytestmark = pytest.mark.slow
+
+Db = psycopg.Connection[Any]
+SECRET = "etcd-seed-fault-identity-secret"
+LEASE_SECONDS = 1.0
+LAPSE_TIMEOUT = 30.0
+TENANT = "t1"
+
+
+def wait_for_lapse(db: Db, key: Key) -> None:
+    """Poll until the row's lease has expired by the database clock."""
+    deadline = time.monotonic() + LAPSE_TIMEOUT
+    while True:
+        row = db.execute(
+            "SELECT state = 'claimed' AND lease_expires_at < now() FROM work_item"
+            " WHERE tenant_id = %s AND operation_id = %s",
+            (key.tenant_id, key.operation_id),
+        ).fetchone()
+        if row is not None and row[0]:
+            return
+        assert time.monotonic() < deadline, "the lease did not lapse"
+        time.sleep(0.05)
+
+
+def work_row(db: Db, key: Key) -> tuple[Any, ...] | None:
+    return db.execute(
+        "SELECT state, fence, attempts, outcome_code FROM work_item"
+        " WHERE tenant_id = %s AND operation_id = %s",
+        (key.tenant_id, key.operation_id),
+    ).fetchone()
 
 
 def stored(etcd: EtcdServer, operation: str) -> tuple[object, int | None]:
@@ -46,7 +70,7 @@ def etcd() -> Iterator[EtcdServer]:
 
 
 def test_worker_paused_past_its_lease_is_refused_by_etcd_and_the_row_succeeds_once(
-    db: psycopg.Connection[tuple[object, ...]],
+    db: Db,
     db_url: str,
     store: PostgresStore,
     etcd: EtcdServer,
@@ -88,10 +112,4 @@ def test_worker_paused_past_its_lease_is_refused_by_etcd_and_the_row_succeeds_on
         assert not stale.reached("effect"), "refused inside etcd's transaction"
 
     assert stored(etcd, operation) == (written, 2), "the current write stands"
-    row = work_row(db, key)
-    assert (row["state"], row["fence"], row["attempts"], row["outcome_code"]) == (
-        "succeeded",
-        2,
-        2,
-        "value_set",
-    )
+    assert work_row(db, key) == ("succeeded", 2, 2, "value_set"), "settled once, by the winner"
