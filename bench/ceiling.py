@@ -1,8 +1,5 @@
 """What the server itself can do, measured in the same run as the systems compared with it.
 
-* :func:`fsync_rate`: ``pg_test_fsync`` on the disk of the server's data directory (when the
-  server is local and the directory can be written), else on the disk of a temporary
-  directory, which the report then says. Every absolute figure of a benchmark depends on it.
 * :func:`claim_settle_ceiling`: ``pgbench`` running the project's own ``claim.sql`` (10 rows)
   and ``settle_many.sql`` for the rows it claimed, one transaction per pair, with no Python in
   the way: the most the worker pool's statements can do on this server.
@@ -15,17 +12,14 @@ rates a Python process can reach; they say how far from the database's speed a s
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 from psycopg import conninfo
 
-from bench.store import prepare_queue
+from bench.store import binary, prepare_queue
 from bridge import sql
 
 CEILING_BATCH = 10
@@ -51,21 +45,6 @@ class Rate:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def _binary(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        bindir = subprocess.run(
-            [pg_config, "--bindir"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        candidate = Path(bindir) / name
-        if candidate.exists():
-            return str(candidate)
-    raise RuntimeError(f"{name} not found: install PostgreSQL's client tools (it ships with them)")
-
-
 def _pgbench_env(url: str) -> tuple[list[str], str]:
     """Connection options for pgbench from a URL (pgbench takes the database name alone)."""
     params = conninfo.conninfo_to_dict(url)
@@ -77,40 +56,6 @@ def _pgbench_env(url: str) -> tuple[list[str], str]:
     if params.get("user"):
         args += ["-U", str(params["user"])]
     return args, str(params.get("dbname", "postgres"))
-
-
-def fsync_rate(admin_url: str) -> str:
-    """fdatasync ops/s of one 8 kB write, by ``pg_test_fsync``, and on which disk."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT setting FROM pg_settings WHERE name = 'data_directory'"
-        ).fetchone()
-    data_dir = Path(row[0]) if row and row[0] else None
-    where, probe_dir = "a temporary directory (the data directory is not local)", None
-    if data_dir is not None and data_dir.is_dir():
-        try:
-            probe = data_dir / "fencebridge_fsync_probe.tmp"
-            probe.touch()
-            probe.unlink()
-            probe_dir, where = data_dir, "the data directory's disk"
-        except OSError:
-            pass
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(probe_dir or tmp) / "fencebridge_fsync_probe.tmp"
-        try:
-            done = subprocess.run(
-                [_binary("pg_test_fsync"), "-s", "2", "-f", str(target)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-        finally:
-            target.unlink(missing_ok=True)
-    match = re.search(r"^\s*fdatasync\s+([\d.]+) ops/sec", done.stdout, re.MULTILINE)
-    if not match:
-        return f"unknown (pg_test_fsync exited {done.returncode})"
-    return f"fdatasync {float(match.group(1)):,.0f} ops/s (pg_test_fsync, one 8 kB write, {where})"
 
 
 def _strip(text: str) -> str:
@@ -159,7 +104,7 @@ def _pgbench(url: str, script: str, clients: int, *limit: str) -> None:
         f.flush()
         options = ["-n", "-f", f.name, "-c", str(clients), "-j", "2", *limit]
         done = subprocess.run(
-            [_binary("pgbench"), *args, *options, dbname],
+            [binary("pgbench"), *args, *options, dbname],
             capture_output=True,
             text=True,
             timeout=1800,

@@ -40,11 +40,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import secrets
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -694,6 +697,59 @@ def machine_facts(admin_url: str, argv: Sequence[str]) -> list[tuple[str, str]]:
     ]
 
 
+def binary(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        bindir = subprocess.run(
+            [pg_config, "--bindir"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        candidate = Path(bindir) / name
+        if candidate.exists():
+            return str(candidate)
+    raise RuntimeError(f"{name} not found: install PostgreSQL's client tools (it ships with them)")
+
+
+def fsync_rate(admin_url: str) -> str:
+    """fdatasync ops/s of one 8 kB write, by ``pg_test_fsync``, and on which disk.
+
+    On the disk of the server's data directory when the server is local and the directory can
+    be written, else of a temporary directory, which the text then says: every absolute figure
+    of a benchmark depends on it, so every report states it."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT setting FROM pg_settings WHERE name = 'data_directory'"
+        ).fetchone()
+    data_dir = Path(row[0]) if row and row[0] else None
+    where, probe_dir = "a temporary directory (the data directory is not local)", None
+    if data_dir is not None and data_dir.is_dir():
+        try:
+            probe = data_dir / "fencebridge_fsync_probe.tmp"
+            probe.touch()
+            probe.unlink()
+            probe_dir, where = data_dir, "the data directory's disk"
+        except OSError:
+            pass
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(probe_dir or tmp) / "fencebridge_fsync_probe.tmp"
+        try:
+            done = subprocess.run(
+                [binary("pg_test_fsync"), "-s", "1", "-f", str(target)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            target.unlink(missing_ok=True)
+    match = re.search(r"^\s*fdatasync\s+([\d.]+) ops/sec", done.stdout, re.MULTILINE)
+    if not match:
+        return f"unknown (pg_test_fsync exited {done.returncode})"
+    return f"fdatasync {float(match.group(1)):,.0f} ops/s (pg_test_fsync, one 8 kB write, {where})"
+
+
 def load_average() -> str:
     try:
         return " / ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -717,7 +773,7 @@ def report_facts(
     """A report's header facts: the machine's (``extra`` before the command), then the load
     average at the start and end of the ``with`` body and its duration."""
     facts = machine_facts(admin_url, argv)
-    facts[-1:-1] = extra
+    facts[-1:-1] = [("fsync", fsync_rate(admin_url)), *extra]
     load = load_average()
     started = time.perf_counter()
     yield facts

@@ -61,7 +61,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import conninfo
 
-from bench.ceiling import claim_settle_ceiling, fsync_rate
+from bench.ceiling import claim_settle_ceiling
 from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, emit, settle_database, summarize
 from bench.store import (
     arguments,
@@ -525,23 +525,24 @@ def rotate(items: Sequence[Config], k: int) -> list[Config]:
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
     report = Report(plan)
-    with server(database_url) as admin_url:
-        fsync = fsync_rate(admin_url)
-        with report_facts(admin_url, argv, ("fsync", fsync), ("peers", versions())) as facts:
-            report.facts = facts
-            if plan.warmup_jobs:
-                for config in plan.configs:
-                    log(f"warm-up: {config.system} ({config.label})")
-                    drain(admin_url, config, plan.warmup_jobs)
-            for k in range(plan.runs):
-                for config in rotate(plan.configs, k * 5):
-                    result = drain(admin_url, config, plan.jobs)
-                    log(
-                        f"round {k + 1}: {config.system} ({config.label}): "
-                        f"{result.rate:,.0f} jobs/s, p50 {result.p50_ms:.1f} ms, "
-                        f"p99 {result.p99_ms:.1f} ms (wall {result.wall_seconds:.1f}s)"
-                    )
-                    report.drains.setdefault(config, []).append(result)
+    with (
+        server(database_url) as admin_url,
+        report_facts(admin_url, argv, ("peers", versions())) as facts,
+    ):
+        report.facts = facts
+        if plan.warmup_jobs:
+            for config in plan.configs:
+                log(f"warm-up: {config.system} ({config.label})")
+                drain(admin_url, config, plan.warmup_jobs)
+        for k in range(plan.runs):
+            for config in rotate(plan.configs, k * 5):
+                result = drain(admin_url, config, plan.jobs)
+                log(
+                    f"round {k + 1}: {config.system} ({config.label}): "
+                    f"{result.rate:,.0f} jobs/s, p50 {result.p50_ms:.1f} ms, "
+                    f"p99 {result.p99_ms:.1f} ms (wall {result.wall_seconds:.1f}s)"
+                )
+                report.drains.setdefault(config, []).append(result)
     return report
 
 
