@@ -27,7 +27,7 @@ from datetime import timedelta
 from bridge.events import WorkEvents
 from bridge.handlers import Context
 from bridge.service import Backoff, Deadline, Limits, Supervised
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.types import Claim, TargetClass, Ticket
 
 HEARTBEAT_FRACTION = 3  # renew up to three times per lease
@@ -50,7 +50,7 @@ class Heartbeater:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         events: WorkEvents,
         *,
         interval: float,

@@ -48,7 +48,7 @@ from tenacity import (
 )
 
 from bridge.service import Deadline, Service, Supervised
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.types import Key, State
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class Holder(Generic[T]):
     def __init__(
         self,
         name: str,
-        store: PostgresStore,
+        store: WorkStore,
         broker: BrokerLeases[T],
         *,
         extension: float,

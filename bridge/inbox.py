@@ -25,7 +25,7 @@ from typing import Any
 
 from bridge.decode import RawDelivery, undecodable
 from bridge.service import Limits, Supervised
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
 
@@ -56,7 +56,7 @@ class Written:
 class Inbox:
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         decoder: Decoder,
         *,
         hand_off: HandOff | None = None,

@@ -38,7 +38,7 @@ from bridge.identity import (
     IdentityHasher,
     shown,
 )
-from bridge.store import PostgresStore
+from bridge.store.work import KeyedStore
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Rotation:
     dry_run: bool
 
 
-def attach(store: PostgresStore, hasher: IdentityHasher, *, used_by: str) -> None:
+def attach(store: KeyedStore, hasher: IdentityHasher, *, used_by: str) -> None:
     """Record the key on first use, refuse keys the database was not written under, and bind
     the database's key ids to ``hasher`` and ``store``. Changes nothing when it refuses."""
     with (
@@ -102,7 +102,7 @@ def attach(store: PostgresStore, hasher: IdentityHasher, *, used_by: str) -> Non
     _bind(store, hasher, keys)
 
 
-def verify(store: PostgresStore, hasher: IdentityHasher) -> None:
+def verify(store: KeyedStore, hasher: IdentityHasher) -> None:
     """:func:`attach` for commands that only show hashes: compares, records nothing (with no
     key recorded yet there is nothing to compare with)."""
     with translate_errors("identity keys"), store.pool.connection() as conn:
@@ -113,7 +113,7 @@ def verify(store: PostgresStore, hasher: IdentityHasher) -> None:
     _bind(store, hasher, keys)
 
 
-def status(store: PostgresStore, hasher: IdentityHasher | None) -> list[KeyUse]:
+def status(store: KeyedStore, hasher: IdentityHasher | None) -> list[KeyUse]:
     """Every recorded key with its rows, and which of them this environment holds."""
     with translate_errors("identity status"), store.pool.connection() as conn:
         keys = _recorded(conn)
@@ -139,7 +139,7 @@ def status(store: PostgresStore, hasher: IdentityHasher | None) -> list[KeyUse]:
 
 
 def rotate(
-    store: PostgresStore,
+    store: KeyedStore,
     hasher: IdentityHasher,
     *,
     actor: str,
@@ -292,7 +292,7 @@ def _record_first_previous(
     return _recorded(conn)
 
 
-def _bind(store: PostgresStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:
+def _bind(store: KeyedStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:
     hasher.bind({k.fingerprint: k.key_id for k in keys})
     key_id, held = hasher.key_id, hasher.held_key_ids
     assert key_id is not None

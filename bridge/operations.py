@@ -52,7 +52,7 @@ from bridge.records import (
     ResolvedDelivery,
 )
 from bridge.registry import load_handler
-from bridge.store import PostgresStore
+from bridge.store.operator import OperatorStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 
 PURGE_BATCH_DEFAULT = 500
@@ -103,7 +103,7 @@ class Redrive:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: OperatorStore,
         config: BridgeConfig,
         hasher: IdentityHasher,
         *,
@@ -348,7 +348,7 @@ class ResolveReport:
 
 
 def resolve(
-    store: PostgresStore,
+    store: OperatorStore,
     selection: RejectionFilter,
     *,
     actor: str,
@@ -408,7 +408,7 @@ class PurgeReport:
 
 
 def purge(
-    store: PostgresStore, older_than: timedelta, *, batch_size: int = PURGE_BATCH_DEFAULT
+    store: OperatorStore, older_than: timedelta, *, batch_size: int = PURGE_BATCH_DEFAULT
 ) -> PurgeReport:
     """Remove finished work older than ``older_than`` in bounded batches, one purger at a time.
 

@@ -36,6 +36,7 @@ from bridge.registry import Registry
 from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
 from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.sweeper import Sweeper
 from bridge.telemetry import Telemetry, names
 from bridge.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
@@ -55,7 +56,7 @@ class Bridge:
     def __init__(
         self,
         config: BridgeConfig,
-        store: PostgresStore,
+        store: WorkStore,
         hasher: IdentityHasher,
         *,
         registry: Registry | None = None,

@@ -17,7 +17,7 @@ from bridge.errors import ConfigError
 if TYPE_CHECKING:
     from bridge.inbox import Inbox
     from bridge.service import Service
-    from bridge.store import PostgresStore
+    from bridge.store.work import WorkStore
 
 ENTRY_POINT_GROUP = "fencebridge.sources"
 
@@ -44,7 +44,7 @@ class Consumer(Protocol):
 
 
 #: (subscription config, inbox, store) -> consumer; the config object is the adapter's to read.
-Factory = Callable[[Any, "Inbox", "PostgresStore"], Consumer]
+Factory = Callable[[Any, "Inbox", "WorkStore"], Consumer]
 
 
 def factory(kind: str) -> Factory:

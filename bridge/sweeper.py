@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from bridge.service import Backoff, Deadline, Limits, Supervised
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.types import Ticket
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ PARKED_KEPT_DEFAULT = 1000
 class Sweeper:
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         *,
         interval: float = SWEEP_INTERVAL_DEFAULT,
         keep: int = PARKED_KEPT_DEFAULT,

@@ -52,7 +52,7 @@ from bridge.heartbeat import Heartbeater
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 from bridge.types import Claim, Key, State, TargetClass
 
@@ -82,7 +82,7 @@ class StopReport:
 class WorkerPool:
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         registry: Registry,
         hasher: IdentityHasher,
         *,

@@ -89,7 +89,7 @@ from bridge.errors import ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import Backoff, Deadline, Service
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
 
@@ -286,7 +286,7 @@ class PubSubConsumer:
         subscription: str,
         inbox: Inbox,
         *,
-        store: PostgresStore | None = None,
+        store: WorkStore | None = None,
         ack_mode: str = "after_inbox",
         max_messages: int = FLOW_MAX_MESSAGES_DEFAULT,
         max_bytes: int = FLOW_MAX_BYTES_DEFAULT,
@@ -834,7 +834,7 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def from_config(config: SubscriptionConfig, inbox: Inbox, store: PostgresStore) -> PubSubConsumer:
+def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> PubSubConsumer:
     """The ``fencebridge.sources`` factory for ``source = "pubsub"``.
 
     The client library chooses the endpoint and credentials itself (``PUBSUB_EMULATOR_HOST``,

@@ -56,7 +56,7 @@ from bridge.errors import BrokerUnavailable, ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.store import PostgresStore
+from bridge.store.work import WorkStore
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
 
@@ -144,7 +144,7 @@ class SqsConsumer:
         subscription: str,
         inbox: Inbox,
         *,
-        store: PostgresStore | None = None,
+        store: WorkStore | None = None,
         ack_mode: str = "after_inbox",
         receive_batch: int = RECEIVE_BATCH_DEFAULT,
         wait_seconds: int = WAIT_SECONDS_DEFAULT,
@@ -522,7 +522,7 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def from_config(sub: SubscriptionConfig, inbox: Inbox, store: PostgresStore) -> SqsConsumer:
+def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsConsumer:
     """The ``sqs`` source: a boto3 client for the queue's region (and endpoint, if local)."""
     import boto3  # noqa: PLC0415  (only when an SQS subscription is configured)
     from botocore.config import Config  # noqa: PLC0415

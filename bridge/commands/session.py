@@ -21,11 +21,11 @@ from bridge.identity import IDENTITY_KEY_ENV
 
 if TYPE_CHECKING:
     from bridge.identity import IdentityHasher
-    from bridge.store import PostgresStore
+    from bridge.store.operator import OperatorStore
     from bridge.types import Key
 
 
-def open_store(args: argparse.Namespace) -> closing[PostgresStore]:
+def open_store(args: argparse.Namespace) -> closing[OperatorStore]:
     """A small store for one command, closed when the ``with`` block ends."""
     from bridge.store import PostgresStore  # noqa: PLC0415  (keeps `--help` fast)
 
@@ -38,7 +38,7 @@ def identity_hasher() -> IdentityHasher:
     return IdentityHasher.from_env()
 
 
-def keyed(store: PostgresStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
+def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
     """Compare the environment's identity keys with the database's before any hash is shown or
     key derived; ``record`` (the command) also records the key on first use, for commands that
     write hashes or derive idempotency keys."""
@@ -50,7 +50,7 @@ def keyed(store: PostgresStore, hasher: IdentityHasher, *, record: str | None = 
         keyring.attach(store, hasher, used_by=f"fencebridge {record}")
 
 
-def optional_hasher(store: PostgresStore) -> IdentityHasher | None:
+def optional_hasher(store: OperatorStore) -> IdentityHasher | None:
     """The compared keys when the environment sets one; None for commands that can do without."""
     if not os.environ.get(IDENTITY_KEY_ENV):
         return None

@@ -3,9 +3,9 @@
 Written alone, each settlement costs a round trip and a commit (a WAL flush), and with many
 workers most of a run's time is that wait. A :class:`BatchCompleter` collects the settlements
 that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
-:class:`Batch` and writes it with :meth:`~bridge.store.PostgresStore.settle_many`, or, when it
+:class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`, or, when it
 is about to claim work for the workers this batch frees, with
-:meth:`~bridge.store.PostgresStore.settle_and_claim`: one statement pair, one commit, for the
+:meth:`~bridge.store.work.WorkStore.settle_and_claim`: one statement pair, one commit, for the
 lot. While one batch is written the next gathers, so batches grow with the load; the pool
 also lets a batch wait a moment (``settle_linger``, 2 ms) for the handlers still running,
 never longer.
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
 from bridge.errors import LeaseLost
-from bridge.store import PostgresStore, Settlement
+from bridge.store.work import Settlement, WorkStore
 from bridge.types import Claim, Ticket
 
 #: the most settlements one batch writes; a pool never has more runs settling than threads
@@ -103,7 +103,7 @@ class Batch:
     def settlements(self) -> list[Settlement]:
         return [p.settlement for p in self._pending]
 
-    def write(self, store: PostgresStore) -> None:
+    def write(self, store: WorkStore) -> None:
         """Settle the batch in one statement and answer every run."""
         try:
             stale = store.settle_many(self.settlements)
@@ -114,7 +114,7 @@ class Batch:
 
     def write_and_claim(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         worker: str,
         limit: int,
         lease: timedelta,
@@ -169,7 +169,7 @@ class BatchCompleter:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkStore,
         *,
         on_pending: Callable[[], None] | None = None,
         max_batch: int = MAX_BATCH_DEFAULT,

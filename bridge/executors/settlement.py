@@ -31,7 +31,7 @@ from bridge.handlers import (
     TerminalFailure,
 )
 from bridge.registry import JobSpec
-from bridge.store import PostgresStore, Settlement
+from bridge.store.work import Settlement, WorkStore
 from bridge.types import Claim, State
 
 
@@ -39,7 +39,7 @@ from bridge.types import Claim, State
 class Run:
     """One claim being executed: everything an executor needs."""
 
-    store: PostgresStore
+    store: WorkStore
     claim: Claim
     spec: JobSpec
     ctx: Context

@@ -29,7 +29,7 @@ from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, Sta
 
 if TYPE_CHECKING:
     from bridge.decode import RawDelivery
-    from bridge.store import PostgresStore
+    from bridge.store.work import WorkStore
 
 log = logging.getLogger(__name__)
 
@@ -356,9 +356,7 @@ class Telemetry:
 
     # -- gauges read from the database ----------------------------------------------------------
 
-    def observe(
-        self, store: PostgresStore, interval: float = STATS_REFRESH_SECONDS_DEFAULT
-    ) -> None:
+    def observe(self, store: WorkStore, interval: float = STATS_REFRESH_SECONDS_DEFAULT) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.
 
         Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.

@@ -1,4 +1,7 @@
-"""A command whose output goes into a pipe that its reader has closed, as in ``| head -1``."""
+"""A command whose output goes into a pipe that its reader has closed, as in ``| head -1``.
+
+One test runs ``python -m bridge``, the other the ``fencebridge`` script the package installs.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from bridge.types import Delivery, TargetClass
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS = [sys.executable, "-m", "bridge", "status", "--json"]
+SCRIPT = str(Path(sys.executable).with_name("fencebridge"))
 
 
 def environment(db_url: str) -> dict[str, str]:
@@ -64,7 +68,7 @@ def test_status_piped_into_head_prints_its_first_line_only(
 ) -> None:
     some_work(store)
     status = subprocess.Popen(
-        STATUS,
+        [SCRIPT, "status", "--json"],
         env=environment(db_url),
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -1,4 +1,6 @@
-"""The work store: the one interface between fencebridge and its PostgreSQL tables.
+"""The work store on PostgreSQL: one class, both the runtime's
+:class:`~bridge.store.work.WorkStore` and the operators'
+:class:`~bridge.store.operator.OperatorStore`.
 
 Term-scoped writes
 ------------------
@@ -35,7 +37,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,6 +60,7 @@ from bridge.records import (
     ResolvedDelivery,
     WorkRecord,
 )
+from bridge.store.work import SWEEP_LIMIT_DEFAULT, Settlement
 from bridge.types import (
     Claim,
     Decision,
@@ -78,24 +80,13 @@ from bridge.types import (
 Clock = Callable[[], datetime | None]
 
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
-SWEEP_LIMIT_DEFAULT = 1000
 
 
 def _database_clock() -> datetime | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """One row of a batch settlement."""
-
-    ticket: Ticket
-    state: State
-    outcome_code: str
-    outcome_detail: str | None = None
-
-
-class FencedTransaction:
+class PostgresFencedTransaction:
     """An open transaction in which the work row is locked under its fence (target class A).
 
     The handler writes its business rows through :attr:`connection`; :meth:`settle` marks the
@@ -446,12 +437,12 @@ class PostgresStore:
     @contextmanager
     def fenced_transaction(
         self, ticket: Ticket, *, deadline: timedelta | None = None
-    ) -> Iterator[FencedTransaction]:
+    ) -> Iterator[PostgresFencedTransaction]:
         """Open a transaction holding the work row's lock under the fence (target class A).
 
-        Raises LeaseLost before yielding if the claim is gone. The business write and
-        :meth:`FencedTransaction.settle` commit together when the block exits cleanly; any
-        exception rolls both back.
+        Raises LeaseLost before yielding if the claim is gone. The business write and the
+        transaction's ``settle`` commit together when the block exits cleanly; any exception
+        rolls both back.
 
         With a ``deadline`` the transaction never outlives it: its statements and idle gaps
         are limited to it, a statement still running when it passes is cancelled, and a block
@@ -468,7 +459,7 @@ class PostgresStore:
                     if row is None:
                         raise _lost(ticket, "lock")
                     if deadline is None:
-                        yield FencedTransaction(conn, ticket, self._now())
+                        yield PostgresFencedTransaction(conn, ticket, self._now())
                         return
                     bound = str(milliseconds(deadline))
                     conn.execute(
@@ -476,7 +467,7 @@ class PostgresStore:
                         {"statement_timeout": bound, "idle_timeout": bound},
                     )
                     with TransactionDeadline(conn, deadline) as watch:
-                        yield FencedTransaction(conn, ticket, self._now(), watch)
+                        yield PostgresFencedTransaction(conn, ticket, self._now(), watch)
                         watch.finish()  # past the deadline: raise, so nothing commits
             except psycopg.Error as exc:
                 # Cancelled, timed out or cut off by the server because the deadline passed:

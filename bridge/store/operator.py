@@ -1,0 +1,152 @@
+"""The work store as an operator sees it: histories, parked work and the moves a person makes.
+
+The operator commands (:mod:`bridge.commands`) and :mod:`bridge.operations` depend on
+:class:`OperatorStore`. It shares with the runtime only what both need: writing a batch (a
+redrive re-decodes a quarantined delivery into the inbox), the counts and the sweep. Every move
+here is guarded inside its statement and audited; a dry run executes the same statement and
+rolls it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Protocol
+
+from bridge.records import (
+    ErasureCounts,
+    ErasureRecord,
+    OperationHistory,
+    ParkedRow,
+    PurgeCounts,
+    QuarantinedDelivery,
+    RejectedStatus,
+    ResolvedDelivery,
+)
+from bridge.store.work import SWEEP_LIMIT_DEFAULT, KeyedStore
+from bridge.types import (
+    Decision,
+    Delivery,
+    IngestResult,
+    Key,
+    RedriveFilter,
+    Redriven,
+    Rejection,
+    Stats,
+    Ticket,
+)
+
+
+class OperatorStore(KeyedStore, Protocol):
+    """**Protocol**: the store the operator commands depend on."""
+
+    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Write one batch in one transaction, as the inbox does (a redrive's re-decoding)."""
+        ...
+
+    def stats(self) -> Stats:
+        """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        ...
+
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
+        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+        ...
+
+    def history(self, key: Key) -> OperationHistory:
+        """The work row, its redrives and its rejected deliveries, in one snapshot."""
+        ...
+
+    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
+        """The recorded erasures of the tenant with this keyed hash, newest first."""
+        ...
+
+    def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
+        """The parked rows a redrive with this selection would consider, oldest first."""
+        ...
+
+    def quarantined_deliveries(self, selection: RedriveFilter) -> list[QuarantinedDelivery]:
+        """Quarantined deliveries not yet redriven that match the selection, oldest first."""
+        ...
+
+    def redrive(
+        self,
+        selection: RedriveFilter,
+        *,
+        actor: str,
+        reason: str,
+        extra_attempts: int = 1,
+        dry_run: bool = False,
+    ) -> list[Redriven]:
+        """Send parked rows back to the queue, identity intact, each move audited."""
+        ...
+
+    def redrive_applied(
+        self,
+        row: ParkedRow,
+        *,
+        outcome_code: str,
+        outcome_detail: str | None,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> bool:
+        """Unknown class C row whose lookup found the effect: succeeded, audited."""
+        ...
+
+    def redrive_unfenced(
+        self,
+        row: ParkedRow,
+        *,
+        actor: str,
+        reason: str,
+        extra_attempts: int = 1,
+        dry_run: bool = False,
+    ) -> bool:
+        """Unknown class D row confirmed not called: queued with its intent cleared, audited."""
+        ...
+
+    def close_rejected(
+        self,
+        rejected_id: int,
+        *,
+        outcome: Decision,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> bool:
+        """Mark a quarantined delivery redriven with what the inbox made of it."""
+        ...
+
+    def resolve_rejected(
+        self,
+        *,
+        actor: str,
+        reason: str,
+        ids: Sequence[int] | None = None,
+        kind: str | None = None,
+        subscription: str | None = None,
+        tenant_id: str | None = None,
+        operation_id: str | None = None,
+        limit: int = 100,
+        dry_run: bool = False,
+    ) -> list[ResolvedDelivery]:
+        """Close open rejected deliveries a person has dealt with; work rows are untouched."""
+        ...
+
+    def rejected_status(self, ids: Sequence[int]) -> list[RejectedStatus]:
+        """Where the named rejected deliveries stand."""
+        ...
+
+    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
+        """Remove one bounded batch of finished work; None when another purge holds the lock."""
+        ...
+
+    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
+        """What a purge with this age would remove right now."""
+        ...
+
+    def erase_tenant(
+        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
+    ) -> ErasureCounts:
+        """Delete one tenant's rows, payloads, rejected deliveries and audit rows; record it."""
+        ...

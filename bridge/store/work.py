@@ -1,0 +1,179 @@
+"""The work store as the runtime sees it: the protocol's writes, and the reads that keep it live.
+
+Everything the bridge does while it runs goes through :class:`WorkStore`: the inbox writes a
+batch (:meth:`~WorkStore.ingest`), the worker tier claims, heartbeats and settles under the
+fence, the sweeper parks expired last attempts, held deliveries watch their rows, telemetry
+reads the counts. Nothing here reads an operation's history or moves parked work: those are
+:class:`~bridge.store.operator.OperatorStore`'s, which the runtime cannot reach. A fake for a
+test implements only the methods its code calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from bridge.types import Claim, Delivery, IngestResult, Key, Rejection, State, Stats, Ticket
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from bridge.database import Connection
+    from bridge.deadline import TransactionDeadline
+
+SWEEP_LIMIT_DEFAULT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One row of a batch settlement."""
+
+    ticket: Ticket
+    state: State
+    outcome_code: str
+    outcome_detail: str | None = None
+
+
+class FencedTransaction(Protocol):
+    """An open transaction in which the work row is locked under its fence (target class A).
+
+    The handler writes its business rows through :attr:`connection`; :meth:`settle` marks the
+    work row in the same transaction. Both commit together, or neither does.
+    """
+
+    @property
+    def connection(self) -> Connection: ...
+
+    @property
+    def ticket(self) -> Ticket: ...
+
+    @property
+    def deadline(self) -> TransactionDeadline | None:
+        """Past it the transaction is cancelled and rolled back (None: no deadline)."""
+        ...
+
+    def settle(
+        self, state: State = State.SUCCEEDED, outcome_code: str = "ok", detail: str | None = None
+    ) -> None: ...
+
+
+class KeyedStore(Protocol):
+    """What every store offers: connections for the keyring's own statements
+    (:mod:`bridge.keyring`), the identity keys it binds, and an end."""
+
+    @property
+    def pool(self) -> ConnectionPool[Connection]: ...
+
+    def use_identity_keys(self, current: int, held: Sequence[int]) -> None:
+        """Write new rows under key ``current``; claim only rows written under a key in
+        ``held``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WorkStore(KeyedStore, Protocol):
+    """**Protocol**: the store the runtime depends on. Every write made for a claim carries
+    its fence and raises :class:`~bridge.errors.LeaseLost` when the fence is no longer
+    current; the caller stops and never retries that write."""
+
+    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Write one received batch in one transaction; one result per delivery, in order."""
+        ...
+
+    def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]:
+        """State of each operation and whether its claim's lease is live (after_outcome acks)."""
+        ...
+
+    def claim(
+        self,
+        worker: str,
+        limit: int,
+        lease: timedelta,
+        *,
+        job_types: Sequence[str] | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
+        ...
+
+    def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
+        """Claim exactly these rows where they are claimable (hand-off after ingest)."""
+        ...
+
+    def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
+        """Extend the lease under the fence; returns the new expiry."""
+        ...
+
+    def heartbeat_many(self, tickets: Sequence[Ticket], lease: timedelta) -> list[Ticket]:
+        """Extend many leases in one statement; returns the tickets whose fence was stale."""
+        ...
+
+    def complete(
+        self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None
+    ) -> None: ...
+
+    def fail_terminal(
+        self, ticket: Ticket, outcome_code: str, detail: str | None = None
+    ) -> None: ...
+
+    def park_unknown(
+        self, ticket: Ticket, outcome_code: str, detail: str | None = None
+    ) -> None: ...
+
+    def quarantine(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None: ...
+
+    def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
+        """Settle many claims in one statement; returns the tickets whose fence was stale."""
+        ...
+
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        limit: int,
+        lease: timedelta,
+        *,
+        job_types: Sequence[str] | None = None,
+        per_statement: int | None = None,
+    ) -> tuple[list[Ticket], list[Claim]]:
+        """:meth:`settle_many`, then :meth:`claim`, in one transaction and one round trip."""
+        ...
+
+    def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
+        """Mark many operations succeeded; returns the tickets whose fence was stale."""
+        ...
+
+    def retry_later(
+        self,
+        ticket: Ticket,
+        backoff: timedelta,
+        outcome_code: str = "retry",
+        detail: str | None = None,
+    ) -> State:
+        """Back to the queue after ``backoff``, or failed_terminal with no attempt left."""
+        ...
+
+    def record_intent(self, ticket: Ticket) -> None:
+        """Record, under the fence, that this claim is about to call its target."""
+        ...
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back a claim whose handler never started; the attempt is not counted."""
+        ...
+
+    def fenced_transaction(
+        self, ticket: Ticket, *, deadline: timedelta | None = None
+    ) -> AbstractContextManager[FencedTransaction]:
+        """A transaction holding the work row's lock under the fence (target class A)."""
+        ...
+
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
+        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+        ...
+
+    def stats(self) -> Stats:
+        """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        ...
