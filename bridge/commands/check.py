@@ -33,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"NO-GO: the configuration is refused: {exc}")
+        problems = str(exc).splitlines()
+        print(f"NO-GO: the configuration is refused ({len(problems)} problem(s)):")
+        print("\n".join(f"  {line}" for line in problems))
         return 1
     with connect(database_url(args.database_url)) as conn:
         facts = read_database(conn)

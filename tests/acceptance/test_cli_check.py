@@ -202,8 +202,10 @@ def test_a_class_d_job_with_two_attempts_is_refused_as_no_go(check: Any) -> None
     code, rows, out = check(config(jobs={"sms": body}))
     assert code == 1
     assert rows == {}
-    assert out.startswith("NO-GO: the configuration is refused:")
-    assert "allows one attempt only" in out
+    lines = out.splitlines()
+    assert lines[0] == "NO-GO: the configuration is refused (1 problem(s)):"
+    assert lines[1].startswith("  ")
+    assert "allows one attempt only" in lines[1]
 
 
 def test_an_owner_and_a_retention_plan_are_required(check: Any) -> None:
