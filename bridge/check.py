@@ -24,11 +24,10 @@ import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Final
 
-from bridge import sql
-from bridge.config import BridgeConfig, JobConfig, Source, SubscriptionConfig
+from bridge import sources, sql
+from bridge.config import BridgeConfig, JobConfig, SubscriptionConfig
 from bridge.database import Connection, translate_errors
 from bridge.decode import SourceKind
 from bridge.errors import ConfigError
@@ -41,13 +40,7 @@ from bridge.handlers import (
 )
 from bridge.migrate import current_version
 from bridge.registry import Registry, build_job
-from bridge.sources import ENTRY_POINT_GROUP
 from bridge.types import TargetClass
-
-#: the longest a broker can hand a message over again, in days: after a purge, a redelivery
-#: would be a new operation (SQS message retention: 14 days at most; Pub/Sub topic retention
-#: with seek: 31 days at most)
-REDELIVERY_WINDOW_DAYS: Final = {Source.SQS: 14, Source.PUBSUB: 31}
 
 _BASES: Final = (
     SameDatabaseHandler,
@@ -430,10 +423,10 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
         return Verdict(True, "no subscription delivers this job type")
     problems, seen = [], []
     for sub in e.subscriptions:
-        if sub.source.value not in e.sources:
-            problems.append(f"{sub.name}: no consumer installed for source {sub.source.value}")
+        if sub.source not in e.sources:
+            problems.append(f"{sub.name}: no consumer installed for source {sub.source}")
         else:
-            seen.append(f"{sub.name} ({sub.source.value}, {sub.ack_mode.value})")
+            seen.append(f"{sub.name} ({sub.source}, {sub.ack_mode.value})")
     seen.append("acknowledged only after the inbox transaction commits")
     return _verdict(problems, seen)
 
@@ -457,11 +450,13 @@ def retention(e: JobEvidence) -> Verdict:
         problems.append("no [retention] table: purge age and erasure owner unset")
         return _verdict(problems, seen)
     for sub in e.subscriptions:
-        window = REDELIVERY_WINDOW_DAYS[sub.source]
+        # after a purge, a redelivery would be a new operation: the adapter knows how long its
+        # broker can hand a message over again
+        window = sources.adapter(sub.source).redelivery_days
         if plan.purge_after_days <= window:
             problems.append(
                 f"purge after {plan.purge_after_days} d is within {sub.name}'s redelivery window "
-                f"({sub.source.value}: up to {window} d): a redelivery would run it again"
+                f"({sub.source}: up to {window} d): a redelivery would run it again"
             )
     seen.append(f"purge after {plan.purge_after_days} d; erasure owner {plan.erasure_owner}")
     return _verdict(problems, seen)
@@ -482,7 +477,7 @@ CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
 
 def evaluate(config: BridgeConfig, db: DatabaseFacts) -> Report:
     """Every control for every job type of the configuration."""
-    installed = frozenset(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    installed = frozenset(sources.names())
     findings: list[Finding] = []
     registry = Registry()
     for name, job in sorted(config.jobs.items()):

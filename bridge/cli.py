@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from bridge.commands import (
     check,
+    config,
     demo,
     erase,
     identity,
@@ -60,6 +61,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     erase.register,
     check.register,
     identity.register,
+    config.register,
 )
 
 EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE

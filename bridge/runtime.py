@@ -38,12 +38,11 @@ from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.store.work import WorkStore
 from bridge.sweeper import Sweeper
-from bridge.telemetry import Telemetry, names
+from bridge.telemetry import Telemetry
 from bridge.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 
 log = logging.getLogger(__name__)
 
-MESSAGING_SYSTEMS = {"sqs": names.SYSTEM_SQS, "pubsub": names.SYSTEM_PUBSUB}
 #: threads of the core that use a connection besides the workers: the first claimer (claimers
 #: also write the completer's batches), heartbeater, sweeper, database gauges; each further
 #: claimer (:data:`~bridge.worker.CLAIMERS_DEFAULT`) takes one more
@@ -94,11 +93,11 @@ class Bridge:
                 store,
                 partial(decode, config.decode_rules(name)),
                 hand_off=self.pool.hand_off,
-                system=MESSAGING_SYSTEMS.get(sub.source.value, sub.source.value),
+                system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
             )
-            self.consumers.append(sources.factory(sub.source.value)(sub, inbox, store))
+            self.consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
         self.health: HealthServer | None = None
         if settings.health_port:
             checks = {"database": self._database_ready}
@@ -201,12 +200,12 @@ def pool_size(config: BridgeConfig) -> int:
     """Connections for every thread that may hold one at once, plus a margin.
 
     Each worker, the core's threads (:data:`CORE_CONNECTIONS`), every consumer thread of every
-    subscription (its ``consumers``), and for ``after_outcome`` its holder thread. Fewer
-    connections than threads turn a busy moment into pool timeouts: failed ingests, missed
-    heartbeats.
+    subscription (its adapter's settings say how many: ``receivers()``), and for
+    ``after_outcome`` its holder thread. Fewer connections than threads turn a busy moment into
+    pool timeouts: failed ingests, missed heartbeats.
     """
     consumers = sum(
-        sub.consumers + (1 if sub.ack_mode is AckMode.AFTER_OUTCOME else 0)
+        sub.settings.receivers() + (1 if sub.ack_mode is AckMode.AFTER_OUTCOME else 0)
         for sub in config.subscriptions.values()
     )
     claimers = CLAIMERS_DEFAULT - 1  # the first is in CORE_CONNECTIONS

@@ -1,17 +1,29 @@
-"""How the core finds broker adapters without importing them.
+"""How the core finds broker adapters, and what it asks of them, without importing them.
 
-Adapters live in the ``consumers`` package, which depends on ``bridge``; the core must not
-depend on them. Each adapter registers a factory under the ``fencebridge.sources`` entry-point
-group (see ``pyproject.toml``), keyed by the ``source`` value of a subscription, and the
-runtime looks it up by name when it starts.
+Adapters live in the ``consumers`` package (or in a package of their own), which depends on
+``bridge``; the core never depends on them. Each adapter module exposes one
+:class:`SourceAdapter` and registers it under the ``fencebridge.sources`` entry-point group,
+keyed by the ``source`` value a subscription names::
+
+    [project.entry-points."fencebridge.sources"]
+    sqs = "consumers.sqs:ADAPTER"
+
+The core validates the keys every subscription has (source, ack mode, job types, decoding,
+limits) and hands the rest of the subscription's table to the adapter's settings model, a
+:class:`SourceSettings`: the adapter owns its keys, their checks and their documentation, and
+the configuration reference and JSON Schema are built from them. A module is imported only
+when a subscription names its source (or when the reference or the schema lists them all).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Final, Protocol
 
+from bridge.config.model import SourceSettings, SubscriptionConfig
 from bridge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -19,7 +31,21 @@ if TYPE_CHECKING:
     from bridge.service import Service
     from bridge.store.work import WorkStore
 
-ENTRY_POINT_GROUP = "fencebridge.sources"
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Consumer",
+    "Factory",
+    "SourceAdapter",
+    "SourceSettings",
+    "adapter",
+    "factory",
+    "names",
+    "shipped",
+]
+
+ENTRY_POINT_GROUP: Final = "fencebridge.sources"
+#: the distribution whose adapters the published reference documents
+DISTRIBUTION: Final = "fencebridge"
 
 
 class Consumer(Protocol):
@@ -43,14 +69,65 @@ class Consumer(Protocol):
         ...
 
 
-#: (subscription config, inbox, store) -> consumer; the config object is the adapter's to read.
-Factory = Callable[[Any, "Inbox", "WorkStore"], Consumer]
+#: (subscription, inbox, store) -> consumer; the subscription's ``settings`` are the adapter's
+Factory = Callable[[SubscriptionConfig, "Inbox", "WorkStore"], Consumer]
 
 
-def factory(kind: str) -> Factory:
-    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceAdapter:
+    """What an adapter registers: its keys, its consumer, and the facts the core reports."""
+
+    #: the adapter's keys of a subscription table
+    settings: type[SourceSettings]
+    #: builds the running consumer of one subscription
+    open: Factory
+    #: ``messaging.system`` of its spans and metrics (OpenTelemetry messaging conventions)
+    messaging_system: str
+    #: the longest the broker can hand a message over again, in days: a row purged sooner
+    #: would run again on a redelivery (``fencebridge check`` compares the retention plan)
+    redelivery_days: int
+
+
+def _found() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
+    return found
+
+
+def names() -> list[str]:
+    """Every installed source, sorted; none is imported."""
+    return sorted(_found())
+
+
+def shipped() -> list[str]:
+    """The sources this distribution ships itself (what the published reference documents)."""
+    return sorted(
+        name
+        for name, ep in _found().items()
+        if ep.dist is not None and ep.dist.metadata["Name"] == DISTRIBUTION
+    )
+
+
+def adapter(kind: str) -> SourceAdapter:
+    """The installed adapter of ``source = kind``; imports its module on first use."""
+    found = _found()
     if kind not in found:
         known = ", ".join(sorted(found)) or "none installed"
         raise ConfigError(f"no consumer for source {kind!r} (available: {known})")
-    loaded: Factory = found[kind].load()
+    return _load(found[kind])
+
+
+@cache
+def _load(ep: EntryPoint) -> SourceAdapter:
+    loaded = ep.load()
+    if not isinstance(loaded, SourceAdapter):
+        raise ConfigError(
+            f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} ({ep.value}) is not a SourceAdapter"
+        )
     return loaded
+
+
+def factory(kind: str) -> Factory:
+    """The consumer factory of ``source = kind``."""
+    return adapter(kind).open

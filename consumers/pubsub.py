@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter, deque
@@ -71,11 +72,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, Protocol, TypeVar
+from typing import Annotated, Any, Final, Protocol, TypeVar
 
 import grpc
 from google.api_core import exceptions as api_exceptions
 from google.cloud import pubsub_v1
+from pydantic import Field, StrictInt, StrictStr, WithJsonSchema
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -83,13 +85,15 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from bridge.config import Source, SubscriptionConfig
+from bridge.config import SubscriptionConfig
+from bridge.config.fields import Shown, Table, checked, shown
 from bridge.decode import RawDelivery
-from bridge.errors import ConfigError
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import Backoff, Deadline, Service
+from bridge.sources import SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
+from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
 
@@ -107,6 +111,9 @@ FLOW_MAX_BYTES_DEFAULT: Final = 100 * 1024 * 1024
 MAX_LEASE_DURATION_DEFAULT: Final = 3600.0
 BATCH_MAX_MESSAGES_DEFAULT: Final = 100
 BATCH_MAX_WAIT_MS_DEFAULT: Final = 50
+WRITERS_DEFAULT: Final = 1
+#: a topic keeps messages at most 31 days (retention with seek)
+REDELIVERY_DAYS: Final = 31
 PROBE_INTERVAL_DEFAULT: Final = 10.0
 #: the service's bounds for one ack deadline (seconds)
 ACK_DEADLINE_MIN: Final = 10
@@ -834,18 +841,99 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+_PATH: Final = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
+
+
+def _path(text: str) -> str | None:
+    if _PATH.fullmatch(text):
+        return None
+    return f"expected 'projects/<project>/subscriptions/<id>', got {shown(text)}"
+
+
+SubscriptionPath = Annotated[
+    StrictStr,
+    checked(_path),
+    WithJsonSchema({"type": "string", "pattern": r"^projects/[^/\s]+/subscriptions/[^/\s]+$"}),
+    Shown(kind="string, `projects/<project>/subscriptions/<id>`"),
+]
+
+
+class FlowControl(Table):
+    """Pub/Sub streaming-pull flow control (the client library's `FlowControl`): how much may
+    be received and not yet acknowledged at once. Written inline, e.g.
+    `flow_control = { max_messages = 1000 }`.
+    """
+
+    max_messages: StrictInt = Field(
+        default=FLOW_MAX_MESSAGES_DEFAULT,
+        ge=1,
+        le=100_000,
+        description="Most messages outstanding at once.",
+    )
+    max_bytes: StrictInt = Field(
+        default=FLOW_MAX_BYTES_DEFAULT,
+        ge=1024,
+        le=10 * 1024**3,
+        description="Most bytes outstanding at once.",
+    )
+    max_lease_duration_seconds: StrictInt = Field(
+        default=int(MAX_LEASE_DURATION_DEFAULT),
+        ge=10,
+        le=86400,
+        description="Longest the client keeps extending a message's ack deadline. With "
+        '`ack_mode = "after_outcome"`, a delivery held longer is redelivered; its work row is '
+        "untouched and the redelivery is a replay.",
+    )
+
+
+class PubSubSettings(SourceSettings):
+    """A Pub/Sub subscription. The client library chooses the endpoint and credentials itself
+    (`PUBSUB_EMULATOR_HOST`, `GOOGLE_APPLICATION_CREDENTIALS`); the file holds no secret.
+    """
+
+    subscription: SubscriptionPath = Field(
+        description="The subscription's full path. The emulator is chosen with "
+        "`PUBSUB_EMULATOR_HOST`, which the client library reads itself."
+    )
+    flow_control: Annotated[FlowControl, Shown(default="as listed below")] = Field(
+        default_factory=FlowControl,
+        description="Streaming-pull flow control; its keys are listed below.",
+    )
+    batch_max_messages: StrictInt = Field(
+        default=BATCH_MAX_MESSAGES_DEFAULT,
+        ge=1,
+        le=1000,
+        description="Pub/Sub hands messages over one at a time; the bridge gathers them into "
+        "inbox transactions of at most this many.",
+    )
+    batch_max_wait_ms: StrictInt = Field(
+        default=BATCH_MAX_WAIT_MS_DEFAULT,
+        ge=0,
+        le=10_000,
+        description="Longest a received message waits for its inbox batch to fill.",
+    )
+    consumers: StrictInt = Field(
+        default=WRITERS_DEFAULT,
+        ge=1,
+        le=64,
+        description="Threads that write this subscription's received messages to the inbox.",
+    )
+
+    def receivers(self) -> int:
+        return self.consumers
+
+
 def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> PubSubConsumer:
     """The ``fencebridge.sources`` factory for ``source = "pubsub"``.
 
     The client library chooses the endpoint and credentials itself (``PUBSUB_EMULATOR_HOST``,
     ``GOOGLE_APPLICATION_CREDENTIALS``); the configuration holds no secret.
     """
-    if config.source is not Source.PUBSUB or config.subscription is None:
-        raise ConfigError(f"subscription {config.name!r} is not a Pub/Sub subscription")
-    flow = config.flow_control
+    settings = PubSubSettings.of(config)
+    flow = settings.flow_control
     return PubSubConsumer(
         subscriber_client(),
-        config.subscription,
+        settings.subscription,
         config.name,
         inbox,
         store=store,
@@ -853,8 +941,17 @@ def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> P
         max_messages=flow.max_messages,
         max_bytes=flow.max_bytes,
         max_lease_duration=float(flow.max_lease_duration_seconds),
-        batch_max_messages=config.batch_max_messages,
-        batch_max_wait_ms=config.batch_max_wait_ms,
-        writers=config.consumers,
+        batch_max_messages=settings.batch_max_messages,
+        batch_max_wait_ms=settings.batch_max_wait_ms,
+        writers=settings.consumers,
         close_client=True,
     )
+
+
+#: the ``fencebridge.sources`` entry point of ``source = "pubsub"``
+ADAPTER: Final = SourceAdapter(
+    settings=PubSubSettings,
+    open=from_config,
+    messaging_system=names.SYSTEM_PUBSUB,
+    redelivery_days=REDELIVERY_DAYS,
+)

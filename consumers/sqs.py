@@ -40,31 +40,39 @@ Binary message attributes are not used for decoding.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import Field, StrictInt, StrictStr, WithJsonSchema
 from tenacity import wait_random_exponential
 
 from bridge.config import SubscriptionConfig
+from bridge.config.fields import HttpUrl, Shown, checked, shown
 from bridge.decode import RawDelivery
-from bridge.errors import BrokerUnavailable, ConfigError
+from bridge.errors import BrokerUnavailable
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import IDLE, Backoff, Deadline, Service
+from bridge.sources import SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
+from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BATCH_DEFAULT = 10
-WAIT_SECONDS_DEFAULT = 20
-VISIBILITY_TIMEOUT_DEFAULT = 60
+RECEIVE_BATCH_DEFAULT: Final = 10
+WAIT_SECONDS_DEFAULT: Final = 20
+VISIBILITY_TIMEOUT_DEFAULT: Final = 60
+CONSUMERS_DEFAULT: Final = 1
+#: SQS keeps a message at most 14 days (``MessageRetentionPeriod``)
+REDELIVERY_DAYS: Final = 14
 MAX_VISIBILITY_SECONDS = 12 * 3600
 #: SQS batch calls carry ten entries at most
 MAX_BATCH: Final = 10
@@ -522,29 +530,100 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+_REGION: Final = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+def _region(text: str) -> str | None:
+    if _REGION.fullmatch(text):
+        return None
+    return f"expected an AWS region such as 'eu-west-1', got {shown(text)}"
+
+
+Region = Annotated[
+    StrictStr,
+    checked(_region),
+    WithJsonSchema({"type": "string", "pattern": r"^[a-z0-9]+(-[a-z0-9]+)*$"}),
+    Shown(kind="string, AWS region such as `eu-west-1`"),
+]
+
+
+class SqsSettings(SourceSettings):
+    """An SQS queue. Credentials come from the AWS environment (`AWS_*`, a profile, a role),
+    never from the file.
+    """
+
+    queue_url: HttpUrl = Field(description="The queue's URL, as `GetQueueUrl` returns it.")
+    region: Annotated[
+        Region | None,
+        Shown(default="the AWS environment (`AWS_REGION`, `AWS_DEFAULT_REGION`, profile)"),
+    ] = Field(default=None, description="The queue's AWS region.")
+    endpoint_url: Annotated[
+        HttpUrl | None, Shown(default="the AWS endpoint of the region (or `AWS_ENDPOINT_URL`)")
+    ] = Field(
+        default=None,
+        description="Endpoint of a local SQS-compatible server, for development and tests.",
+    )
+    receive_batch: StrictInt = Field(
+        default=RECEIVE_BATCH_DEFAULT,
+        ge=1,
+        le=MAX_BATCH,
+        description="Messages asked for per `ReceiveMessage` call (SQS allows 10 at most).",
+    )
+    wait_seconds: StrictInt = Field(
+        default=WAIT_SECONDS_DEFAULT,
+        ge=0,
+        le=20,
+        description="Long-poll wait of `ReceiveMessage`; `0` polls without waiting.",
+    )
+    visibility_timeout_seconds: StrictInt = Field(
+        default=VISIBILITY_TIMEOUT_DEFAULT,
+        ge=1,
+        le=MAX_VISIBILITY_SECONDS,
+        description="Visibility timeout asked for on receive and on every extension of a held "
+        "delivery (`after_outcome`: each extension pushes it this far again, before it runs out).",
+    )
+    consumers: StrictInt = Field(
+        default=CONSUMERS_DEFAULT,
+        ge=1,
+        le=64,
+        description="Receiving loops for this subscription.",
+    )
+
+    def receivers(self) -> int:
+        return self.consumers
+
+
 def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsConsumer:
     """The ``sqs`` source: a boto3 client for the queue's region (and endpoint, if local)."""
     import boto3  # noqa: PLC0415  (only when an SQS subscription is configured)
     from botocore.config import Config  # noqa: PLC0415
 
-    if sub.queue_url is None:  # the configuration requires it; this guards direct use
-        raise ConfigError(f"subscriptions.{sub.name}.queue_url is required for source sqs")
+    settings = SqsSettings.of(sub)
     client = boto3.session.Session().client(
         "sqs",
-        region_name=sub.region,
-        endpoint_url=sub.endpoint_url,
+        region_name=settings.region,
+        endpoint_url=settings.endpoint_url,
         # The long poll must finish before the read times out.
-        config=Config(read_timeout=sub.wait_seconds + 10, retries={"mode": "standard"}),
+        config=Config(read_timeout=settings.wait_seconds + 10, retries={"mode": "standard"}),
     )
     return SqsConsumer(
         client,
-        sub.queue_url,
+        settings.queue_url,
         sub.name,
         inbox,
         store=store,
         ack_mode=sub.ack_mode.value,
-        receive_batch=sub.receive_batch,
-        wait_seconds=sub.wait_seconds,
-        visibility_timeout=sub.visibility_timeout_seconds,
-        threads=sub.consumers,
+        receive_batch=settings.receive_batch,
+        wait_seconds=settings.wait_seconds,
+        visibility_timeout=settings.visibility_timeout_seconds,
+        threads=settings.consumers,
     )
+
+
+#: the ``fencebridge.sources`` entry point of ``source = "sqs"``
+ADAPTER: Final = SourceAdapter(
+    settings=SqsSettings,
+    open=from_config,
+    messaging_system=names.SYSTEM_SQS,
+    redelivery_days=REDELIVERY_DAYS,
+)

@@ -22,6 +22,7 @@ import pytest
 from bridge.config import parse_config
 from bridge.identity import IdentityHasher
 from bridge.runtime import open_bridge, pool_size
+from consumers.sqs import SqsSettings
 from tests.support.bridge_process import Job, SqsBridgeConfig, free_port
 from tests.support.handlers import create_tables
 from tests.support.sqs_server import SqsServer, sqs_server
@@ -103,7 +104,7 @@ def test_sixteen_consumers_and_eight_workers_never_wait_out_the_pool(
         'ack_mode = "after_inbox"\n', f'ack_mode = "after_inbox"\nconsumers = {CONSUMERS}\n'
     )
     config = parse_config(text, file="sizing.toml")
-    assert config.subscriptions["orders"].consumers == CONSUMERS
+    assert SqsSettings.of(config.subscriptions["orders"]).consumers == CONSUMERS
 
     ops = [f"op-{i:04d}" for i in range(OPERATIONS)]
     conflicted = ops[:CONFLICTS]

@@ -34,6 +34,7 @@ from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.worker import WorkerPool
+from consumers.sqs import SqsSettings
 from tests.support.bridge_process import Job, SqsBridgeConfig, free_port
 from tests.support.deliveries import for_job
 from tests.support.roles import Roles, apply_roles, drop_roles
@@ -332,7 +333,7 @@ def test_a_receive_loop_that_cannot_write_fails_liveness_past_the_limit_and_reco
             sql.SQL("REVOKE INSERT ON work_item FROM {}").format(sql.Identifier(roles.bridge))
         )
         moto.client().send_message(
-            QueueUrl=sub.queue_url,
+            QueueUrl=SqsSettings.of(sub).queue_url,
             MessageBody="{}",
             MessageAttributes={
                 name: {"DataType": "String", "StringValue": value}

@@ -1,0 +1,215 @@
+"""Reading the file: TOML, then each table through its model, every problem listed at once.
+
+Tables are validated one by one so that a broken one never hides another's problems; checks
+across keys of a table run once that table's own keys are valid. A subscription's table is
+split between the core's keys (:class:`~bridge.config.model.SubscriptionConfig`) and its
+adapter's (found through the ``fencebridge.sources`` entry point its ``source`` names).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import types
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final, TypeVar
+
+from pydantic import ValidationError
+
+from bridge import sources
+from bridge.config.fields import NAME_RULE, Table, either, name_problem, shown
+from bridge.config.model import (
+    DECLARED_JOBS,
+    BridgeConfig,
+    BridgeSettings,
+    JobConfig,
+    RetentionConfig,
+    SubscriptionConfig,
+)
+from bridge.config.problems import Scope, Where, did_you_mean, messages
+from bridge.database import DATABASE_URL_ENV
+from bridge.errors import ConfigError
+
+TOP_LEVEL: Final = ("bridge", "jobs", "subscriptions", "retention")
+#: the one key refused anywhere in the file: the database URL holds credentials
+REFUSED_KEY: Final = "database_url"
+
+T = TypeVar("T", bound=Table)
+
+
+def load_config(path: str | os.PathLike[str]) -> BridgeConfig:
+    """Read and check the configuration file; raises ConfigError naming file and key."""
+    file = os.fspath(path)
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: is not UTF-8 text (byte {exc.start})") from None
+    return parse_config(text, file=file)
+
+
+def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
+    """Check configuration text; ``file`` is the name errors give it.
+
+    Every problem in the file is reported at once (one per line), not only the first.
+    """
+    where = Where(file)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where.message(f"invalid TOML: {exc}")) from None
+    problems: list[str] = []
+    document = _without_secrets(raw, where, problems)
+    for name in document:
+        if name not in TOP_LEVEL:
+            hint = did_you_mean(
+                name, TOP_LEVEL, "expected [bridge], [jobs.<name>] or [subscriptions.<name>]"
+            )
+            problems.append(where.child(name).message(f"unknown section; {hint}"))
+    report = problems.extend
+    settings = _table(BridgeSettings, document.get("bridge", {}), where.child("bridge"), report)
+    jobs: dict[str, JobConfig] = {}
+    for name, table in _named(document, "jobs", "job type", where, report).items():
+        job = _table(JobConfig, table, where.child("jobs").child(name), report, name=name)
+        if job is not None:
+            jobs[name] = job
+    # a job type that is declared but invalid is reported once, not again by each user of it
+    section = document.get("jobs")
+    declared = frozenset(section) if isinstance(section, dict) and section else None
+    subscriptions: dict[str, SubscriptionConfig] = {}
+    for name, table in _named(document, "subscriptions", "subscription", where, report).items():
+        at = where.child("subscriptions").child(name)
+        sub = _subscription(name, table, at, declared, report)
+        if sub is not None:
+            subscriptions[name] = sub
+    retention = None
+    if "retention" in document:
+        retention = _table(RetentionConfig, document["retention"], where.child("retention"), report)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert settings is not None  # no problem was found, so every table was built
+    return BridgeConfig(
+        bridge=settings,
+        jobs=types.MappingProxyType(jobs),
+        subscriptions=types.MappingProxyType(subscriptions),
+        retention=retention,
+        file=file,
+    )
+
+
+Report = Callable[[list[str]], None]
+
+
+def _table(
+    model: type[T], raw: object, where: Where, report: Report, *, name: str = ""
+) -> T | None:
+    try:
+        return model.read(raw, name=name)
+    except ValidationError as exc:
+        report(messages([(model, exc)], where))
+        return None
+
+
+def _without_secrets(node: Any, where: Where, problems: list[str]) -> Any:
+    """The document without any ``database_url`` key, each one reported without its value."""
+    if isinstance(node, dict):
+        kept = {}
+        for key, value in node.items():
+            if key.lower() == REFUSED_KEY:
+                problems.append(
+                    where.child(key).message(
+                        "secrets are never read from the configuration file; remove this key "
+                        f"and set {DATABASE_URL_ENV} in the environment"
+                    )
+                )
+            else:
+                kept[key] = _without_secrets(value, where.child(key), problems)
+        return kept
+    if isinstance(node, list):
+        return [_without_secrets(v, where.child(i), problems) for i, v in enumerate(node)]
+    return node
+
+
+def _named(
+    document: dict[str, Any], section: str, what: str, where: Where, report: Report
+) -> dict[str, Any]:
+    """The section's tables by name; problems are listed and the bad tables left out."""
+    tables = document.get(section)
+    key = where.child(section)
+    if tables is None or tables == {}:
+        report([key.message(f"at least one {what} is required, as [{section}.<name>]")])
+        return {}
+    if not isinstance(tables, dict):
+        report([key.message(f"expected tables [{section}.<name>], got {shown(tables)}")])
+        return {}
+    named: dict[str, Any] = {}
+    for name, table in tables.items():
+        if name_problem(name) is None:
+            named[name] = table
+        else:
+            report([key.child(name).message(f"a {what} name is {NAME_RULE}")])
+    return named
+
+
+def _subscription(
+    name: str, raw: object, where: Where, declared: frozenset[str] | None, report: Report
+) -> SubscriptionConfig | None:
+    """The core's keys and the adapter's, validated side by side and reported together."""
+    if not isinstance(raw, dict):
+        report([where.message(f"expected a table, got {shown(raw)}")])
+        return None
+    installed = sources.names()
+    expected = either([repr(n) for n in installed]) if installed else "an installed source"
+    if "source" not in raw:
+        report([where.child("source").message(f"required key is missing; expected {expected}")])
+        return None
+    source = raw["source"]
+    if not isinstance(source, str) or source not in installed:
+        report([where.child("source").message(f"expected {expected}, got {shown(source)}")])
+        return None
+    settings_model = sources.adapter(source).settings
+    core, own = SubscriptionConfig.model_fields, settings_model.model_fields
+    failed: list[tuple[type[Table], ValidationError]] = []
+    sub = settings = None
+    try:
+        sub = SubscriptionConfig.read(
+            {k: v for k, v in raw.items() if k in core},
+            name=name,
+            context={DECLARED_JOBS: declared},
+        )
+    except ValidationError as exc:
+        failed.append((SubscriptionConfig, exc))
+    try:
+        settings = settings_model.read({k: v for k, v in raw.items() if k not in core}, name=name)
+    except ValidationError as exc:
+        failed.append((settings_model, exc))
+    if failed or sub is None or settings is None:
+        scope = Scope(
+            known=(*core, *own),
+            source=source,
+            owned=frozenset(own),
+            elsewhere=partial(_owner, source),
+        )
+        report(messages(failed, where, scope))
+        return None
+    return sub.with_settings(settings)
+
+
+def _owner(source: str, key: str) -> str | None:
+    """Another installed source whose adapter declares ``key``, for a key set in the wrong
+    place."""
+    for other in sources.names():
+        if other == source:
+            continue
+        try:
+            owned = sources.adapter(other).settings.model_fields
+        except (ConfigError, ImportError):
+            continue  # an adapter that cannot be imported cannot claim the key
+        if key in owned:
+            return other
+    return None

@@ -1,0 +1,645 @@
+"""The tables of the configuration file, as models: each key once, with its type, range,
+default and documentation, which the reader, the reference and the JSON Schema all use.
+
+The keys of a subscription that belong to its broker are not here: the adapter declares them
+(:class:`~bridge.sources.SourceSettings`) and :attr:`SubscriptionConfig.settings` holds them.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any, Final, Self
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    model_validator,
+)
+
+from bridge.config.fields import (
+    DecodeSource,
+    HostName,
+    Identifier,
+    ImportPath,
+    Name,
+    OperationSource,
+    Payload,
+    Shown,
+    Table,
+    distinct,
+    invalid,
+    invalid_all,
+)
+from bridge.database import (
+    IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+    LOCK_TIMEOUT_DEFAULT,
+    STATEMENT_TIMEOUT_DEFAULT,
+    SessionTimeouts,
+)
+from bridge.decode import DecodeRules, JobRule, PayloadSource, SourceKind
+from bridge.errors import ConfigError
+from bridge.service import (
+    UNHEALTHY_AFTER_RESTARTS_DEFAULT,
+    UNHEALTHY_AFTER_SECONDS_DEFAULT,
+    Limits,
+)
+from bridge.types import TargetClass
+
+WORKER_THREADS_DEFAULT: Final = 8
+CLAIM_BATCH_DEFAULT: Final = 10
+POLL_INTERVAL_SECONDS_DEFAULT: Final = 1.0
+SWEEP_INTERVAL_SECONDS_DEFAULT: Final = 15.0
+SHUTDOWN_DEADLINE_SECONDS_DEFAULT: Final = 30.0
+HEALTH_HOST_DEFAULT: Final = "127.0.0.1"
+HEALTH_PORT_DEFAULT: Final = 8080
+
+MAX_ATTEMPTS_DEFAULT: Final = 5
+#: class D targets have neither fence nor idempotency key: one attempt, ever
+MAX_ATTEMPTS_CLASS_D: Final = 1
+LEASE_SECONDS_DEFAULT: Final = 60.0
+BACKOFF_INITIAL_SECONDS_DEFAULT: Final = 1.0
+BACKOFF_MAX_SECONDS_DEFAULT: Final = 300.0
+
+#: the largest SQS message (1 MiB); Pub/Sub allows up to 10 MB
+MAX_BODY_BYTES_DEFAULT: Final = 1_048_576
+
+
+class AckMode(enum.StrEnum):
+    """When a delivery is acknowledged to its broker."""
+
+    AFTER_INBOX = "after_inbox"  #: once its work row has committed
+    AFTER_OUTCOME = "after_outcome"  #: once its work row is terminal or parked
+
+
+ACK_MODE_DEFAULT: Final = AckMode.AFTER_INBOX
+
+
+def default_worker_id() -> str:
+    """``<hostname>-<pid>``: unique per process on a host, readable in status output."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _doc(text: str) -> str:
+    return inspect.cleandoc(text)
+
+
+class BridgeSettings(Table):
+    """Settings of the bridge process. Every key is optional."""
+
+    worker_id: Annotated[Identifier, Shown(default='`"<hostname>-<pid>"`')] = Field(
+        default_factory=default_worker_id,
+        description=_doc(
+            """
+            Names this process as the lease owner of the rows it claims. Give every running
+            process its own: the id is how status output and logs tell claims apart (the
+            fence, not this id, is what keeps their writes apart).
+            """
+        ),
+    )
+    worker_threads: StrictInt = Field(
+        default=WORKER_THREADS_DEFAULT,
+        ge=1,
+        le=256,
+        description="Handlers that run at once in this process.",
+    )
+    claim_batch: StrictInt = Field(
+        default=CLAIM_BATCH_DEFAULT,
+        ge=1,
+        le=1000,
+        description="Most work rows one claim statement leases.",
+    )
+    poll_interval_seconds: StrictFloat = Field(
+        default=POLL_INTERVAL_SECONDS_DEFAULT,
+        gt=0,
+        le=3600,
+        description="Pause between claims while the last claim found nothing to do.",
+    )
+    sweep_interval_seconds: StrictFloat = Field(
+        default=SWEEP_INTERVAL_SECONDS_DEFAULT,
+        gt=0,
+        le=3600,
+        description=_doc(
+            """
+            How often the sweeper looks for claims whose lease expired with no attempt left
+            and parks them as `unknown`.
+            """
+        ),
+    )
+    shutdown_deadline_seconds: StrictFloat = Field(
+        default=SHUTDOWN_DEADLINE_SECONDS_DEFAULT,
+        ge=0,
+        le=3600,
+        description=_doc(
+            """
+            On SIGTERM, how long running handlers get to finish. A claim still open after it
+            is left to lease expiry; its fence keeps any late write out.
+            """
+        ),
+    )
+    statement_timeout_seconds: StrictFloat = Field(
+        default=STATEMENT_TIMEOUT_DEFAULT.total_seconds(),
+        ge=0,
+        le=86400,
+        description=_doc(
+            """
+            Longest any one statement of the bridge may run (PostgreSQL's `statement_timeout`
+            on every pooled connection). Past it the server cancels the statement and rolls it
+            back: the caller gets a clear error, nothing was applied, and the work is retried
+            the way a database outage is. A class A transaction uses the handler's deadline
+            instead. `0` leaves the server's setting.
+            """
+        ),
+    )
+    lock_timeout_seconds: StrictFloat = Field(
+        default=LOCK_TIMEOUT_DEFAULT.total_seconds(),
+        ge=0,
+        le=86400,
+        description=_doc(
+            """
+            Longest a statement of the bridge waits for a row or table lock (`lock_timeout`),
+            including a class A handler's business rows. A wait that long means something else
+            holds the lock; the statement is rolled back and retried later instead of queueing
+            behind it. `0` leaves the server's setting.
+            """
+        ),
+    )
+    idle_in_transaction_timeout_seconds: StrictFloat = Field(
+        default=IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.total_seconds(),
+        ge=0,
+        le=86400,
+        description=_doc(
+            """
+            Longest a connection of the bridge may sit idle inside an open transaction
+            (`idle_in_transaction_session_timeout`). Past it the server ends the session, which
+            rolls the transaction back and releases every lock it held: a handler stuck in a
+            call can never hold rows and a connection forever. A class A transaction uses the
+            handler's deadline instead. `0` leaves the server's setting.
+            """
+        ),
+    )
+    unhealthy_after_seconds: StrictFloat = Field(
+        default=UNHEALTHY_AFTER_SECONDS_DEFAULT,
+        ge=1,
+        le=86400,
+        description=_doc(
+            """
+            How long a service of the bridge (claimer, workers, heartbeater, sweeper...) may
+            keep failing before `/healthz` fails too, so the orchestrator restarts the process.
+            Until then only `/readyz` fails. A dependency that cannot be reached at all never
+            fails `/healthz`: a restart would not bring it back.
+            """
+        ),
+    )
+    unhealthy_after_restarts: StrictInt = Field(
+        default=UNHEALTHY_AFTER_RESTARTS_DEFAULT,
+        ge=1,
+        le=1_000_000,
+        description="Restarts in a row of one service, without a good round between them, after"
+        " which `/healthz` fails.",
+    )
+    health_host: HostName = Field(
+        default=HEALTH_HOST_DEFAULT, description="Address the health endpoint listens on."
+    )
+    health_port: StrictInt = Field(
+        default=HEALTH_PORT_DEFAULT,
+        ge=0,
+        le=65535,
+        description="Port of `/healthz` (liveness) and `/readyz` (readiness); `0` disables both.",
+    )
+
+    def limits(self) -> Limits:
+        """When a failing service makes the process unhealthy, not only unready."""
+        return Limits(
+            failing_seconds=self.unhealthy_after_seconds, restarts=self.unhealthy_after_restarts
+        )
+
+    def session_timeouts(self) -> SessionTimeouts:
+        """The limits every pooled connection of the bridge starts with."""
+
+        def limit(seconds: float) -> timedelta | None:
+            return timedelta(seconds=seconds) if seconds > 0 else None
+
+        return SessionTimeouts(
+            statement=limit(self.statement_timeout_seconds),
+            lock=limit(self.lock_timeout_seconds),
+            idle_in_transaction=limit(self.idle_in_transaction_timeout_seconds),
+        )
+
+
+class JobConfig(Table):
+    """One table per job type. `<name>` is the job type a delivery decodes to (1 to 64 letters,
+    digits, `_`, `.` or `-`, starting with a letter or digit); subscriptions list the job
+    types they accept in `job_types`.
+    """
+
+    handler: ImportPath = Field(
+        description=_doc(
+            """
+            The handler, as an import path `module.path:attribute`. Only the spelling is
+            checked when the file is read; the bridge imports it when it starts.
+            """
+        )
+    )
+    target_class: TargetClass = Field(
+        description=_doc(
+            """
+            Where the handler's side effect lands, which decides what the fence can
+            guarantee. `A`: the same PostgreSQL database as the work table; the business
+            write commits with the settlement, under the fence. `B`: a store with conditional
+            writes that keeps the last fence and refuses lower ones. `C`: an external API with
+            an idempotency key and a lookup by key; after an ambiguous attempt the bridge looks
+            the key up before acting again (dedupe, not fencing). `D`: none of these; at most
+            one attempt, its intent recorded first, and an ambiguous result is parked as
+            `unknown`. There is no default: the class is a statement about the target that
+            only its owner can make.
+            """
+        )
+    )
+    max_attempts: Annotated[
+        StrictInt,
+        Shown(default=f"`{MAX_ATTEMPTS_DEFAULT}` (class `D`: `{MAX_ATTEMPTS_CLASS_D}`)"),
+    ] = Field(
+        default=MAX_ATTEMPTS_DEFAULT,
+        ge=1,
+        le=100,
+        description=_doc(
+            """
+            Claims a row may take. With none left, a retryable failure becomes
+            `failed_terminal`, and a claim whose lease expires is parked as `unknown`: never
+            retried, never assumed failed. Class `D` allows exactly one: leave the key out or
+            set it to 1.
+            """
+        ),
+    )
+    lease_seconds: StrictFloat = Field(
+        default=LEASE_SECONDS_DEFAULT,
+        gt=0,
+        le=86400,
+        description=_doc(
+            """
+            Length of a claim's lease. It is liveness only: heartbeats renew it while the
+            handler reports progress, and once it lapses another worker may take the row over
+            under a higher fence, which refuses every later write of the first one.
+            """
+        ),
+    )
+    backoff_initial_seconds: StrictFloat = Field(
+        default=BACKOFF_INITIAL_SECONDS_DEFAULT,
+        ge=0,
+        le=86400,
+        description=_doc(
+            """
+            Delay before the first retry after a retryable failure; later retries wait longer
+            (exponential backoff), up to `backoff_max_seconds`.
+            """
+        ),
+    )
+    backoff_max_seconds: StrictFloat = Field(
+        default=BACKOFF_MAX_SECONDS_DEFAULT,
+        ge=0,
+        le=86400,
+        description="Longest retry delay; at least `backoff_initial_seconds`.",
+    )
+    owner: Identifier | None = Field(
+        default=None,
+        description=_doc(
+            """
+            Who owns this job type's parked and failed rows (`unknown`, `quarantined`,
+            `failed_terminal`): a team or on-call rotation, named where alerts are routed.
+            `fencebridge check` reports no-go for a job type without one.
+            """
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_attempt_for_class_d(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("target_class") == TargetClass.D:
+            return {"max_attempts": MAX_ATTEMPTS_CLASS_D, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.target_class is TargetClass.D and self.max_attempts != MAX_ATTEMPTS_CLASS_D:
+            raise invalid(
+                "class D (no fence, no idempotency key) allows one attempt only; set 1 or leave "
+                f"it out, got {self.max_attempts}",
+                key=("max_attempts",),
+            )
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise invalid(
+                f"must be at least backoff_initial_seconds "
+                f"({_number(self.backoff_initial_seconds)}), "
+                f"got {_number(self.backoff_max_seconds)}",
+                key=("backoff_max_seconds",),
+            )
+        return self
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+class DecodeConfig(Table):
+    """How a delivery becomes an operation: where each part of its identity is read, and
+    which bytes are its payload. Field sources and the decoding rules are described below;
+    whatever cannot be read with confidence is quarantined with a reason, never guessed.
+    """
+
+    tenant_id: DecodeSource = Field(
+        description=_doc(
+            """
+            The tenant, part of every key. `value:` suits a subscription that carries one
+            tenant's traffic only.
+            """
+        )
+    )
+    operation_id: OperationSource = Field(
+        description=_doc(
+            """
+            The operation's identity, from the producer's business intent (the refund request
+            id): never a timestamp, a retry counter or a constant, so `value:` is refused.
+            `message_id` needs `operation_id_from_message_id = true`.
+            """
+        )
+    )
+    job_type: DecodeSource = Field(
+        description=_doc(
+            """
+            The job type; it must be one of the subscription's `job_types`. `value:` suits a
+            subscription that carries one job type.
+            """
+        )
+    )
+    schema_version: DecodeSource | None = Field(
+        default=None,
+        description=_doc(
+            """
+            The payload's schema version, stored on the work row. Required when
+            `schema_versions` is not empty; without a source no version is recorded.
+            """
+        ),
+    )
+    payload: Payload = Field(
+        default_factory=PayloadSource,
+        description=_doc(
+            """
+            The approved payload: the bytes that are hashed (sha256) to bind the operation,
+            and stored for the handler. `body` is the raw body, byte for byte, never parsed:
+            any format, and one changed byte is a conflict. `body:/pointer` is the canonical
+            JSON of the value at that pointer (`body:` alone: the whole document), so a
+            producer that reorders keys or changes whitespace still replays instead of
+            conflicting.
+            """
+        ),
+    )
+    operation_id_from_message_id: StrictBool = Field(
+        default=False,
+        description=_doc(
+            """
+            Allows `operation_id = "message_id"`, an explicit opt-in because it is weaker. A
+            broker's message id names one send, not one intent: a producer that resends after
+            a timeout gets a new message id, so two deliveries of one intent become two
+            operations and nothing deduplicates them. An SQS MessageId is stable only across
+            redeliveries of the same send (a Pub/Sub message id likewise). Use it only for a
+            producer that cannot carry an intent id, and only when a duplicate effect is
+            acceptable.
+            """
+        ),
+    )
+
+
+class SourceSettings(Table):
+    """An adapter's keys of a subscription table, beside the core's. Its docstring opens the
+    adapter's section of the reference; each field's description documents its key."""
+
+    def receivers(self) -> int:
+        """Threads of the consumer that may hold a database connection at once (pool sizing)."""
+        return 1
+
+    @classmethod
+    def of(cls, sub: SubscriptionConfig) -> Self:
+        """The subscription's settings, if they are this adapter's (guards direct use)."""
+        if not isinstance(sub.settings, cls):
+            raise ConfigError(
+                f"subscriptions.{sub.name}: source {sub.source!r} is not read by {cls.__name__}"
+            )
+        return sub.settings
+
+
+#: the validation context key naming every declared job table (None: [jobs] is unusable)
+DECLARED_JOBS: Final = "declared_jobs"
+
+
+class SubscriptionConfig(Table):
+    """One table per broker subscription. `<name>` (same rule as job type names) is stored on
+    every work row the subscription creates. `source` names the broker adapter, which owns
+    the rest of the table's keys: they are listed under the source below, and a key of another
+    source is an error.
+    """
+
+    source: Annotated[
+        StrictStr, Shown(kind="string, the name of an installed source (see below)")
+    ] = Field(
+        description="The broker adapter (a `fencebridge.sources` entry point): decides which "
+        "further keys apply."
+    )
+    ack_mode: AckMode = Field(
+        default=ACK_MODE_DEFAULT,
+        description=_doc(
+            """
+            `after_inbox`: acknowledge once the delivery's work row has committed; the broker
+            is only a wake-up signal and retries are the bridge's. `after_outcome`: hold the
+            delivery, extend its visibility timeout (SQS) or ack deadline (Pub/Sub) while its
+            work row makes progress, and acknowledge once the row is terminal or parked. In
+            both modes nothing is acknowledged before the row has committed.
+            """
+        ),
+    )
+    max_body_bytes: StrictInt = Field(
+        default=MAX_BODY_BYTES_DEFAULT,
+        ge=1,
+        le=10 * 1024**2,
+        description=_doc(
+            """
+            Largest body accepted. A longer one is quarantined (`body_too_large`) before it is
+            parsed.
+            """
+        ),
+    )
+    job_types: Annotated[
+        tuple[Name, ...], AfterValidator(distinct), Shown(kind="array of job type names, not empty")
+    ] = Field(
+        min_length=1,
+        description=_doc(
+            """
+                The job types this subscription accepts; each needs its `[jobs.<name>]` table.
+                A delivery that decodes to another job type is quarantined
+                (`unknown_job_type`).
+                """
+        ),
+    )
+    schema_versions: Annotated[
+        tuple[Identifier, ...],
+        AfterValidator(distinct),
+        Shown(kind="array of strings, 1..256 characters each"),
+    ] = Field(
+        default=(),
+        description=_doc(
+            """
+            The schema versions this subscription accepts. Empty: no check. Otherwise
+            `decode.schema_version` is required and other versions are quarantined
+            (`unknown_schema_version`).
+            """
+        ),
+    )
+    decode: DecodeConfig = Field(
+        description="The decoding rules, `[subscriptions.<name>.decode]`; keys listed below."
+    )
+
+    _settings: Any = PrivateAttr(default=None)
+
+    @property
+    def settings(self) -> SourceSettings:
+        """The adapter's keys of this subscription (its ``SourceSettings`` model)."""
+        assert self._settings is not None, "a subscription is built with its adapter's settings"
+        settings: SourceSettings = self._settings
+        return settings
+
+    def with_settings(self, settings: SourceSettings) -> Self:
+        """Attach the adapter's keys, once both halves of the table have been validated."""
+        self._settings = settings
+        return self
+
+    @model_validator(mode="after")
+    def _across_keys(self, info: ValidationInfo) -> Self:
+        found: list[tuple[tuple[str | int, ...], str]] = []
+        declared = (info.context or {}).get(DECLARED_JOBS)
+        for position, job_type in enumerate(self.job_types):
+            if declared is not None and job_type not in declared:
+                found.append(
+                    (
+                        ("job_types", position),
+                        f"no job type {job_type!r}; define it as [jobs.{job_type}]",
+                    )
+                )
+        decode = self.decode
+        message_id = decode.operation_id.kind is SourceKind.MESSAGE_ID
+        if message_id and not decode.operation_id_from_message_id:
+            found.append(
+                (
+                    ("decode", "operation_id"),
+                    "'message_id' needs operation_id_from_message_id = true: a producer's "
+                    "resend gets a new message id and would become a second operation",
+                )
+            )
+        if decode.operation_id_from_message_id and not message_id:
+            found.append(
+                (
+                    ("decode", "operation_id_from_message_id"),
+                    f"is true, but operation_id is {str(decode.operation_id)!r}, not 'message_id'",
+                )
+            )
+        decoded = decode.job_type
+        if decoded.kind is SourceKind.VALUE and decoded.argument not in self.job_types:
+            found.append(
+                (
+                    ("decode", "job_type"),
+                    f"the constant {decoded.argument!r} is not one of job_types",
+                )
+            )
+        version = decode.schema_version
+        if self.schema_versions and version is None:
+            found.append(
+                (
+                    ("decode", "schema_version"),
+                    "required key is missing: schema_versions lists the accepted versions, so "
+                    "the version must be decoded",
+                )
+            )
+        if (
+            version is not None
+            and version.kind is SourceKind.VALUE
+            and self.schema_versions
+            and version.argument not in self.schema_versions
+        ):
+            found.append(
+                (
+                    ("decode", "schema_version"),
+                    f"the constant {version.argument!r} is not one of schema_versions",
+                )
+            )
+        if found:
+            raise invalid_all(found)
+        return self
+
+
+class RetentionConfig(Table):
+    """How long finished work is kept and who answers for deleting it. Optional for running
+    the bridge; `fencebridge check` reports no-go without it. `fencebridge purge --config`
+    reads the age from here; rows parked as `unknown` or `quarantined` are never purged.
+    """
+
+    purge_after_days: StrictInt = Field(
+        ge=1,
+        le=36500,
+        description=_doc(
+            """
+            Age (since settlement) after which succeeded and failed rows, their payloads and
+            resolved rejected deliveries are purged. A delivery redelivered after its row was
+            purged is a new operation, so this must be longer than the broker can redeliver
+            (SQS keeps messages up to 14 days, Pub/Sub topic retention up to 31);
+            `fencebridge check` enforces it per job type.
+            """
+        ),
+    )
+    erasure_owner: Identifier = Field(
+        description=_doc(
+            """
+            Who owns retention and erasure requests for work rows and payloads (a team or
+            role): the owner of `fencebridge erase --tenant` and of this plan.
+            """
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BridgeConfig:
+    """The whole file: process settings, job types and subscriptions, checked together."""
+
+    bridge: BridgeSettings
+    jobs: Mapping[str, JobConfig]
+    subscriptions: Mapping[str, SubscriptionConfig]
+    retention: RetentionConfig | None = None
+    #: the file it was read from, for messages about it
+    file: str = "<config>"
+
+    def decode_rules(self, subscription: str) -> DecodeRules:
+        """The subscription's decoding rules, joined with the job types it accepts."""
+        sub = self.subscriptions[subscription]
+        return DecodeRules(
+            subscription=sub.name,
+            tenant_id=sub.decode.tenant_id,
+            operation_id=sub.decode.operation_id,
+            job_type=sub.decode.job_type,
+            schema_version=sub.decode.schema_version,
+            payload=sub.decode.payload,
+            jobs={
+                t: JobRule(self.jobs[t].target_class, self.jobs[t].max_attempts)
+                for t in sub.job_types
+            },
+            schema_versions=frozenset(sub.schema_versions),
+            max_body_bytes=sub.max_body_bytes,
+        )
