@@ -17,12 +17,14 @@ from typing import Any
 import jsonschema
 import pytest
 
+from bridge import sources
 from bridge.config import SubscriptionConfig, config_schema, load_config, parse_config
 from bridge.errors import ConfigError
 from tests.support import memory_source
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "bridge.toml"
+PUBLISHED = ROOT / "docs" / "examples" / "bridge.schema.json"
 
 Document = dict[str, Any]
 
@@ -37,6 +39,15 @@ def validator() -> jsonschema.Draft202012Validator:
 def example() -> Document:
     with EXAMPLE.open("rb") as handle:
         return tomllib.load(handle)
+
+
+def test_the_published_schema_is_the_generated_one() -> None:
+    published = json.loads(PUBLISHED.read_text())
+    assert published == config_schema(sources.shipped()), (
+        "docs/examples/bridge.schema.json is stale: regenerate it with "
+        "`fencebridge config schema > docs/examples/bridge.schema.json`"
+    )
+    assert EXAMPLE.read_text().startswith(f"#:schema ./{PUBLISHED.name}\n")
 
 
 def test_the_example_is_valid(validator: jsonschema.Draft202012Validator) -> None:
