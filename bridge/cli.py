@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from bridge.commands import (
     check,
     config,
+    console,
     demo,
     erase,
     identity,
@@ -62,6 +63,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     check.register,
     identity.register,
     config.register,
+    console.register,
 )
 
 EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE

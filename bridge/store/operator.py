@@ -23,6 +23,7 @@ from bridge.records import (
     RejectedStatus,
     ResolvedDelivery,
 )
+from bridge.store.listing import GroupCount, RejectedSummary, RowSummary
 from bridge.store.work import SWEEP_LIMIT_DEFAULT, KeyedStore
 from bridge.types import (
     Decision,
@@ -32,6 +33,7 @@ from bridge.types import (
     RedriveFilter,
     Redriven,
     Rejection,
+    State,
     Stats,
     Ticket,
 )
@@ -149,4 +151,26 @@ class OperatorStore(KeyedStore, Protocol):
         self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
     ) -> ErasureCounts:
         """Delete one tenant's rows, payloads, rejected deliveries and audit rows; record it."""
+        ...
+
+    def group_counts(self) -> list[GroupCount]:
+        """Counts by subscription, job type, tenant and state (the console's counts)."""
+        ...
+
+    def rows_page(
+        self,
+        state: State,
+        *,
+        after: int = 0,
+        limit: int = 50,
+        subscription: str | None = None,
+        job_type: str | None = None,
+    ) -> list[RowSummary]:
+        """Rows in ``state`` with a ``seq`` greater than ``after``, in ``seq`` order."""
+        ...
+
+    def rejected_page(
+        self, *, after: int = 0, limit: int = 50, kind: str | None = None, open_only: bool = False
+    ) -> list[RejectedSummary]:
+        """Rejected deliveries with an id greater than ``after``, in id order."""
         ...

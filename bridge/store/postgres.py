@@ -60,6 +60,7 @@ from bridge.records import (
     ResolvedDelivery,
     WorkRecord,
 )
+from bridge.store.listing import GroupCount, RejectedSummary, RowSummary
 from bridge.store.work import SWEEP_LIMIT_DEFAULT, Settlement
 from bridge.types import (
     Claim,
@@ -761,6 +762,44 @@ class PostgresStore:
         assert row is not None
         return ErasureCounts(*(int(n) for n in row))
 
+    # -- console lists -----------------------------------------------------------------------
+
+    def group_counts(self) -> list[GroupCount]:
+        """Counts by subscription, job type, tenant and state (the console's counts)."""
+        with self._connection("console") as conn:
+            rows = conn.execute(sql.statement("console_counts")).fetchall()
+        return [GroupCount(sub, job, t, State(s), int(n)) for sub, job, t, s, n in rows]
+
+    def rows_page(
+        self,
+        state: State,
+        *,
+        after: int = 0,
+        limit: int = 50,
+        subscription: str | None = None,
+        job_type: str | None = None,
+    ) -> list[RowSummary]:
+        """Rows in ``state`` with a ``seq`` greater than ``after``, in ``seq`` order."""
+        params = {
+            "state": state.value,
+            "after": after,
+            "limit": limit,
+            "subscription": subscription,
+            "job_type": job_type,
+        }
+        with self._connection("console") as conn:
+            rows = conn.execute(sql.statement("console_rows"), params).fetchall()
+        return [_row_summary(r) for r in rows]
+
+    def rejected_page(
+        self, *, after: int = 0, limit: int = 50, kind: str | None = None, open_only: bool = False
+    ) -> list[RejectedSummary]:
+        """Rejected deliveries with an id greater than ``after``, in id order."""
+        params = {"after": after, "limit": limit, "kind": kind, "open_only": open_only}
+        with self._connection("console") as conn:
+            rows = conn.execute(sql.statement("console_rejected"), params).fetchall()
+        return [_rejected_summary(r) for r in rows]
+
 
 def _selection_params(selection: RedriveFilter) -> dict[str, Any]:
     keys = selection.keys
@@ -1084,4 +1123,46 @@ def _claim(row: tuple[Any, ...]) -> Claim:
         receive_count=receive_count,
         ordering_key=ordering_key,
         identity_key_id=int(identity_key_id),
+    )
+
+
+def _row_summary(row: tuple[Any, ...]) -> RowSummary:
+    (seq, tenant_id, operation_id, subscription, job_type, target_class, state, fence,
+     attempts, max_attempts, outcome_code, created_at, claimed_at, settled_at, lease_expires_at,
+    ) = row  # fmt: skip
+    return RowSummary(
+        seq=int(seq),
+        key=Key(tenant_id, operation_id),
+        subscription=subscription,
+        job_type=job_type,
+        target_class=TargetClass(target_class),
+        state=State(state),
+        fence=int(fence),
+        attempts=int(attempts),
+        max_attempts=int(max_attempts),
+        outcome_code=outcome_code,
+        created_at=created_at,
+        claimed_at=claimed_at,
+        settled_at=settled_at,
+        lease_expires_at=lease_expires_at,
+    )
+
+
+def _rejected_summary(row: tuple[Any, ...]) -> RejectedSummary:
+    (rejected_id, kind, reason, subscription, tenant_id, operation_id, created_at, redriven_at,
+     redriven_by, redrive_outcome, resolved_at, resolved_by,
+    ) = row  # fmt: skip
+    known = tenant_id is not None and operation_id is not None
+    return RejectedSummary(
+        id=int(rejected_id),
+        kind=kind,
+        reason=reason,
+        subscription=subscription,
+        key=Key(tenant_id, operation_id) if known else None,
+        created_at=created_at,
+        redriven_at=redriven_at,
+        redriven_by=redriven_by,
+        redrive_outcome=redrive_outcome,
+        resolved_at=resolved_at,
+        resolved_by=resolved_by,
     )

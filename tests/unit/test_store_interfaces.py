@@ -15,6 +15,7 @@ OPERATOR_QUERIES = frozenset(
         "close_rejected",
         "erase_tenant",
         "erasures",
+        "group_counts",
         "history",
         "parked",
         "purge_batch",
@@ -23,8 +24,10 @@ OPERATOR_QUERIES = frozenset(
         "redrive",
         "redrive_applied",
         "redrive_unfenced",
+        "rejected_page",
         "rejected_status",
         "resolve_rejected",
+        "rows_page",
     }
 )
 #: what both sides need: a redrive writes re-decoded deliveries as the inbox does, and both

@@ -1,0 +1,442 @@
+"""The console's routes: each takes a parsed request and answers a JSON document or a
+:class:`ApiError`. No HTTP here (that is :mod:`.server`), so the rules are in one place.
+
+Identifiers leave only as keyed hashes. A single operation is asked for with its raw tenant and
+operation id in a POST body, never in a URL, so that they stay out of access logs and browser
+history; the answer carries the hashes only. Payload bytes are never read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bridge import keyring
+from bridge.config import BridgeConfig
+from bridge.console.auth import Principal, Role
+from bridge.console.openapi import document
+from bridge.identity import IdentityHasher
+from bridge.operations import Redrive, RedriveReport
+from bridge.records import OperationHistory
+from bridge.store.operator import OperatorStore
+from bridge.types import Key, RedriveFilter, State
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1"
+PAGE_DEFAULT = 50
+PAGE_MAX = 500
+REDRIVE_LIMIT_MAX = 1000
+EXTRA_ATTEMPTS_MAX = 10
+TEXT_MAX = 1000
+_STATES = tuple(s.value for s in State)
+
+
+class ApiError(Exception):
+    """An answer other than 200: its status, a short title and the specific reason."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+
+
+def bad_request(detail: str) -> ApiError:
+    return ApiError(400, "bad request", detail)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    principal: Principal
+    query: Mapping[str, Sequence[str]]
+    #: the parsed JSON body of a POST (None for a GET)
+    body: Any = None
+
+
+Handler = Callable[["ConsoleApi", Request], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    role: Role
+    handler: Handler
+
+
+class ConsoleApi:
+    """The routes over one store, configuration (for the handlers a redrive's lookups need) and
+    identity hasher (already compared with the database's keys)."""
+
+    def __init__(self, store: OperatorStore, config: BridgeConfig, hasher: IdentityHasher) -> None:
+        self._store = store
+        self._config = config
+        self._hasher = hasher
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def openapi(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ())
+        return document()
+
+    def counts(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ())
+        grouped: dict[tuple[str, str, str], dict[str, int]] = {}
+        totals = dict.fromkeys(_STATES, 0)
+        for c in self._store.group_counts():
+            key = (c.subscription, c.job_type, self._hasher.tenant(c.tenant_id))
+            grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
+            totals[c.state.value] += c.count
+        return {
+            "counts": [
+                {"subscription": sub, "job_type": job, "tenant": tenant, "states": states}
+                for (sub, job, tenant), states in sorted(grouped.items())
+            ],
+            "totals": totals,
+        }
+
+    def rows(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ("state", "subscription", "job_type", "limit", "cursor"))
+        raw_state = _one(request, "state")
+        if raw_state is None:
+            raise bad_request(f"state is required: one of {', '.join(_STATES)}")
+        try:
+            state = State(raw_state)
+        except ValueError:
+            raise bad_request(f"unknown state: expected one of {', '.join(_STATES)}") from None
+        limit = _limit(request)
+        after = _cursor(request, "rows")
+        page = self._store.rows_page(
+            state,
+            after=after,
+            limit=limit + 1,
+            subscription=_one(request, "subscription"),
+            job_type=_one(request, "job_type"),
+        )
+        more, page = len(page) > limit, page[:limit]
+        return {
+            "rows": [
+                {
+                    "tenant": self._hasher.tenant(r.key.tenant_id),
+                    "operation": self._hasher.operation(r.key.tenant_id, r.key.operation_id),
+                    "subscription": r.subscription,
+                    "job_type": r.job_type,
+                    "target_class": r.target_class.value,
+                    "state": r.state.value,
+                    "fence": r.fence,
+                    "attempts": r.attempts,
+                    "max_attempts": r.max_attempts,
+                    "outcome_code": r.outcome_code,
+                    "created_at": _time(r.created_at),
+                    "claimed_at": _time(r.claimed_at),
+                    "settled_at": _time(r.settled_at),
+                    "lease_expires_at": _time(r.lease_expires_at),
+                }
+                for r in page
+            ],
+            "next_cursor": _encode_cursor("rows", page[-1].seq) if more else None,
+        }
+
+    def rejected(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ("kind", "open", "limit", "cursor"))
+        kind = _one(request, "kind")
+        if kind not in (None, "conflict", "quarantined"):
+            raise bad_request("unknown kind: expected conflict or quarantined")
+        open_text = _one(request, "open") or "false"
+        if open_text not in ("true", "false"):
+            raise bad_request("open must be true or false")
+        limit = _limit(request)
+        page = self._store.rejected_page(
+            after=_cursor(request, "rejected"),
+            limit=limit + 1,
+            kind=kind,
+            open_only=open_text == "true",
+        )
+        more, page = len(page) > limit, page[:limit]
+        return {
+            "rejected": [
+                {
+                    "id": r.id,
+                    "kind": r.kind,
+                    "reason": r.reason,
+                    "subscription": r.subscription,
+                    **self._hashes(r.key),
+                    "created_at": _time(r.created_at),
+                    "redriven_at": _time(r.redriven_at),
+                    "redriven_by": r.redriven_by,
+                    "redrive_outcome": r.redrive_outcome,
+                    "resolved_at": _time(r.resolved_at),
+                    "resolved_by": r.resolved_by,
+                }
+                for r in page
+            ],
+            "next_cursor": _encode_cursor("rejected", page[-1].id) if more else None,
+        }
+
+    def operation(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ())
+        body = _object(request.body, {"tenant_id", "operation_id"})
+        tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
+        return self._history(self._store.history(Key(tenant, operation)))
+
+    def _history(self, history: OperationHistory) -> dict[str, Any]:
+        row = history.row
+        return {
+            **self._hashes(history.key),
+            "row": None
+            if row is None
+            else {
+                "subscription": row.subscription,
+                "job_type": row.job_type,
+                "target_class": row.target_class.value,
+                "schema_version": row.schema_version,
+                "state": row.state.value,
+                "fence": row.fence,
+                "attempts": row.attempts,
+                "max_attempts": row.max_attempts,
+                "lease_owner": row.lease_owner,
+                "lease_expires_at": _time(row.lease_expires_at),
+                "next_attempt_at": _time(row.next_attempt_at),
+                "intent_fence": row.intent_fence,
+                "outcome_code": row.outcome_code,
+                "payload_hash": row.payload_hash.hex(),
+                "payload_bytes": row.payload_bytes,
+                "created_at": _time(row.created_at),
+                "claimed_at": _time(row.claimed_at),
+                "settled_at": _time(row.settled_at),
+                "updated_at": _time(row.updated_at),
+            },
+            "redrives": [
+                {
+                    "at": _time(r.at),
+                    "actor": r.actor,
+                    "reason": r.reason,
+                    "from_state": r.from_state,
+                    "to_state": r.to_state,
+                    "fence": r.fence,
+                    "attempts": r.attempts,
+                }
+                for r in history.redrives
+            ],
+            "rejected": [
+                {
+                    "id": r.id,
+                    "kind": r.kind,
+                    "reason": r.reason,
+                    "subscription": r.subscription,
+                    "payload_hash": r.payload_hash.hex() if r.payload_hash is not None else None,
+                    "created_at": _time(r.created_at),
+                    "redriven_at": _time(r.redriven_at),
+                    "redrive_outcome": r.redrive_outcome,
+                    "resolved_at": _time(r.resolved_at),
+                }
+                for r in history.rejected
+            ],
+        }
+
+    # -- the act -------------------------------------------------------------------------------
+
+    def redrive(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ())
+        fields = {
+            "reason",
+            "dry_run",
+            "states",
+            "subscription",
+            "job_type",
+            "tenant_id",
+            "operation_id",
+            "limit",
+            "extra_attempts",
+            "confirm_not_called",
+        }
+        body = _object(request.body, fields)
+        reason = _required(body, "reason")
+        dry_run = body.get("dry_run")
+        if not isinstance(dry_run, bool):
+            raise bad_request("dry_run is required: true to preview, false to redrive")
+        states = _states(body.get("states", ["unknown", "quarantined"]))
+        tenant, operation = _text(body, "tenant_id"), _text(body, "operation_id")
+        if operation is not None and tenant is None:
+            raise bad_request("operation_id needs tenant_id")
+        confirm = body.get("confirm_not_called", False)
+        if not isinstance(confirm, bool):
+            raise bad_request("confirm_not_called must be true or false")
+        if confirm and operation is None:
+            raise bad_request("confirm_not_called applies to one operation: give its ids")
+        selection = RedriveFilter(
+            states=states,
+            subscription=_text(body, "subscription"),
+            tenant_id=tenant,
+            job_type=_text(body, "job_type"),
+            keys=(Key(tenant, operation),) if tenant is not None and operation else None,
+            limit=_bounded(body, "limit", 100, REDRIVE_LIMIT_MAX),
+        )
+        if not dry_run:
+            keyring.attach(self._store, self._hasher, used_by="fencebridge console")
+        report = Redrive(
+            self._store,
+            self._config,
+            self._hasher,
+            actor=request.principal.name,
+            reason=reason,
+            dry_run=dry_run,
+            extra_attempts=_bounded(body, "extra_attempts", 1, EXTRA_ATTEMPTS_MAX),
+            confirm_not_called=confirm,
+        ).run(selection, deliveries=State.QUARANTINED in states)
+        log.info(
+            "console redrive by %s: %d moved, %d left%s",
+            request.principal.name,
+            report.moved,
+            report.left,
+            " (dry run)" if dry_run else "",
+        )
+        return self._report(report)
+
+    def _report(self, report: RedriveReport) -> dict[str, Any]:
+        return {
+            "dry_run": report.dry_run,
+            "moved": report.moved,
+            "left": report.left,
+            "rows": [
+                {
+                    **self._hashes(r.row.key),
+                    "state": r.row.state.value,
+                    "target_class": r.row.target_class.value,
+                    "subscription": r.row.subscription,
+                    "job_type": r.row.job_type,
+                    "to": r.to.value if r.to is not None else None,
+                    "note": r.note,
+                }
+                for r in report.rows
+            ],
+            "deliveries": [
+                {
+                    "id": d.delivery.id,
+                    "subscription": d.delivery.subscription,
+                    **self._hashes(d.key),
+                    "decision": d.decision.value if d.decision is not None else None,
+                    "note": d.note,
+                }
+                for d in report.deliveries
+            ],
+        }
+
+    def _hashes(self, key: Key | None) -> dict[str, str | None]:
+        if key is None:
+            return {"tenant": None, "operation": None}
+        return {
+            "tenant": self._hasher.tenant(key.tenant_id),
+            "operation": self._hasher.operation(key.tenant_id, key.operation_id),
+        }
+
+
+#: every route the console answers; the OpenAPI document describes each one
+ROUTES: tuple[Route, ...] = (
+    Route("GET", f"{PREFIX}/openapi.json", Role.VIEWER, ConsoleApi.openapi),
+    Route("GET", f"{PREFIX}/counts", Role.VIEWER, ConsoleApi.counts),
+    Route("GET", f"{PREFIX}/rows", Role.VIEWER, ConsoleApi.rows),
+    Route("GET", f"{PREFIX}/rejected", Role.VIEWER, ConsoleApi.rejected),
+    Route("POST", f"{PREFIX}/operation", Role.VIEWER, ConsoleApi.operation),
+    Route("POST", f"{PREFIX}/redrive", Role.OPERATOR, ConsoleApi.redrive),
+)
+
+
+# -- input ---------------------------------------------------------------------------------------
+
+
+def _no_query(request: Request, allowed: Sequence[str]) -> None:
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise bad_request(f"unknown query parameter: {unknown[0]}")
+
+
+def _one(request: Request, name: str) -> str | None:
+    values = request.query.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise bad_request(f"{name} given more than once")
+    return values[0]
+
+
+def _limit(request: Request) -> int:
+    text = _one(request, "limit")
+    if text is None:
+        return PAGE_DEFAULT
+    if not text.isdigit() or not 1 <= int(text) <= PAGE_MAX:
+        raise bad_request(f"limit must be a whole number from 1 to {PAGE_MAX}")
+    return int(text)
+
+
+def _encode_cursor(kind: str, position: int) -> str:
+    return base64.urlsafe_b64encode(f"{kind}:{position}".encode()).decode().rstrip("=")
+
+
+def _cursor(request: Request, kind: str) -> int:
+    """The position after which a page starts; a cursor is opaque, and only one this list
+    handed out is accepted."""
+    text = _one(request, "cursor")
+    if text is None:
+        return 0
+    try:
+        decoded = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):
+        decoded = ""
+    prefix, _, position = decoded.partition(":")
+    if prefix != kind or not position.isdigit() or len(position) > 18:
+        raise bad_request("bad cursor: pass back the next_cursor of the previous page unchanged")
+    return int(position)
+
+
+def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"unknown field: {unknown[0]}")
+    return body
+
+
+def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise bad_request(f"{name} is required")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"{name} must be a non-empty string")
+    if len(value) > TEXT_MAX or "\x00" in value:
+        raise bad_request(f"{name} must be at most {TEXT_MAX} characters, without NUL")
+    return value
+
+
+def _required(body: Mapping[str, Any], name: str) -> str:
+    value = _text(body, name, required=True)
+    assert value is not None  # _text raised otherwise
+    return value
+
+
+def _bounded(body: Mapping[str, Any], name: str, default: int, most: int) -> int:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise bad_request(f"{name} must be a whole number from 1 to {most}")
+    return value
+
+
+def _states(value: Any) -> tuple[State, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("states must be a non-empty list of unknown and quarantined")
+    if any(v not in ("unknown", "quarantined") for v in value):
+        raise bad_request("states: only unknown and quarantined rows can be redriven")
+    return tuple(dict.fromkeys(State(v) for v in value))
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

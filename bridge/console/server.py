@@ -1,0 +1,169 @@
+"""The console's HTTP server: authentication, roles, JSON in and out, security headers.
+
+Every answer, an error included, carries the security headers and ``Cache-Control: no-store``.
+The order of checks is fixed: a token first (401 before anything is revealed, even whether a
+path exists), then the route (404, 405), the role (403), the body's type and size (415, 413),
+its JSON (400), and the route's own checks (400). An unexpected exception in a route is answered
+500 with its type only and logged by type; the server loop runs as a supervised service, so
+nothing a request does can stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from bridge.console.api import ROUTES, ApiError, ConsoleApi, Request, Route
+from bridge.console.auth import Principal, Tokens
+from bridge.service import Backoff, Deadline, Supervised
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8091
+BODY_MAX = 64 * 1024
+ROUND_SECONDS = 0.2
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class ConsoleServer:
+    def __init__(self, api: ConsoleApi, tokens: Tokens, host: str, port: int) -> None:
+        routes: dict[str, dict[str, Route]] = {}
+        for route in ROUTES:
+            routes.setdefault(route.path, {})[route.method] = route
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "fencebridge-console"
+            sys_version = ""
+
+            def do_GET(self) -> None:
+                self._answer("GET")
+
+            def do_POST(self) -> None:
+                self._answer("POST")
+
+            def do_PUT(self) -> None:
+                self._answer("PUT")
+
+            def do_PATCH(self) -> None:
+                self._answer("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._answer("DELETE")
+
+            def _answer(self, method: str) -> None:
+                extra: dict[str, str] = {}
+                try:
+                    status, body = 200, self._route(method, extra)
+                except ApiError as exc:
+                    status = exc.status
+                    body = {"type": "about:blank", "title": exc.title, "status": exc.status}
+                    body["detail"] = exc.detail
+                except Exception as exc:  # noqa: BLE001  (one request fails, the server goes on)
+                    log.error("console request failed: %s", type(exc).__name__)
+                    status = 500
+                    body = {
+                        "type": "about:blank",
+                        "title": "internal error",
+                        "status": 500,
+                        "detail": f"the request failed ({type(exc).__name__}); see the log",
+                    }
+                self._send(status, body, extra)
+
+            def _route(self, method: str, extra: dict[str, str]) -> dict[str, Any]:
+                principal = self._principal(extra)
+                parts = urlsplit(self.path)
+                by_method = routes.get(parts.path)
+                if by_method is None:
+                    raise ApiError(404, "not found", f"no such route: {parts.path}")
+                route = by_method.get(method)
+                if route is None:
+                    extra["Allow"] = ", ".join(sorted(by_method))
+                    raise ApiError(405, "method not allowed", f"use {extra['Allow']}")
+                if not principal.role.allows(route.role):
+                    raise ApiError(
+                        403, "forbidden", f"the {principal.role.value} role cannot do this"
+                    )
+                try:
+                    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+                except ValueError:
+                    raise ApiError(
+                        400, "bad request", "the query string cannot be parsed"
+                    ) from None
+                body = self._body() if method == "POST" else None
+                return route.handler(api, Request(principal, query, body))
+
+            def _principal(self, extra: dict[str, str]) -> Principal:
+                header = self.headers.get("Authorization", "")
+                scheme, _, token = header.partition(" ")
+                principal = tokens.authenticate(token.strip()) if scheme == "Bearer" else None
+                if principal is None:
+                    extra["WWW-Authenticate"] = 'Bearer realm="fencebridge"'
+                    detail = (
+                        "a bearer token is required" if not header else "the token is not valid"
+                    )
+                    raise ApiError(401, "unauthorized", detail)
+                return principal
+
+            def _body(self) -> Any:
+                content_type = self.headers.get("Content-Type", "").split(";", 1)[0].strip()
+                if content_type.lower() != "application/json":
+                    raise ApiError(415, "unsupported media type", "send application/json")
+                length_text = self.headers.get("Content-Length", "")
+                if not length_text.isdigit():
+                    raise ApiError(400, "bad request", "Content-Length is required")
+                length = int(length_text)
+                if length > BODY_MAX:
+                    self.close_connection = True
+                    raise ApiError(413, "too large", f"the body is over {BODY_MAX} bytes")
+                try:
+                    return json.loads(self.rfile.read(length))
+                except (ValueError, UnicodeDecodeError):
+                    raise ApiError(400, "bad request", "the body is not valid JSON") from None
+
+            def _send(self, status: int, body: dict[str, Any], extra: dict[str, str]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                kind = "application/json" if status < 400 else "application/problem+json"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in {**SECURITY_HEADERS, **extra}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Requests are logged by method, path and status, never their query or body."""
+
+            def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+                log.debug(
+                    "console %s %s %s",
+                    self.command,
+                    urlsplit(self.path).path if self.path else "-",
+                    code,
+                )
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._server.timeout = ROUND_SECONDS
+        self.service = Supervised("console", self._server.handle_request, backoff=Backoff(cap=1.0))
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self.service.start()
+
+    def stop(self, deadline: float | Deadline = 5.0) -> None:
+        self.service.stop(deadline)
+        self._server.server_close()
