@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -45,20 +46,27 @@ class ConsoleServer:
             server_version = "fencebridge-console"
             sys_version = ""
 
-            def do_GET(self) -> None:
-                self._answer("GET")
+            def __getattr__(self, name: str) -> Callable[[], None]:
+                """Every method reaches :meth:`_answer`: one the route does not take is
+                answered 405 with the methods it does, like any other refusal."""
+                method = name.removeprefix("do_")
+                if name.startswith("do_") and method.isalpha() and method.isupper():
+                    return lambda: self._answer(method)
+                raise AttributeError(name)
 
-            def do_POST(self) -> None:
-                self._answer("POST")
-
-            def do_PUT(self) -> None:
-                self._answer("PUT")
-
-            def do_PATCH(self) -> None:
-                self._answer("PATCH")
-
-            def do_DELETE(self) -> None:
-                self._answer("DELETE")
+            def send_error(
+                self, code: int, message: str | None = None, explain: str | None = None
+            ) -> None:
+                """What the HTTP layer refuses itself (a malformed request line, an unknown
+                method) is answered like the rest: a JSON problem with the security headers."""
+                self.close_connection = True
+                title = self.responses.get(code, ("error",))[0].lower()
+                detail = message or title
+                self._send(
+                    code,
+                    {"type": "about:blank", "title": title, "status": code, "detail": detail},
+                    {},
+                )
 
             def _answer(self, method: str) -> None:
                 extra: dict[str, str] = {}
@@ -145,12 +153,8 @@ class ConsoleServer:
                 """Requests are logged by method, path and status, never their query or body."""
 
             def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-                log.debug(
-                    "console %s %s %s",
-                    self.command,
-                    urlsplit(self.path).path if self.path else "-",
-                    code,
-                )
+                path = getattr(self, "path", "")  # unset when the request line was refused
+                log.debug("console %s %s %s", self.command or "-", urlsplit(path).path, code)
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
