@@ -21,6 +21,7 @@ from psycopg import conninfo
 
 from bench.store import binary, prepare_queue
 from bridge import sql
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 
 CEILING_BATCH = 10
 #: the work rows' timestamps, read back by the database clock as for every system
@@ -73,6 +74,7 @@ def claim_settle_script() -> str:
         "worker": "'pgbench'",
         "lease": "'5 minutes'",
         "identity_keys": "NULL",  # any identity key, as a process holding every key claims
+        "history": str(ATTEMPT_HISTORY_DEFAULT),
     }.items():
         claim = claim.replace(f"%({name})s", value)
     settle = _strip(sql.statement("settle_many"))
@@ -85,14 +87,21 @@ def claim_settle_script() -> str:
         "state": f"array_fill('succeeded'::text, {count})",
         "outcome_code": f"array_fill('ok'::text, {count})",
         "outcome_detail": f"array_fill(NULL::text, {count})",
+        "error_class": f"array_fill(NULL::text, {count})",
+        "finding": f"array_fill(NULL::text, {count})",
     }.items():
         settle = settle.replace(f"%({name})s", value)
     if "%(" in claim or "%(" in settle:
         raise RuntimeError("claim.sql or settle_many.sql has a parameter the ceiling does not set")
+    # claim.sql writes its attempt history in data-modifying CTEs, which cannot be nested: its
+    # final SELECT over the claimed rows becomes the aggregate pgbench reads.
+    head, _, source = claim.rpartition(" SELECT ")
+    if not source.endswith("FROM claimed"):
+        raise RuntimeError("claim.sql no longer ends with its SELECT over the claimed rows")
     keys = (
-        f"WITH c AS ({claim}) SELECT coalesce(array_agg(tenant_id), '{{}}') AS t, "
+        f"{head} SELECT coalesce(array_agg(tenant_id), '{{}}') AS t, "
         "coalesce(array_agg(operation_id), '{}') AS o, coalesce(array_agg(fence), '{}') AS f "
-        "FROM c"
+        "FROM claimed"
     )
     return f"BEGIN;\n{keys}\n\\gset\n{settle};\nCOMMIT;\n"
 

@@ -21,6 +21,9 @@ What is measured:
 * ``history``: claim + complete in a database holding 1M terminal (``succeeded``) rows beside
   one holding none, interleaved the same way, and the slowdown; then the cost of a claim of 10
   and of completing them inside the server (``EXPLAIN (ANALYZE, BUFFERS)``) in both.
+* ``attempts``: claim + complete through the library with the attempt history on (the default
+  ``attempt_history``) beside off (``0``), both arms on one database and one queue,
+  interleaved the same way, and the slowdown.
 
 The benchmark creates its own databases on the server and drops them at the end. The server is
 ``--database-url``, else ``$FENCEBRIDGE_DATABASE_URL``, else an embedded one it starts. It prints
@@ -68,6 +71,7 @@ from bridge import embedded, sql
 from bridge.database import DATABASE_URL_ENV
 from bridge.migrate import migrate
 from bridge.store import PostgresStore
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 from bridge.types import Delivery, TargetClass
 
 Connection = psycopg.Connection[TupleRow]
@@ -83,7 +87,8 @@ CLAIM_BATCH = 10
 BODY = b'{"amount": 1250, "currency": "EUR", "note": "' + b"x" * 200 + b'"}'
 LIBRARY, RAW = "library", "raw"
 NONE, HISTORY = "none", "history"
-SECTIONS = ("ingest", "claim", "history")
+ON, OFF = "on", "off"
+SECTIONS = ("ingest", "claim", "history", "attempts")
 PG_SETTINGS = (
     "shared_buffers",
     "synchronous_commit",
@@ -390,9 +395,13 @@ def interleave(arms: Mapping[K, Arm], seconds: float, slices: int) -> dict[K, Sa
 
 
 @contextmanager
-def library(url: str, threads: int) -> Iterator[PostgresStore]:
+def library(
+    url: str, threads: int, attempt_history: int = ATTEMPT_HISTORY_DEFAULT
+) -> Iterator[PostgresStore]:
     """The store as an application opens it, with a pool of one connection per worker."""
-    store = PostgresStore.connect(url, min_size=threads, max_size=threads)
+    store = PostgresStore.connect(
+        url, min_size=threads, max_size=threads, attempt_history=attempt_history
+    )
     try:
         store.pool.wait(timeout=30)
         yield store
@@ -495,7 +504,15 @@ def ingest_round(url: str, plan: Plan, threads: int, run: str) -> dict[str, Samp
 
 
 def claim_params(worker: str, limit: int) -> dict[str, Any]:
-    return {"worker": worker, "limit": limit, "lease": LEASE, "job_types": None, "now": None}
+    return {
+        "worker": worker,
+        "limit": limit,
+        "lease": LEASE,
+        "job_types": None,
+        "identity_keys": None,
+        "history": ATTEMPT_HISTORY_DEFAULT,
+        "now": None,
+    }
 
 
 def fenced_out() -> RuntimeError:
@@ -534,6 +551,8 @@ def settle_many_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         "state": ["succeeded"] * len(rows),
         "outcome_code": ["ok"] * len(rows),
         "outcome_detail": [None] * len(rows),
+        "error_class": [None] * len(rows),
+        "finding": [None] * len(rows),
         "now": None,
     }
 
@@ -558,6 +577,8 @@ def raw_claim_step(conn: Connection, worker: str, batch: int) -> Step:
                     "state": "succeeded",
                     "outcome_code": "ok",
                     "outcome_detail": None,
+                    "error_class": None,
+                    "finding": None,
                     "now": None,
                 },
             ).fetchone()
@@ -595,6 +616,22 @@ def claim_round(
             arms[(db, LIBRARY)] = [library_claim_step(store, f"{w}l", batch) for w in workers]
             arms[(db, RAW)] = [
                 raw_claim_step(c, f"{w}r", batch) for c, w in zip(conns, workers, strict=True)
+            ]
+        return interleave(arms, plan.seconds, plan.slices)
+
+
+def attempts_round(
+    url: str, plan: Plan, *, threads: int, batch: int, run: str, rows: int
+) -> dict[str, Sample]:
+    """One round: the library with the attempt history on beside off, on one shared queue."""
+    prepare_queue(url, run, 2 * rows)
+    checkpoint(url)
+    arms: dict[str, Arm] = {}
+    with ExitStack() as stack:
+        for arm, kept in ((ON, ATTEMPT_HISTORY_DEFAULT), (OFF, 0)):
+            store = stack.enter_context(library(url, threads, kept))
+            arms[arm] = [
+                library_claim_step(store, f"{run}-{arm}-w{i}", batch) for i in range(threads)
             ]
         return interleave(arms, plan.seconds, plan.slices)
 
@@ -806,6 +843,7 @@ class Report:
     claim: dict[tuple[int, int], dict[str, Series]] = field(default_factory=dict)
     history: dict[int, dict[tuple[str, str], Series]] = field(default_factory=dict)
     costs: dict[str, dict[str, Explained]] = field(default_factory=dict)
+    attempts: dict[int, dict[str, Series]] = field(default_factory=dict)
 
     def markdown(self) -> str:
         plan = self.plan
@@ -840,6 +878,17 @@ class Report:
                         f"| {_mode(batch)} | {plan.history_threads} | {arm} | {none.rate_cell()} "
                         f"| {full.rate_cell()} | {_slowdown(full, none):+.1f}% |"
                     )
+        if self.attempts:
+            kept = ATTEMPT_HISTORY_DEFAULT
+            out += ["", f"Claim + complete with the attempt history on ({kept} kept) vs off:", ""]
+            out += ["| mode | workers | off rows/s | on rows/s | slowdown | CPU us/row off / on |"]
+            out += ["| --- | ---: | ---: | ---: | ---: | ---: |"]
+            for batch, v in self.attempts.items():
+                out.append(
+                    f"| {_mode(batch)} | {plan.history_threads} | {v[OFF].rate_cell()} "
+                    f"| {v[ON].rate_cell()} | {_slowdown(v[ON], v[OFF]):+.1f}% "
+                    f"| {v[OFF].cpu_cell()} / {v[ON].cpu_cell()} |"
+                )
         out += ["", *self.goals()]
         if self.costs:
             n = len(self.costs[NONE]["claim"].ms)
@@ -858,6 +907,7 @@ class Report:
             *(s for v in self.ingest.values() for s in v.values()),
             *(s for v in self.claim.values() for s in v.values()),
             *(s for h in self.history.values() for s in h.values()),
+            *(s for v in self.attempts.values() for s in v.values()),
         ]
         if any(x.drained for series in everything for x in series.samples):
             out += ["", "`*` the queue ran dry in at least one round."]
@@ -879,6 +929,12 @@ class Report:
             out.append(
                 f"| claim + complete ({_mode(batch)}) with {self.plan.history_rows:,} terminal "
                 f"rows: <= 10% slower | {slow:+.1f}% | {'yes' if slow <= 10 else 'NO'} |"
+            )
+        for batch, v in self.attempts.items():
+            slow = _slowdown(v[ON], v[OFF])
+            out.append(
+                f"| claim + complete ({_mode(batch)}) with the attempt history on: <= 10% slower"
+                f" | {slow:+.1f}% | {'yes' if slow <= 10 else 'NO'} |"
             )
         return out if len(out) > 2 else []
 
@@ -964,6 +1020,23 @@ class Runner:
             for name, cost in costs.items():
                 log(f"EXPLAIN (ANALYZE, BUFFERS) {name}, {db}: {cost.cell()}\n{cost.plan}")
 
+    def attempts(self, url: str) -> None:
+        threads = self.plan.history_threads
+        for batch in (1, CLAIM_BATCH):
+            series = {ON: Series(), OFF: Series()}
+            for r in range(self.plan.history_runs):
+                before = [x for v in series.values() for x in v.samples]
+                rows = self.plan.queue_rows(batch)
+                if before:
+                    rows = max(rows, int(3 * max(s.rate * self.plan.seconds for s in before)))
+                got = attempts_round(
+                    url, self.plan, threads=threads, batch=batch, run=self._label("a"), rows=rows
+                )
+                for arm, s in got.items():
+                    series[arm].samples.append(s)
+                log(f"attempts {_mode(batch)} {threads}t round {r + 1}: {_line(got)}")
+            self.report.attempts[batch] = series
+
 
 def _line(samples: Mapping[K, Sample]) -> str:
     def name(key: K) -> str:
@@ -1002,6 +1075,9 @@ def run(database_url: str | None, plan: Plan, sections: Sequence[str], argv: lis
                 bench_database(admin_url, HISTORY) as hist_url,
             ):
                 runner.history(none_url, hist_url)
+        if "attempts" in sections:
+            with timed("attempts"), bench_database(admin_url, "attempts") as url:
+                runner.attempts(url)
     return report
 
 

@@ -66,6 +66,24 @@ class RedriveRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptRecord:
+    """One entry of an operation's attempt history: a claim under a fence (open while
+    ``ended_at`` is None) or an operator's redrive. Codes and error classes only, never error
+    text, which may quote a payload."""
+
+    kind: str
+    fence: int
+    worker: str | None
+    takeover: bool
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    outcome_code: str | None
+    error_class: str | None
+    finding: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RejectedRecord:
     """A delivery recorded under the operation's key that did not become work."""
 
@@ -131,6 +149,8 @@ class OperationHistory:
     row: WorkRecord | None
     redrives: tuple[RedriveRecord, ...]
     rejected: tuple[RejectedRecord, ...]
+    #: the newest attempts kept for the row, oldest first (removed with the row)
+    attempts: tuple[AttemptRecord, ...] = ()
 
     @property
     def found(self) -> bool:

@@ -222,7 +222,10 @@ def open_bridge(
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
     store = PostgresStore.connect(
-        database_url, max_size=pool_size(config), timeouts=config.bridge.session_timeouts()
+        database_url,
+        max_size=pool_size(config),
+        timeouts=config.bridge.session_timeouts(),
+        attempt_history=config.bridge.attempt_history,
     )
     try:
         with store.pool.connection() as conn:

@@ -1,5 +1,5 @@
-"""``fencebridge inspect``: one operation's row, its redrives and its rejected deliveries,
-and, when there is no row, why as far as the database can tell."""
+"""``fencebridge inspect``: one operation's row, its attempts, its redrives and its rejected
+deliveries, and, when there is no row, why as far as the database can tell."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
-    from bridge.records import ErasureRecord, OperationHistory
+    from bridge.records import AttemptRecord, ErasureRecord, OperationHistory
 
 
 def register(commands: Subcommands) -> None:
     p = commands.add_parser(
         "inspect",
-        help="one operation's history: its row, its redrives, its rejected deliveries",
+        help="one operation's history: its row, attempts, redrives, rejected deliveries",
         description="Never prints payload bytes: their size and sha256 only.",
     )
     p.add_argument("tenant", type=stored_text, help="the tenant id")
@@ -141,6 +141,21 @@ def _history_document(history: OperationHistory) -> dict[str, Any]:
         "tenant_id": history.key.tenant_id,
         "operation_id": history.key.operation_id,
         "work_row": work,
+        "attempts": [
+            {
+                "kind": a.kind,
+                "fence": a.fence,
+                "worker": a.worker,
+                "takeover": a.takeover,
+                "started_at": iso_time(a.started_at),
+                "ended_at": iso_time(a.ended_at),
+                "outcome": a.outcome,
+                "outcome_code": a.outcome_code,
+                "error_class": a.error_class,
+                "finding": a.finding,
+            }
+            for a in history.attempts
+        ],
         "redrives": [
             {
                 "at": iso_time(r.at),
@@ -214,6 +229,8 @@ def _history_lines(history: OperationHistory, absence: str) -> list[str]:
             f"  payload        {payload}",
             f"  trace id       {trace}",
         ]
+    lines.append(f"attempts: {len(history.attempts) or 'none recorded'}")
+    lines += [_attempt_line(a) for a in history.attempts]
     lines.append(f"redrives: {len(history.redrives) or 'none'}")
     lines += [
         f"  {moment(r.at)}  {r.from_state} -> {r.to_state}  fence {r.fence}, attempts {r.attempts}"
@@ -231,7 +248,25 @@ def _history_lines(history: OperationHistory, absence: str) -> list[str]:
         lines.append(f"  #{r.id}  {moment(r.created_at)}  {r.kind}  {r.subscription}  {closed}")
         lines.append(f"      {r.reason}")
     lines.append(
-        "not shown: payload bytes, and earlier claims and heartbeats (the row keeps only the "
-        "latest claim; see the fence and attempt count)"
+        "not shown: payload bytes, error text, heartbeats, and attempts older than the newest "
+        "kept per row ([bridge] attempt_history)"
     )
     return lines
+
+
+def _attempt_line(a: AttemptRecord) -> str:
+    """One attempt: when, under which fence and by whom, and how it ended."""
+    ended = "open" if a.ended_at is None else f"ended {moment(a.ended_at)}"
+    how = " ".join(
+        part
+        for part in (
+            a.outcome or "",
+            f"({a.outcome_code})" if a.outcome_code else "",
+            f"error {a.error_class}" if a.error_class else "",
+            f"lookup {a.finding}" if a.finding else "",
+        )
+        if part
+    )
+    who = f"by {a.worker}" if a.worker else "by an operator"
+    takeover = ", takeover" if a.takeover else ""
+    return f"  {moment(a.started_at)}  {a.kind}  fence {a.fence}{takeover}  {who}  {ended}  {how}"

@@ -55,6 +55,7 @@ from bridge.service import (
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
     Limits,
 )
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -208,6 +209,19 @@ class BridgeSettings(Table):
         le=1_000_000,
         description="Restarts in a row of one service, without a good round between them, after"
         " which `/healthz` fails.",
+    )
+    attempt_history: StrictInt = Field(
+        default=ATTEMPT_HISTORY_DEFAULT,
+        ge=0,
+        le=1000,
+        description=_doc(
+            """
+            Attempts kept per work row in its history (`fencebridge inspect`): the claim that
+            adds one trims the oldest, in the same statement, and the history goes with the row
+            when it is purged or erased. At least 2 are kept when on (an attempt taken over and
+            the one taking over); `0` records no claims.
+            """
+        ),
     )
     health_host: HostName = Field(
         default=HEALTH_HOST_DEFAULT, description="Address the health endpoint listens on."

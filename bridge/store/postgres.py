@@ -48,6 +48,7 @@ from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.records import (
+    AttemptRecord,
     ErasureCounts,
     ErasureRecord,
     OperationHistory,
@@ -61,7 +62,7 @@ from bridge.records import (
     WorkRecord,
 )
 from bridge.store.listing import GroupCount, RejectedSummary, RowSummary
-from bridge.store.work import SWEEP_LIMIT_DEFAULT, Settlement
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, SWEEP_LIMIT_DEFAULT, Settlement
 from bridge.types import (
     Claim,
     Decision,
@@ -119,6 +120,8 @@ class PostgresFencedTransaction:
                 "state": state.value,
                 "outcome_code": outcome_code,
                 "outcome_detail": detail,
+                "error_class": None,
+                "finding": None,
                 "now": self._now,
             },
         ).fetchone()
@@ -130,9 +133,19 @@ class PostgresFencedTransaction:
 class PostgresStore:
     """The work store on PostgreSQL. Thread-safe: every call borrows a pooled connection."""
 
-    def __init__(self, pool: ConnectionPool[Connection], *, clock: Clock = _database_clock) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool[Connection],
+        *,
+        clock: Clock = _database_clock,
+        attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
+    ) -> None:
+        if attempt_history < 0:
+            raise ValueError("attempt_history is a count of attempts kept per row (0: none)")
         self._pool = pool
         self._now = clock
+        #: attempts kept per row, written by the claim statements (0 records no claims)
+        self._history = attempt_history
         #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
         self._identity_key: int | None = None
         self._identity_keys: list[int] | None = None
@@ -146,11 +159,12 @@ class PostgresStore:
         max_size: int = 10,
         clock: Clock = _database_clock,
         timeouts: SessionTimeouts | None = None,
+        attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
     ) -> PostgresStore:
         """A store on a new pool; every connection is bounded by ``timeouts`` (the defaults of
         :class:`~bridge.database.SessionTimeouts` unless given)."""
         pool = open_pool(url, min_size=min_size, max_size=max_size, timeouts=timeouts)
-        return cls(pool, clock=clock)
+        return cls(pool, clock=clock, attempt_history=attempt_history)
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -285,6 +299,7 @@ class PostgresStore:
                 {
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
+                    "history": self._history,
                 },
             ).fetchall()
         return [_claim(r) for r in rows]
@@ -301,6 +316,7 @@ class PostgresStore:
                     "worker": worker,
                     "lease": lease,
                     "identity_keys": self._identity_keys,
+                    "history": self._history,
                     "now": self._now(),
                 },
             ).fetchall()
@@ -325,23 +341,70 @@ class PostgresStore:
             ).fetchall()
         return _stale(tickets, rows)
 
-    def complete(self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None) -> None:
+    # Every settlement also ends the claim's attempt record, in the same statement; ``error``
+    # (an exception's class name, never its text) and ``finding`` (what a lookup by
+    # idempotency key found) go there only.
+
+    def complete(
+        self,
+        ticket: Ticket,
+        outcome_code: str = "ok",
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
         """Mark the operation succeeded under the fence."""
-        self._settle(ticket, State.SUCCEEDED, outcome_code, detail)
+        self._settle(ticket, State.SUCCEEDED, outcome_code, detail, error=error, finding=finding)
 
-    def fail_terminal(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+    def fail_terminal(
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
         """A confirmed failure that retrying cannot fix."""
-        self._settle(ticket, State.FAILED_TERMINAL, outcome_code, detail)
+        self._settle(
+            ticket, State.FAILED_TERMINAL, outcome_code, detail, error=error, finding=finding
+        )
 
-    def park_unknown(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+    def park_unknown(
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
         """The outcome cannot be confirmed: park for reconciliation, never guess."""
-        self._settle(ticket, State.UNKNOWN, outcome_code, detail)
+        self._settle(ticket, State.UNKNOWN, outcome_code, detail, error=error, finding=finding)
 
-    def quarantine(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None:
+    def quarantine(
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
         """The input cannot be interpreted with confidence: park for the producer team."""
-        self._settle(ticket, State.QUARANTINED, outcome_code, detail)
+        self._settle(ticket, State.QUARANTINED, outcome_code, detail, error=error, finding=finding)
 
-    def _settle(self, ticket: Ticket, state: State, code: str, detail: str | None) -> None:
+    def _settle(
+        self,
+        ticket: Ticket,
+        state: State,
+        code: str,
+        detail: str | None,
+        *,
+        error: str | None,
+        finding: str | None,
+    ) -> None:
         self._fenced_write(
             f"settle as {state.value}",
             "settle",
@@ -349,6 +412,8 @@ class PostgresStore:
             state=state.value,
             outcome_code=code,
             outcome_detail=detail,
+            error_class=error,
+            finding=finding,
         )
 
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
@@ -394,6 +459,7 @@ class PostgresStore:
                         {
                             **_claim_params(worker, n, lease, job_types, now),
                             "identity_keys": self._identity_keys,
+                            "history": self._history,
                         },
                     )
                     for n in limits
@@ -412,6 +478,9 @@ class PostgresStore:
         backoff: timedelta,
         outcome_code: str = "retry",
         detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
     ) -> State:
         """Back to the queue after ``backoff``; ``failed_terminal`` when no attempt is left.
 
@@ -424,6 +493,8 @@ class PostgresStore:
             backoff=backoff,
             outcome_code=outcome_code,
             outcome_detail=detail,
+            error_class=error,
+            finding=finding,
         )
         return State(row[0])
 
@@ -542,13 +613,15 @@ class PostgresStore:
     # -- operator commands -------------------------------------------------------------------
 
     def history(self, key: Key) -> OperationHistory:
-        """The work row, its redrives and its rejected deliveries, in one read-only snapshot."""
+        """The work row, its attempts, its redrives and its rejected deliveries, in one
+        read-only snapshot."""
         params = {"tenant_id": key.tenant_id, "operation_id": key.operation_id}
         with self._connection("inspect") as conn, conn.transaction():
             conn.execute(sql.statement("inspect_snapshot"))
             row = conn.execute(sql.statement("inspect_row"), params).fetchone()
             audits = conn.execute(sql.statement("inspect_audit"), params).fetchall()
             rejected = conn.execute(sql.statement("inspect_rejected"), params).fetchall()
+            attempts = conn.execute(sql.statement("inspect_attempts"), params).fetchall()
         return OperationHistory(
             key=key,
             row=_work_record(row) if row is not None else None,
@@ -565,6 +638,7 @@ class PostgresStore:
                 for at, actor, reason, f, to, fe, att in audits
             ),
             rejected=tuple(_rejected_record(r) for r in rejected),
+            attempts=tuple(_attempt_record(r) for r in attempts),
         )
 
     def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
@@ -870,6 +944,22 @@ def _work_record(row: tuple[Any, ...]) -> WorkRecord:
     )
 
 
+def _attempt_record(row: tuple[Any, ...]) -> AttemptRecord:
+    kind, fence, worker, takeover, started, ended, outcome, code, error, finding = row
+    return AttemptRecord(
+        kind=kind,
+        fence=int(fence),
+        worker=worker,
+        takeover=bool(takeover),
+        started_at=started,
+        ended_at=ended,
+        outcome=outcome,
+        outcome_code=code,
+        error_class=error,
+        finding=finding,
+    )
+
+
 def _rejected_record(row: tuple[Any, ...]) -> RejectedRecord:
     (
         rejected_id,
@@ -996,6 +1086,8 @@ def _settlements_params(settlements: Sequence[Settlement], now: datetime | None)
         "state": [s.state.value for s in settlements],
         "outcome_code": [s.outcome_code for s in settlements],
         "outcome_detail": [s.outcome_detail for s in settlements],
+        "error_class": [s.error_class for s in settlements],
+        "finding": [s.finding for s in settlements],
         "now": now,
     }
 

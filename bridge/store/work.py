@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from bridge.deadline import TransactionDeadline
 
 SWEEP_LIMIT_DEFAULT = 1000
+#: attempts kept per work row in its history (``[bridge] attempt_history``)
+ATTEMPT_HISTORY_DEFAULT = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,9 @@ class Settlement:
     state: State
     outcome_code: str
     outcome_detail: str | None = None
+    #: for the attempt record only: the error's class name (never its text), a lookup's finding
+    error_class: str | None = None
+    finding: str | None = None
 
 
 class FencedTransaction(Protocol):

@@ -118,7 +118,7 @@ DECLARE
     -- work_item_seq and the identity sequences, follow their table's owner.
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
-                                    'erasure_audit', 'identity_key'];
+                                    'erasure_audit', 'identity_key', 'work_attempt'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)'];
@@ -181,6 +181,8 @@ BEGIN
                        ('fencebridge_migration', 'bridge', 'SELECT'),
                        -- keys are recorded, never changed: a rotation adds one
                        ('identity_key', 'bridge', 'SELECT, INSERT'),
+                       -- attempt history: written and trimmed by the claim and settle statements
+                       ('work_attempt', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -189,10 +191,12 @@ BEGIN
                        ('fencebridge_migration', 'operator', 'SELECT'),
                        ('erasure_audit', 'operator', 'SELECT'),
                        ('identity_key', 'operator', 'SELECT'),
+                       ('work_attempt', 'operator', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
                        ('redrive_audit', 'tenant', 'SELECT'),
+                       ('work_attempt', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));

@@ -14,6 +14,7 @@ import pytest
 from bridge import sql
 from bridge.errors import LeaseLost
 from bridge.store import PostgresStore
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 from bridge.types import Claim, Key, State
 from tests.support.clock import EPOCH as START
 from tests.support.clock import Clock
@@ -311,6 +312,7 @@ def test_claim_reads_the_queued_index_not_the_history(
                 "lease": LEASE,
                 "job_types": None,
                 "identity_keys": None,
+                "history": ATTEMPT_HISTORY_DEFAULT,
                 "now": None,
             },
         )

@@ -38,21 +38,66 @@ candidate AS (
     UNION ALL
     SELECT tenant_id, operation_id, false AS takeover FROM due
     LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE work_item w
+       SET state = 'claimed',
+           fence = w.fence + 1,
+           attempts = w.attempts + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
+           claimed_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+      FROM candidate c
+     WHERE w.tenant_id = c.tenant_id
+       AND w.operation_id = c.operation_id
+    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
+              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
+              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
+              w.ordering_key,
+              (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
+              w.identity_key_id,
+              w.lease_owner, w.claimed_at
+),
+-- Attempt history (%(history)s newest per row; 0 writes none), in this same statement: a
+-- takeover ends the attempt it took over as lease_lost, the claim opens its own, and the rows
+-- past the newest %(history)s are trimmed (at least 2 are kept: the one taken over and this).
+-- A row has at most two entries per claim (the claim, one redrive after it), so a row whose
+-- fence is too low to hold more than %(history)s is not looked at.
+lost AS (
+    UPDATE work_attempt a
+       SET ended_at = c.claimed_at,
+           outcome = 'lease_lost',
+           outcome_code = 'lease_expired'
+      FROM claimed c
+     WHERE %(history)s::integer > 0
+       AND c.takeover
+       AND a.tenant_id = c.tenant_id
+       AND a.operation_id = c.operation_id
+       AND a.ended_at IS NULL
+),
+started AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at)
+    SELECT tenant_id, operation_id, 'claim', fence, lease_owner, takeover, claimed_at
+      FROM claimed
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING claimed c
+     WHERE %(history)s::integer > 0
+       AND 2 * c.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = c.tenant_id
+       AND a.operation_id = c.operation_id
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = c.tenant_id
+                       AND b.operation_id = c.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
 )
-UPDATE work_item w
-   SET state = 'claimed',
-       fence = w.fence + 1,
-       attempts = w.attempts + 1,
-       lease_owner = %(worker)s,
-       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
-       claimed_at = coalesce(%(now)s::timestamptz, now()),
-       updated_at = coalesce(%(now)s::timestamptz, now())
-  FROM candidate c
- WHERE w.tenant_id = c.tenant_id
-   AND w.operation_id = c.operation_id
-RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
-          w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
-          w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
-          w.ordering_key,
-          (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
-          w.identity_key_id
+SELECT tenant_id, operation_id, fence, attempts, max_attempts, subscription, job_type,
+       target_class, schema_version, payload_hash, lease_expires_at, intent_fence, takeover,
+       trace_context, broker_message_id, receive_count, ordering_key, payload, identity_key_id
+  FROM claimed

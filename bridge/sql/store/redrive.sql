@@ -1,6 +1,7 @@
 -- Send parked rows (unknown, quarantined) back to the queue with their identity, fence history
 -- and attempt count intact; they get %(extra_attempts)s more attempts. The next claim therefore
--- has attempts > 1 and reconciles before acting. Every row moved is audited.
+-- has attempts > 1 and reconciles before acting. Every row moved is audited, and the same
+-- statement adds a redrive record to its attempt history (trimmed by the next claim).
 WITH picked AS (
     SELECT tenant_id, operation_id, state, fence, attempts
       FROM work_item
@@ -40,6 +41,13 @@ audited AS (
     INSERT INTO redrive_audit (actor, reason, tenant_id, operation_id, from_state, to_state,
                                fence, attempts)
     SELECT %(actor)s, %(reason)s, tenant_id, operation_id, from_state, 'queued', fence, attempts
+      FROM moved
+),
+recorded AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, started_at, ended_at,
+                              outcome, outcome_code)
+    SELECT tenant_id, operation_id, 'redrive', fence, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()), 'queued', 'redriven_from_' || from_state
       FROM moved
 )
 SELECT tenant_id, operation_id, from_state, fence, attempts FROM moved

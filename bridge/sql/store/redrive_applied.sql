@@ -1,6 +1,7 @@
 -- A redrive's lookup found the effect applied under the operation's idempotency key (class C):
 -- unknown becomes succeeded, audited. Guarded inside the write: the row must still be unknown
--- under the fence the lookup was made for, so a row that moved on meanwhile is left alone.
+-- under the fence the lookup was made for, so a row that moved on meanwhile is left alone. The
+-- same statement records the redrive and its lookup's finding in the row's attempt history.
 WITH moved AS (
     UPDATE work_item w
        SET state = 'succeeded',
@@ -20,6 +21,13 @@ audited AS (
                                fence, attempts)
     SELECT %(actor)s, %(reason)s, tenant_id, operation_id, 'unknown', 'succeeded', fence,
            attempts
+      FROM moved
+),
+recorded AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, started_at, ended_at,
+                              outcome, outcome_code, finding)
+    SELECT tenant_id, operation_id, 'redrive', fence, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()), 'succeeded', %(outcome_code)s, 'applied'
       FROM moved
 )
 SELECT tenant_id, operation_id, fence, attempts FROM moved

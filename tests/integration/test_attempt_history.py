@@ -1,0 +1,181 @@
+"""Attempt history: every claim, settlement, lease loss and redrive of an operation is recorded
+by the statement that changes its work row, bounded per row and removed with it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from bridge.errors import LeaseLost
+from bridge.records import AttemptRecord
+from bridge.store import PostgresStore, Settlement
+from bridge.types import Key, RedriveFilter, State
+from tests.support.clock import Clock
+from tests.support.deliveries import delivery
+
+LEASE = timedelta(seconds=30)
+KEY = Key("t1", "a")
+
+Db = psycopg.Connection[tuple[Any, ...]]
+
+
+def attempts(store: PostgresStore, key: Key = KEY) -> tuple[AttemptRecord, ...]:
+    return store.history(key).attempts
+
+
+def ends(store: PostgresStore) -> list[tuple[Any, ...]]:
+    """(kind, fence, outcome, outcome_code) of each attempt, oldest first."""
+    return [(a.kind, a.fence, a.outcome, a.outcome_code) for a in attempts(store)]
+
+
+def test_a_claim_opens_one_attempt_and_its_settlement_ends_it(
+    clocked: PostgresStore, clock: Clock
+) -> None:
+    clocked.ingest([delivery("a")])
+    (claim,) = clocked.claim("w1", 1, LEASE)
+    (opened,) = attempts(clocked)
+    assert (opened.kind, opened.fence, opened.worker, opened.takeover) == ("claim", 1, "w1", False)
+    assert (opened.started_at, opened.ended_at, opened.outcome) == (clock.at, None, None)
+
+    clock.advance(timedelta(seconds=5))
+    clocked.park_unknown(
+        claim.ticket, "provider_timeout", "detail stays on the row", error="Timeout"
+    )
+    (ended,) = attempts(clocked)
+    assert (ended.ended_at, ended.outcome, ended.outcome_code) == (
+        clock.at,
+        "unknown",
+        "provider_timeout",
+    )
+    assert ended.error_class == "Timeout"
+
+
+def test_a_takeover_ends_the_earlier_attempt_as_lease_lost_and_its_late_settlement_ends_nothing(
+    clocked: PostgresStore, clock: Clock
+) -> None:
+    clocked.ingest([delivery("a")])
+    (old,) = clocked.claim_keys("w1", [KEY], LEASE)
+    clock.advance(LEASE * 2)
+    (new,) = clocked.claim("w2", 1, LEASE)
+    assert new.takeover
+    first, second = attempts(clocked)
+    assert (first.fence, first.outcome, first.ended_at) == (1, "lease_lost", clock.at)
+    assert (second.fence, second.worker, second.takeover, second.outcome) == (2, "w2", True, None)
+
+    with pytest.raises(LeaseLost):
+        clocked.complete(old.ticket)
+    assert attempts(clocked) == (first, second)  # the refused settlement wrote nothing
+
+    clocked.complete_many([new.ticket])
+    assert ends(clocked) == [
+        ("claim", 1, "lease_lost", "lease_expired"),
+        ("claim", 2, "succeeded", "ok"),
+    ]
+
+
+def test_retry_release_and_sweep_each_end_the_attempt_they_move(
+    clocked: PostgresStore, clock: Clock
+) -> None:
+    clocked.ingest([delivery("a", max_attempts=3)])
+    (c1,) = clocked.claim("w1", 1, LEASE)
+    assert clocked.retry_later(c1.ticket, timedelta(0), "busy", error="Busy") is State.QUEUED
+    (c2,) = clocked.claim("w1", 1, LEASE)
+    clocked.release(c2.ticket)
+    clocked.claim("w1", 1, LEASE)
+    clock.advance(LEASE * 2)
+    (c5,) = clocked.claim("w2", 1, LEASE)  # takeover, with the last attempt left
+    clock.advance(LEASE * 2)
+    assert [t.fence for t in clocked.sweep()] == [c5.fence]
+    assert ends(clocked) == [
+        ("claim", 1, "queued", "busy"),
+        ("claim", 2, "released", "released"),
+        ("claim", 3, "lease_lost", "lease_expired"),
+        ("claim", 4, "lease_lost", "lease_expired_attempts_exhausted"),
+    ]
+    assert attempts(clocked)[0].error_class == "Busy"
+
+
+def test_batch_settlement_ends_each_moved_attempt_with_its_own_outcome(
+    store: PostgresStore,
+) -> None:
+    store.ingest([delivery("a"), delivery("b")])
+    a, b = sorted(store.claim("w1", 2, LEASE), key=lambda c: c.operation_id)
+    stale = store.settle_many(
+        [
+            Settlement(a.ticket, State.QUARANTINED, "bad_input", error_class="ValueError"),
+            Settlement(b.ticket, State.SUCCEEDED, "ok", finding="applied"),
+        ]
+    )
+    assert stale == []
+    (qa,) = attempts(store, Key("t1", "a"))
+    (sb,) = attempts(store, Key("t1", "b"))
+    assert (qa.outcome, qa.outcome_code, qa.error_class, qa.finding) == (
+        "quarantined",
+        "bad_input",
+        "ValueError",
+        None,
+    )
+    assert (sb.outcome, sb.finding) == ("succeeded", "applied")
+
+
+def test_a_redrive_is_recorded_and_the_next_claim_follows_it(store: PostgresStore) -> None:
+    store.ingest([delivery("a")])
+    (claim,) = store.claim("w1", 1, LEASE)
+    store.park_unknown(claim.ticket, "ambiguous")
+    store.redrive(RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="provider fixed")
+    store.claim("w1", 1, LEASE)
+    assert ends(store) == [
+        ("claim", 1, "unknown", "ambiguous"),
+        ("redrive", 1, "queued", "redriven_from_unknown"),
+        ("claim", 2, None, None),
+    ]
+
+
+def test_a_dry_run_redrive_records_nothing(store: PostgresStore) -> None:
+    store.ingest([delivery("a")])
+    (claim,) = store.claim("w1", 1, LEASE)
+    store.park_unknown(claim.ticket, "ambiguous")
+    store.redrive(
+        RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="preview", dry_run=True
+    )
+    assert [a.kind for a in attempts(store)] == ["claim"]
+
+
+def test_only_the_newest_n_attempts_are_kept(store: PostgresStore) -> None:
+    bounded = PostgresStore(store.pool, attempt_history=3)
+    bounded.ingest([delivery("a", max_attempts=10)])
+    for _ in range(5):
+        (claim,) = bounded.claim("w1", 1, LEASE)
+        bounded.retry_later(claim.ticket, timedelta(0))
+    assert [a.fence for a in attempts(bounded)] == [3, 4, 5]
+
+
+def test_history_off_records_no_claim(store: PostgresStore) -> None:
+    off = PostgresStore(store.pool, attempt_history=0)
+    off.ingest([delivery("a")])
+    (claim,) = off.claim("w1", 1, LEASE)
+    off.complete(claim.ticket)
+    assert attempts(off) == ()
+    assert off.history(KEY).row is not None
+
+
+def test_purge_and_erasure_remove_the_history_with_the_row(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
+    for claim in clocked.claim("w1", 2, LEASE):
+        clocked.complete(claim.ticket)
+    assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (2,)
+
+    clock.advance(timedelta(days=40))
+    counts = clocked.purge_batch(timedelta(days=30), 1)
+    assert counts is not None
+    assert counts.work_rows == 1
+    assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (1,)
+
+    clocked.erase_tenant("t2", tenant_hash="h2", actor="dpo", reason="request 7")
+    clocked.erase_tenant("t1", tenant_hash="h1", actor="dpo", reason="request 8")
+    assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
