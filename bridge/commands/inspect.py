@@ -269,4 +269,5 @@ def _attempt_line(a: AttemptRecord) -> str:
     )
     who = f"by {a.worker}" if a.worker else "by an operator"
     takeover = ", takeover" if a.takeover else ""
-    return f"  {moment(a.started_at)}  {a.kind}  fence {a.fence}{takeover}  {who}  {ended}  {how}"
+    line = f"  {moment(a.started_at)}  {a.kind}  fence {a.fence}{takeover}  {who}  {ended}  {how}"
+    return line.rstrip()
