@@ -29,6 +29,7 @@ def execute(run: Run, handler: ConditionalWriteHandler) -> None:
         run.events.lease_lost(run.claim, "handler")
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        run.trail.failed_with(exc)
         outcome = classify(exc)
         # With no attempt left there is no next claim to supersede a write that may have
         # landed: the outcome stays ambiguous and is parked as unknown.

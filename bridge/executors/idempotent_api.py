@@ -80,6 +80,7 @@ def reconcile(
         finding, success = _lookup(run, handler)
         span.set_attribute(names.FINDING, finding.value)
     run.events.reconciled(run.claim, finding.value)
+    run.trail.finding = finding.value  # kept in this attempt's record by its settlement
     return finding, success
 
 
@@ -114,6 +115,7 @@ def execute(run: Run, handler: IdempotentApiHandler) -> None:
         run.events.lease_lost(run.claim, "handler")
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        run.trail.failed_with(exc)
         outcome = classify_sent(exc, run.ctx)
         if isinstance(outcome, Ambiguous):
             _resolve(run, handler, outcome)
@@ -150,6 +152,7 @@ def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
         run.events.lease_lost(run.claim, "handler")
         return False
     except Exception as exc:  # noqa: BLE001  (nothing was sent yet)
+        run.trail.failed_with(exc)
         settle_outcome(run, _retry_if_ambiguous(classify(exc)))
         return False
     return True

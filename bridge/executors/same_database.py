@@ -58,6 +58,7 @@ def execute(run: Run, handler: SameDatabaseHandler) -> None:
             settle_outcome(run, RetryLater("rolled_back", str(exc)))
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        run.trail.failed_with(exc)
         outcome = classify(exc)
         if isinstance(outcome, Ambiguous):
             # Rolled back: nothing was applied, so this is a plain retry.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from bridge.errors import LeaseLost, StoreUnavailable
@@ -35,6 +35,22 @@ from bridge.store.work import Settlement, WorkStore
 from bridge.types import Claim, State
 
 
+@dataclass(slots=True)
+class Trail:
+    """What the attempt record keeps beside the outcome: set by the executor as it learns it."""
+
+    #: the class name of the exception the outcome was classified from (never its text)
+    error: str | None = None
+    #: what the lookup by idempotency key found (class C)
+    finding: str | None = None
+
+    def failed_with(self, exc: BaseException) -> None:
+        """Note the error an outcome came from: an explicit outcome's cause, or the exception."""
+        cause = exc.__cause__ if isinstance(exc, HandlerOutcome) else exc
+        if cause is not None:
+            self.error = type(cause).__name__
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """One claim being executed: everything an executor needs."""
@@ -46,6 +62,7 @@ class Run:
     events: WorkEvents
     #: batches this run's final settlement with other runs'; None writes it alone
     completer: RunSettler | None = None
+    trail: Trail = field(default_factory=Trail)
 
 
 def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> timedelta:
@@ -81,19 +98,22 @@ def fenced(run: Run, action: str, write: Callable[[], object]) -> bool:
 
 def write_settlement(run: Run, state: State, code: str, detail: str | None) -> None:
     """The one fenced write that moves the row to a final or parked state."""
+    error, finding = run.trail.error, run.trail.finding
     if run.completer is not None:
-        run.completer.settle(Settlement(run.claim.ticket, state, code, detail))
+        run.completer.settle(
+            Settlement(run.claim.ticket, state, code, detail, error_class=error, finding=finding)
+        )
         return
     ticket, store = run.claim.ticket, run.store
     match state:
         case State.SUCCEEDED:
-            store.complete(ticket, code, detail)
+            store.complete(ticket, code, detail, error=error, finding=finding)
         case State.FAILED_TERMINAL:
-            store.fail_terminal(ticket, code, detail)
+            store.fail_terminal(ticket, code, detail, error=error, finding=finding)
         case State.UNKNOWN:
-            store.park_unknown(ticket, code, detail)
+            store.park_unknown(ticket, code, detail, error=error, finding=finding)
         case State.QUARANTINED:
-            store.quarantine(ticket, code, detail)
+            store.quarantine(ticket, code, detail, error=error, finding=finding)
         case _:  # pragma: no cover - queued and claimed are not settlements
             raise ValueError(f"{state.value} is not a settlement")
 
@@ -128,7 +148,18 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
         )
         states: list[State] = []
         if fenced(
-            run, "retry", lambda: states.append(store.retry_later(ticket, delay, code, detail))
+            run,
+            "retry",
+            lambda: states.append(
+                store.retry_later(
+                    ticket,
+                    delay,
+                    code,
+                    detail,
+                    error=run.trail.error,
+                    finding=run.trail.finding,
+                )
+            ),
         ):
             run.events.settled(run.claim, states[0], code)
     elif isinstance(outcome, Ambiguous):

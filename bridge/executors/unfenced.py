@@ -35,6 +35,7 @@ def execute(run: Run, handler: UnfencedHandler) -> None:
     try:
         handler.validate(run.ctx)
     except Exception as exc:  # noqa: BLE001  (nothing was called yet)
+        run.trail.failed_with(exc)
         settle_outcome(run, classify(exc))
         return
     if not fenced(run, "record intent", lambda: run.store.record_intent(run.claim.ticket)):
@@ -45,6 +46,7 @@ def execute(run: Run, handler: UnfencedHandler) -> None:
         run.events.lease_lost(run.claim, "handler")
         return
     except Exception as exc:  # noqa: BLE001  (every exception becomes an outcome)
+        run.trail.failed_with(exc)
         outcome = classify_sent(exc, run.ctx)
         if isinstance(outcome, Ambiguous):
             park_unknown(run, outcome.code, "ambiguous result from an unfenced target")

@@ -116,19 +116,48 @@ class WorkStore(KeyedStore, Protocol):
         """Extend many leases in one statement; returns the tickets whose fence was stale."""
         ...
 
+    # ``error`` (an exception's class name, never its text) and ``finding`` (what a lookup by
+    # idempotency key found) go to the attempt record only.
+
     def complete(
-        self, ticket: Ticket, outcome_code: str = "ok", detail: str | None = None
+        self,
+        ticket: Ticket,
+        outcome_code: str = "ok",
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
     ) -> None: ...
 
     def fail_terminal(
-        self, ticket: Ticket, outcome_code: str, detail: str | None = None
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
     ) -> None: ...
 
     def park_unknown(
-        self, ticket: Ticket, outcome_code: str, detail: str | None = None
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
     ) -> None: ...
 
-    def quarantine(self, ticket: Ticket, outcome_code: str, detail: str | None = None) -> None: ...
+    def quarantine(
+        self,
+        ticket: Ticket,
+        outcome_code: str,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None: ...
 
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         """Settle many claims in one statement; returns the tickets whose fence was stale."""
@@ -157,6 +186,9 @@ class WorkStore(KeyedStore, Protocol):
         backoff: timedelta,
         outcome_code: str = "retry",
         detail: str | None = None,
+        *,
+        error: str | None = None,
+        finding: str | None = None,
     ) -> State:
         """Back to the queue after ``backoff``, or failed_terminal with no attempt left."""
         ...

@@ -677,6 +677,14 @@ def test_class_c_reset_before_apply_retries_later_and_the_later_claim_charges_on
     assert (row["state"], row["fence"], row["attempts"]) == ("succeeded", 2, 2)
     assert provider.charges_for(ikey) == 1
     assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (2, 2)
+    # Each attempt's record keeps the error its outcome came from and its lookup's finding.
+    recorded = [
+        (a.fence, a.outcome, a.error_class, a.finding) for a in bench.store.history(key).attempts
+    ]
+    assert recorded == [
+        (1, "queued", "ProviderConnectionError", "not_applied"),
+        (2, "succeeded", None, "not_applied"),
+    ]
 
 
 def test_class_c_ambiguous_result_with_a_lookup_that_cannot_tell_is_unknown(
