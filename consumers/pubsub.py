@@ -14,8 +14,12 @@ waits for an answer, and reads the service's answer per ack id:
 - confirmed: counted ``acked``;
 - ``PERMANENT_FAILURE_INVALID_ACK_ID``: the ack id expired and the service handed the message
   out again; that copy will be a replay. Counted ``ack_id_expired``, never a processing failure;
-- ``TRANSIENT_*`` or no answer: retried with jittered backoff within the ack deadline, then
-  counted ``ack_unanswered`` (the copy comes back as a replay).
+- ``TRANSIENT_*`` or no answer: retried with jittered backoff for as long as the client
+  library leases the message for (60 s with exactly-once: it keeps extending it meanwhile), then
+  counted ``ack_unanswered`` (the copy comes back as a replay). With message ordering the
+  service confirms an ack only after those of the copies before it, so an ack can be refused
+  for a while through no fault of its own: giving up at the ack deadline let one late
+  predecessor turn every ack behind it into a replay.
 
 Whatever the answer, the message then leaves the client's lease management (``drop``): nothing
 stays leased, unacked and unredelivered. Without exactly-once, acks are best effort, as the
@@ -757,7 +761,8 @@ class PubSubConsumer:
             done, lost, left = confirm(
                 self._calls.settle,
                 chunk,
-                budget=float(self._ack_deadline),
+                # The client keeps extending the chunk's leases until it is dropped below.
+                budget=float(self._client_lease()),
                 stopping=self._abandon,
                 name=self.subscription,
             )
@@ -769,7 +774,7 @@ class PubSubConsumer:
             self._drop(left, "ack_unanswered")
             if left:
                 log.warning(
-                    "%s: %d ack(s) unanswered within the ack deadline; they return as replays",
+                    "%s: %d ack(s) unanswered within the client's lease; they return as replays",
                     self.subscription,
                     len(left),
                 )
