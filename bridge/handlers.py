@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
@@ -208,12 +209,15 @@ class Context:
     fence: int
     payload: bytes
     schema_version: str | None = None
-    #: the tenant-scoped, opaque idempotency key for class C targets (see bridge.idempotency)
-    idempotency_key: str = ""
+    #: derives :attr:`idempotency_key` the first time it is read: an HMAC that most runs (every
+    #: class A and B run) never need
+    derive_idempotency_key: Callable[[], str] | None = field(default=None, repr=False)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     #: the error :meth:`json` raised about this operation's payload, if it raised one
     unreadable_payload: ValueError | None = field(default=None, repr=False)
-    _progress: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: progress reported since the heartbeat last took it (a flag: one writer sets it, the
+    #: heartbeat reads and clears it; a report between the two is one the read already saw)
+    _progress: bool = field(default=False, repr=False)
     _on_progress: Callable[[], None] | None = field(default=None, repr=False)
     #: true while a class A transaction holds the work row's lock (under ``_row_deadline``)
     _holding_row: bool = field(default=False, repr=False)
@@ -235,10 +239,17 @@ class Context:
             payload=claim.payload or b"",
             schema_version=claim.schema_version,
             # under the key the row was written with, not necessarily the current one
-            idempotency_key=hasher.idempotency_key(
+            derive_idempotency_key=hasher.idempotency_key_deriver(
                 key.tenant_id, key.operation_id, claim.identity_key_id
             ),
         )
+
+    @cached_property
+    def idempotency_key(self) -> str:
+        """The tenant-scoped, opaque idempotency key for class C targets (see
+        :meth:`bridge.identity.IdentityHasher.idempotency_key`); empty when none was given."""
+        derive = self.derive_idempotency_key
+        return derive() if derive is not None else ""
 
     def progress(self) -> None:
         """Report that the work is advancing (renews the lease at the next heartbeat).
@@ -254,7 +265,7 @@ class Context:
                 raise DeadlineExceeded(deadline.deadline)
         elif self.lease_lost.is_set():
             raise LeaseLost(self.tenant_id, self.operation_id, self.fence, "progress")
-        self._progress.set()
+        self._progress = True
         if self._on_progress is not None:
             self._on_progress()
 
@@ -270,14 +281,14 @@ class Context:
 
     def take_progress(self) -> bool:
         """For the heartbeat: did the handler report progress since the last call?"""
-        if self._progress.is_set():
-            self._progress.clear()
+        if self._progress:
+            self._progress = False
             return True
         return False
 
     def restore_progress(self) -> None:
         """For the heartbeat: a renewal failed, so keep the progress for the next round."""
-        self._progress.set()
+        self._progress = True
 
     def json(self) -> Any:
         """The payload parsed as JSON (a decoding error is classified as quarantine, even

@@ -23,7 +23,8 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from bridge.errors import ConfigError
 
@@ -170,9 +171,15 @@ class IdentityHasher:
 
         ``key_id`` is the key the operation's row was written under (the current key if None).
         """
+        return self.idempotency_key_deriver(tenant_id, operation_id, key_id)()
+
+    def idempotency_key_deriver(
+        self, tenant_id: str, operation_id: str, key_id: int | None = None
+    ) -> Callable[[], str]:
+        """:meth:`idempotency_key`, derived when called; the key is looked up now, so a row
+        written under a key this process does not hold is refused here, before any run."""
         secret = self._secret if key_id is None else self._secret_for(key_id)
-        digest = self._mac(secret, "idempotency-key", tenant_id, operation_id)[:30]
-        return IDEMPOTENCY_KEY_PREFIX + base64.b32encode(digest).decode("ascii").lower()
+        return partial(_idempotency_key, secret, tenant_id, operation_id)
 
     def tenant(self, tenant_id: str) -> str:
         """Short hash of a tenant id for logs, labels and spans."""
@@ -181,3 +188,8 @@ class IdentityHasher:
     def operation(self, tenant_id: str, operation_id: str) -> str:
         """Short hash of an operation (tenant-scoped) for logs and spans."""
         return "op_" + self._mac(self._secret, "operation", tenant_id, operation_id)[:10].hex()
+
+
+def _idempotency_key(secret: bytes, tenant_id: str, operation_id: str) -> str:
+    digest = IdentityHasher._mac(secret, "idempotency-key", tenant_id, operation_id)[:30]
+    return IDEMPOTENCY_KEY_PREFIX + base64.b32encode(digest).decode("ascii").lower()

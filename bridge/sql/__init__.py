@@ -35,11 +35,23 @@ class Migration:
 
 @cache
 def statement(name: str) -> LiteralString:
-    """The text of ``store/<name>.sql``."""
+    """The text of ``store/<name>.sql``, without its comment lines and indentation.
+
+    What is sent is kept short: psycopg caches the conversion of a query's placeholders only
+    for texts of up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``) and otherwise converts the
+    whole text again at every execution.
+    """
     text: LiteralString = (
         resources.files(__package__).joinpath("store", f"{name}.sql").read_text("utf-8")
     )
-    return text
+    return _compact(text)
+
+
+def _compact(text: LiteralString) -> LiteralString:
+    """The lines of a statement that are not comments, stripped, one per line."""
+    lines = [line.strip() for line in text.splitlines()]
+    kept: LiteralString = "\n".join(line for line in lines if line and not line.startswith("--"))
+    return kept
 
 
 @cache

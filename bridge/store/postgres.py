@@ -437,35 +437,33 @@ class PostgresStore:
         job_types: Sequence[str] | None = None,
         per_statement: int | None = None,
     ) -> tuple[list[Ticket], list[Claim]]:
-        """:meth:`settle_many`, then :meth:`claim`, in one transaction and one round trip.
+        """:meth:`settle_many`, then :meth:`claim`, in one transaction.
 
         Each part is exactly the method it names (the stale tickets are returned, the other rows
         settle; up to ``limit`` claimable rows are claimed, by claims of at most
         ``per_statement`` rows each); they share one commit, so a worker tier that frees workers
         by settling can refill them for the cost of one WAL flush.
+
+        Not in pipeline mode: it saves round trips, but psycopg's pipeline costs about twice the
+        client CPU per transaction (measured: 269 against 138 us for one row, 341 against 203
+        us for ten, on a database on the same host), and the pool is bound by client CPU.
         """
         _settled_only(settlements, "settle_and_claim")
         step = per_statement or limit
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
-        with self._connection("settle and claim") as conn:
-            with conn.pipeline(), conn.transaction():
-                settled = conn.execute(
-                    sql.statement("settle_many"), _settlements_params(settlements, now)
-                )
-                claimed = [
-                    conn.execute(
-                        sql.statement("claim"),
-                        {
-                            **_claim_params(worker, n, lease, job_types, now),
-                            "identity_keys": self._identity_keys,
-                            "history": self._history,
-                        },
-                    )
-                    for n in limits
-                ]
-            moved = settled.fetchall()
-            rows = [r for cur in claimed for r in cur.fetchall()]
+        rows: list[tuple[Any, ...]] = []
+        with self._connection("settle and claim") as conn, conn.transaction():
+            moved = conn.execute(
+                sql.statement("settle_many"), _settlements_params(settlements, now)
+            ).fetchall()
+            for n in limits:
+                params = {
+                    **_claim_params(worker, n, lease, job_types, now),
+                    "identity_keys": self._identity_keys,
+                    "history": self._history,
+                }
+                rows += conn.execute(sql.statement("claim"), params).fetchall()
         return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:

@@ -54,7 +54,7 @@ def ctx(fence: int, operation_id: str = "op-1") -> Context:
         max_attempts=5,
         fence=fence,
         payload=b"{}",
-        idempotency_key=HASHER.idempotency_key("t1", operation_id),
+        derive_idempotency_key=lambda: HASHER.idempotency_key("t1", operation_id),
     )
 
 
