@@ -212,6 +212,21 @@ class ConsoleApi:
                 "settled_at": _time(row.settled_at),
                 "updated_at": _time(row.updated_at),
             },
+            "attempts": [
+                {
+                    "kind": a.kind,
+                    "fence": a.fence,
+                    "worker": a.worker,
+                    "takeover": a.takeover,
+                    "started_at": _time(a.started_at),
+                    "ended_at": _time(a.ended_at),
+                    "outcome": a.outcome,
+                    "outcome_code": a.outcome_code,
+                    "error_class": a.error_class,
+                    "finding": a.finding,
+                }
+                for a in history.attempts
+            ],
             "redrives": [
                 {
                     "at": _time(r.at),

@@ -119,7 +119,7 @@ def document() -> dict[str, Any]:
             },
             "/api/v1/operation": {
                 "post": {
-                    "summary": "one operation: its row, redrives and rejected deliveries",
+                    "summary": "one operation: its row, attempts, redrives and rejected deliveries",
                     "description": "The raw identifiers go in the body (never a URL); the "
                     "answer shows their hashes.",
                     "requestBody": _json_body("OperationQuery"),
@@ -226,10 +226,15 @@ _SCHEMAS: dict[str, Any] = {
             "tenant": _HASH,
             "operation": _HASH,
             "row": {"type": ["object", "null"], "description": "null: no such row"},
+            "attempts": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "the newest attempts kept for the row, oldest first",
+            },
             "redrives": {"type": "array", "items": {"type": "object"}},
             "rejected": {"type": "array", "items": {"type": "object"}},
         },
-        "required": ["tenant", "operation", "row", "redrives", "rejected"],
+        "required": ["tenant", "operation", "row", "attempts", "redrives", "rejected"],
     },
     "RedriveRequest": {
         "type": "object",

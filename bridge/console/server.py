@@ -1,4 +1,5 @@
-"""The console's HTTP server: authentication, roles, JSON in and out, security headers.
+"""The console's HTTP server: authentication, roles, JSON in and out, security headers; and,
+outside ``/api/v1``, the HTML pages (:mod:`.pages`) on the same port.
 
 Every answer, an error included, carries the security headers and ``Cache-Control: no-store``.
 The order of checks is fixed: a token first (401 before anything is revealed, even whether a
@@ -6,6 +7,9 @@ path exists), then the route (404, 405), the role (403), the body's type and siz
 its JSON (400), and the route's own checks (400). An unexpected exception in a route is answered
 500 with its type only and logged by type; the server loop runs as a supervised service, so
 nothing a request does can stop it.
+
+The pages answer with the same headers but their own Content-Security-Policy (the console's
+stylesheet, nothing else; still no script and ``frame-ancestors 'none'``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from bridge.console.api import ROUTES, ApiError, ConsoleApi, Request, Route
+from bridge.console.api import PREFIX, ROUTES, ApiError, ConsoleApi, Request, Route
 from bridge.console.auth import Principal, Tokens
+from bridge.console.pages import PAGE_POLICY, ConsolePages, PageError, PageRequest
+from bridge.console.sessions import Sessions
 from bridge.service import Backoff, Deadline, Supervised
 
 log = logging.getLogger(__name__)
@@ -34,10 +40,27 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
 }
+#: the pages' headers: the API's, with the policy that lets a page load its stylesheet
+PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": PAGE_POLICY}
+#: a console bound here is reached over plain HTTP on the machine itself: no Secure cookies
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: fields a page's form may carry
+FORM_FIELDS_MAX = 50
 
 
 class ConsoleServer:
-    def __init__(self, api: ConsoleApi, tokens: Tokens, host: str, port: int) -> None:
+    def __init__(
+        self,
+        api: ConsoleApi,
+        tokens: Tokens,
+        host: str,
+        port: int,
+        *,
+        sessions: Sessions | None = None,
+    ) -> None:
+        pages = ConsolePages(
+            api, tokens, sessions or Sessions(), secure_cookies=host not in LOOPBACK
+        )
         routes: dict[str, dict[str, Route]] = {}
         for route in ROUTES:
             routes.setdefault(route.path, {})[route.method] = route
@@ -69,6 +92,10 @@ class ConsoleServer:
                 )
 
             def _answer(self, method: str) -> None:
+                path = urlsplit(self.path).path
+                if path != PREFIX and not path.startswith(PREFIX + "/"):
+                    self._page(method)
+                    return
                 extra: dict[str, str] = {}
                 try:
                     status, body = 200, self._route(method, extra)
@@ -137,6 +164,58 @@ class ConsoleServer:
                     return json.loads(self.rfile.read(length))
                 except (ValueError, UnicodeDecodeError):
                     raise ApiError(400, "bad request", "the body is not valid JSON") from None
+
+            def _page(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                cookie = self.headers.get("Cookie", "")
+                try:
+                    query = parse_qs(parts.query, keep_blank_values=True)
+                    request = PageRequest(
+                        method=method,
+                        path=parts.path,
+                        query=query,
+                        form=self._form() if method == "POST" else {},
+                        cookie_header=cookie,
+                        origin=self.headers.get("Origin"),
+                        fetch_site=self.headers.get("Sec-Fetch-Site"),
+                        host=self.headers.get("Host", ""),
+                    )
+                    answer = pages.answer(request)
+                except ValueError:
+                    answer = pages.refusal(
+                        PageError(400, "bad request", "the query string cannot be parsed"), cookie
+                    )
+                except PageError as exc:
+                    answer = pages.refusal(exc, cookie)
+                except Exception as exc:  # noqa: BLE001  (one request fails, the server goes on)
+                    log.error("console page failed: %s", type(exc).__name__)
+                    answer = pages.refusal(
+                        PageError(500, "internal error", "the request failed; see the log"),
+                        cookie,
+                    )
+                self.send_response(answer.status)
+                self.send_header("Content-Type", answer.content_type)
+                self.send_header("Content-Length", str(len(answer.body)))
+                for name, value in [*PAGE_HEADERS.items(), *answer.headers]:
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(answer.body)
+
+            def _form(self) -> dict[str, list[str]]:
+                content_type = self.headers.get("Content-Type", "").split(";", 1)[0].strip()
+                if content_type.lower() != "application/x-www-form-urlencoded":
+                    raise PageError(415, "unsupported media type", "send a form")
+                length_text = self.headers.get("Content-Length", "")
+                if not length_text.isdigit():
+                    raise PageError(400, "bad request", "Content-Length is required")
+                if int(length_text) > BODY_MAX:
+                    self.close_connection = True
+                    raise PageError(413, "too large", f"the form is over {BODY_MAX} bytes")
+                try:
+                    text = self.rfile.read(int(length_text)).decode("utf-8")
+                    return parse_qs(text, keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX)
+                except ValueError:
+                    raise PageError(400, "bad request", "the form cannot be parsed") from None
 
             def _send(self, status: int, body: dict[str, Any], extra: dict[str, str]) -> None:
                 data = json.dumps(body).encode()

@@ -1,0 +1,427 @@
+"""The console's HTML pages: the same reads and the same redrive as ``/api/v1``, for a browser.
+
+Every page is rendered on the server from the JSON API's own answers (:class:`ConsoleApi`), so
+a page cannot show what the API would not: tenants and operations as keyed hashes, never
+payload bytes. Jinja2 renders with autoescaping on; the pages carry no script at all, and their
+Content-Security-Policy allows only the console's own stylesheet.
+
+Authentication: ``POST /login`` takes a console token and answers a session cookie
+(``HttpOnly``, ``SameSite=Strict``, ``Path=/``, ``Secure`` unless the console is bound to
+loopback) holding a random id; the principal stays on the server (:mod:`.sessions`).
+
+CSRF: every state-changing form carries the session's CSRF token in a hidden field, compared in
+constant time; a POST without it or with another is refused 403. The login form, before any
+session exists, is protected by a double-submit token: ``GET /login`` sets a random value in a
+``SameSite=Strict`` cookie and the same value in the form, and ``POST /login`` needs both to
+agree (a cross-site page can neither read nor send that cookie). In addition every POST whose
+browser says where it came from (``Sec-Fetch-Site``, ``Origin``) must come from the console's
+own origin.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from bridge.console.api import ApiError, ConsoleApi, Request
+from bridge.console.auth import Role, Tokens
+from bridge.console.sessions import Selection, Session, Sessions
+
+SESSION_COOKIE = "fencebridge_session"
+LOGIN_COOKIE = "fencebridge_login"
+#: the pages' policy: no script at all, styles from the console's own stylesheet only
+PAGE_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "base-uri 'none'; frame-ancestors 'none'"
+)
+_REDRIVABLE = ("unknown", "quarantined")
+
+
+@dataclass(frozen=True, slots=True)
+class PageRequest:
+    """What a page needs of an HTTP request, already parsed by the server."""
+
+    method: str
+    path: str
+    query: Mapping[str, Sequence[str]]
+    #: the url-encoded form of a POST (empty for a GET)
+    form: Mapping[str, Sequence[str]]
+    cookie_header: str
+    #: the ``Origin`` and ``Sec-Fetch-Site`` headers, when the browser sent them
+    origin: str | None
+    fetch_site: str | None
+    host: str
+
+
+@dataclass(slots=True)
+class PageAnswer:
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class PageError(Exception):
+    """A refusal rendered as a page: its status, a title and the reason."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+
+
+PageHandler = Callable[["ConsolePages", PageRequest, Session], PageAnswer]
+
+
+@dataclass(frozen=True, slots=True)
+class PageRoute:
+    method: str
+    path: str
+    role: Role
+    handler: PageHandler
+
+
+class ConsolePages:
+    """The pages over one :class:`ConsoleApi`, the console's tokens and its sessions."""
+
+    def __init__(
+        self, api: ConsoleApi, tokens: Tokens, sessions: Sessions, *, secure_cookies: bool
+    ) -> None:
+        self._api = api
+        self._tokens = tokens
+        self._sessions = sessions
+        self._secure = secure_cookies
+        self._env = Environment(
+            loader=PackageLoader("bridge.console", "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self._css = resources.files("bridge.console").joinpath("static/console.css").read_bytes()
+        self._routes: dict[str, dict[str, PageRoute]] = {}
+        for route in PAGE_ROUTES:
+            self._routes.setdefault(route.path, {})[route.method] = route
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def answer(self, request: PageRequest) -> PageAnswer:
+        """The page for ``request``: a refusal is a page too, with its status."""
+        session: Session | None = None
+        try:
+            if request.path == "/static/console.css" and request.method == "GET":
+                return PageAnswer(200, self._css, "text/css; charset=utf-8")
+            if request.path == "/login":
+                return self._login(request)
+            session = self._sessions.get(_cookies(request.cookie_header).get(SESSION_COOKIE))
+            if session is None:
+                if request.method == "GET":
+                    return _redirect("/login")
+                raise PageError(401, "not logged in", "log in first")
+            by_method = self._routes.get(request.path)
+            if by_method is None:
+                raise PageError(404, "not found", "there is no such page")
+            route = by_method.get(request.method)
+            if route is None:
+                raise PageError(405, "method not allowed", f"use {', '.join(sorted(by_method))}")
+            if request.method == "POST":
+                self._same_origin(request)
+                if not session.csrf_matches(_field(request.form, "csrf")):
+                    raise PageError(403, "forbidden", "the form's CSRF token is missing or wrong")
+            if not session.principal.role.allows(route.role):
+                raise PageError(
+                    403, "forbidden", f"the {session.principal.role.value} role cannot do this"
+                )
+            return route.handler(self, request, session)
+        except ApiError as exc:
+            return self._error(exc.status, exc.title, exc.detail, session)
+        except PageError as exc:
+            return self._error(exc.status, exc.title, exc.detail, session)
+
+    def refusal(self, error: PageError, cookie_header: str) -> PageAnswer:
+        """``error`` as a page, for what the server refuses before a page is chosen."""
+        session = self._sessions.get(_cookies(cookie_header).get(SESSION_COOKIE))
+        return self._error(error.status, error.title, error.detail, session)
+
+    def _same_origin(self, request: PageRequest) -> None:
+        """A browser's word on where a form came from must be this console. Under the pages'
+        ``no-referrer`` policy a browser sends ``Origin: null``; ``Sec-Fetch-Site`` then
+        decides. A client that sends neither (not a browser) still needs the CSRF token."""
+        scheme = "https" if self._secure else "http"
+        site, origin = request.fetch_site, request.origin
+        if site is not None and site != "same-origin":
+            raise PageError(403, "forbidden", "the form was not sent from this console")
+        if origin == "null" and site is None:
+            raise PageError(403, "forbidden", "the form was not sent from this console")
+        if origin not in (None, "null", f"{scheme}://{request.host}"):
+            raise PageError(403, "forbidden", "the form was not sent from this console")
+
+    # -- login and logout ----------------------------------------------------------------------
+
+    def _login(self, request: PageRequest) -> PageAnswer:
+        if request.method == "GET":
+            # the same value while the cookie lives: a second tab or a reload keeps both forms
+            # valid (a browser may fetch the page again by itself)
+            nonce = _cookies(request.cookie_header).get(LOGIN_COOKIE) or ""
+            if len(nonce) < 32:
+                nonce = secrets.token_urlsafe(32)
+            answer = self._render(200, "login.html", None, title="Log in", login_csrf=nonce)
+            answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
+            return answer
+        if request.method != "POST":
+            raise PageError(405, "method not allowed", "use GET, POST")
+        self._same_origin(request)
+        expected = _cookies(request.cookie_header).get(LOGIN_COOKIE)
+        presented = _field(request.form, "login_csrf")
+        if not expected or not presented or not secrets.compare_digest(expected, presented):
+            raise PageError(403, "forbidden", "the login form expired: load it again")
+        principal = self._tokens.authenticate((_field(request.form, "token") or "").strip())
+        if principal is None:
+            nonce = secrets.token_urlsafe(32)
+            answer = self._render(
+                401, "login.html", None, title="Log in", login_csrf=nonce, refused=True
+            )
+            answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
+            return answer
+        session = self._sessions.create(principal)
+        answer = _redirect("/")
+        lifetime = int(self._sessions.lifetime)
+        answer.headers.append(("Set-Cookie", self._cookie(SESSION_COOKIE, session.id, lifetime)))
+        answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, "", 0)))
+        return answer
+
+    def logout(self, request: PageRequest, session: Session) -> PageAnswer:
+        self._sessions.drop(session.id)
+        answer = _redirect("/login")
+        answer.headers.append(("Set-Cookie", self._cookie(SESSION_COOKIE, "", 0)))
+        return answer
+
+    def _cookie(self, name: str, value: str, max_age: int) -> str:
+        secure = "; Secure" if self._secure else ""
+        return f"{name}={value}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def overview(self, request: PageRequest, session: Session) -> PageAnswer:
+        counts = self._api.counts(_api_request(session, {}))
+        groups: dict[tuple[str, str], dict[str, int]] = {}
+        for c in counts["counts"]:
+            states = groups.setdefault((c["subscription"], c["job_type"]), {})
+            for state, n in c["states"].items():
+                states[state] = states.get(state, 0) + n
+        return self._render(
+            200,
+            "overview.html",
+            session,
+            title="Overview",
+            states=list(counts["totals"]),
+            groups=sorted(groups.items()),
+            totals=counts["totals"],
+        )
+
+    def unknown(self, request: PageRequest, session: Session) -> PageAnswer:
+        return self._queue(request, session, "unknown")
+
+    def quarantined(self, request: PageRequest, session: Session) -> PageAnswer:
+        return self._queue(request, session, "quarantined")
+
+    def _queue(self, request: PageRequest, session: Session, state: str) -> PageAnswer:
+        filters = _filled(request.query, ("subscription", "job_type"))
+        query = {**filters, **_filled(request.query, ("cursor",)), "state": [state]}
+        page = self._api.rows(_api_request(session, query))
+        following = None
+        if page["next_cursor"] is not None:
+            following = _query_string({**filters, "cursor": [page["next_cursor"]]})
+        return self._render(
+            200,
+            "queue.html",
+            session,
+            title=f"Rows {state}",
+            state=state,
+            rows=page["rows"],
+            subscription=_one(filters, "subscription") or "",
+            job_type=_one(filters, "job_type") or "",
+            next_query=following,
+        )
+
+    def rejected(self, request: PageRequest, session: Session) -> PageAnswer:
+        filters = _filled(request.query, ("kind", "open"))
+        query = {**filters, **_filled(request.query, ("cursor",))}
+        page = self._api.rejected(_api_request(session, query))
+        following = None
+        if page["next_cursor"] is not None:
+            following = _query_string({**filters, "cursor": [page["next_cursor"]]})
+        return self._render(
+            200,
+            "rejected.html",
+            session,
+            title="Rejected deliveries",
+            rejected=page["rejected"],
+            kind=_one(filters, "kind") or "",
+            open_only=_one(filters, "open") == "true",
+            next_query=following,
+        )
+
+    def operation_form(self, request: PageRequest, session: Session) -> PageAnswer:
+        return self._render(200, "operation.html", session, title="Find an operation", found=None)
+
+    def operation(self, request: PageRequest, session: Session) -> PageAnswer:
+        """One operation, looked up by the raw ids typed into the form; the page shows hashes
+        only, and a redrive form that names the row by a server-side handle."""
+        tenant, op = _field(request.form, "tenant_id"), _field(request.form, "operation_id")
+        found = self._api.operation(
+            _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
+        )
+        handle = None
+        row = found["row"]
+        if (
+            session.principal.role.allows(Role.OPERATOR)
+            and row is not None
+            and row["state"] in _REDRIVABLE
+        ):
+            assert tenant is not None  # the lookup refused a missing one
+            assert op is not None
+            handle = session.remember(
+                Selection(
+                    {"tenant_id": tenant, "operation_id": op, "states": [row["state"]]},
+                    f"operation {found['operation']} of tenant {found['tenant']}",
+                )
+            )
+        return self._render(
+            200,
+            "operation.html",
+            session,
+            title="Operation",
+            found=found,
+            selection=handle,
+            class_d=row is not None and row["target_class"] == "D",
+        )
+
+    # -- the act -------------------------------------------------------------------------------
+
+    def redrive(self, request: PageRequest, session: Session) -> PageAnswer:
+        """A dry run (``step=preview``) or the redrive itself (``step=confirm``) of either a
+        remembered selection (one operation) or a queue's filters."""
+        step = _field(request.form, "step")
+        if step not in ("preview", "confirm"):
+            raise PageError(400, "bad request", "step must be preview or confirm")
+        handle = _field(request.form, "selection")
+        queue_fields: dict[str, str] = {}
+        if handle:
+            selection = session.selections.get(handle)
+            if selection is None:
+                raise PageError(
+                    400, "bad request", "this selection expired: look the operation up again"
+                )
+            fields, label = dict(selection.fields), selection.label
+        else:
+            state = _field(request.form, "state")
+            if state not in _REDRIVABLE:
+                raise PageError(400, "bad request", "state must be unknown or quarantined")
+            fields = {"states": [state]}
+            queue_fields["state"] = state
+            for name in ("subscription", "job_type"):
+                value = _field(request.form, name)
+                if value:
+                    fields[name] = queue_fields[name] = value
+            label = "rows " + ", ".join(f"{k} {v}" for k, v in queue_fields.items())
+        if _field(request.form, "confirm_not_called") == "yes" and "operation_id" in fields:
+            fields["confirm_not_called"] = True
+        reason = _field(request.form, "reason") or ""
+        body = {**fields, "reason": reason, "dry_run": step == "preview"}
+        report = self._api.redrive(_api_request(session, {}, body))
+        audit: list[dict[str, Any]] | None = None
+        if step == "confirm" and "operation_id" in fields:
+            key = {"tenant_id": fields["tenant_id"], "operation_id": fields["operation_id"]}
+            audit = self._api.operation(_api_request(session, {}, key))["redrives"]
+        return self._render(
+            200,
+            "redrive.html",
+            session,
+            title="Redrive preview" if report["dry_run"] else "Redrive done",
+            report=report,
+            label=label,
+            reason=reason,
+            selection=handle,
+            queue_fields=queue_fields,
+            confirm_not_called=fields.get("confirm_not_called", False),
+            audit=audit,
+        )
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render(
+        self, code: int, template: str, session: Session | None, **values: Any
+    ) -> PageAnswer:
+        html = self._env.get_template(template).render(
+            principal=session.principal if session is not None else None,
+            csrf=session.csrf if session is not None else None,
+            operator=session is not None and session.principal.role.allows(Role.OPERATOR),
+            **values,
+        )
+        return PageAnswer(code, html.encode())
+
+    def _error(self, status: int, title: str, detail: str, session: Session | None) -> PageAnswer:
+        return self._render(
+            status, "error.html", session, title=title, status=status, detail=detail
+        )
+
+
+#: every page; ``/login`` and the stylesheet are answered before a session is needed
+PAGE_ROUTES: tuple[PageRoute, ...] = (
+    PageRoute("GET", "/", Role.VIEWER, ConsolePages.overview),
+    PageRoute("GET", "/queues/unknown", Role.VIEWER, ConsolePages.unknown),
+    PageRoute("GET", "/queues/quarantined", Role.VIEWER, ConsolePages.quarantined),
+    PageRoute("GET", "/rejected", Role.VIEWER, ConsolePages.rejected),
+    PageRoute("GET", "/operation", Role.VIEWER, ConsolePages.operation_form),
+    PageRoute("POST", "/operation", Role.VIEWER, ConsolePages.operation),
+    PageRoute("POST", "/redrive", Role.OPERATOR, ConsolePages.redrive),
+    PageRoute("POST", "/logout", Role.VIEWER, ConsolePages.logout),
+)
+
+
+def _api_request(session: Session, query: Mapping[str, Sequence[str]], body: Any = None) -> Request:
+    return Request(session.principal, query, body)
+
+
+def _cookies(header: str) -> dict[str, str]:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except Exception:  # noqa: BLE001  (a malformed Cookie header is no session)
+        return {}
+    return {name: morsel.value for name, morsel in jar.items()}
+
+
+def _field(form: Mapping[str, Sequence[str]], name: str) -> str | None:
+    values = form.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise PageError(400, "bad request", f"{name} given more than once")
+    return values[0]
+
+
+def _one(query: Mapping[str, Sequence[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0] if values else None
+
+
+def _filled(query: Mapping[str, Sequence[str]], names: Sequence[str]) -> dict[str, list[str]]:
+    """The named parameters a form filled in: an empty filter field means no filter."""
+    return {n: [v for v in query[n] if v] for n in names if any(query.get(n, ()))}
+
+
+def _query_string(params: Mapping[str, Sequence[str]]) -> str:
+    return urlencode([(k, v) for k, values in params.items() for v in values])
+
+
+def _redirect(location: str) -> PageAnswer:
+    return PageAnswer(303, b"", headers=[("Location", location)])

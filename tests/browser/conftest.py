@@ -1,0 +1,113 @@
+"""Browser fixtures: Debian's chromium driven by Playwright, and a console over a populated
+database.
+
+Playwright's own browser download is never used: the tests launch the system's ``chromium``.
+Without one they are skipped with the reason, except in CI (``CI=true``), which must run them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, Response, sync_playwright
+
+from bridge import keyring
+from bridge.config import parse_config
+from bridge.console.api import ConsoleApi
+from bridge.console.auth import Tokens
+from bridge.console.server import ConsoleServer
+from bridge.store import PostgresStore
+from tests.integration.test_console_api import (
+    CONFIG,
+    HASHER,
+    OPERATOR,
+    PAYLOAD_MARK,
+    TENANTS,
+    VIEWER,
+    populate,
+)
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+__all__ = ["HASHER", "OPERATOR", "TENANTS", "VIEWER", "Site"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    executable = shutil.which("chromium")
+    if executable is None:
+        reason = "no chromium on PATH (apt-get install chromium); the console's browser tests"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason} must run in CI")
+        pytest.skip(f"{reason} are skipped")
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class Site:
+    """The console under test, and what no page of it may ever show."""
+
+    url: str
+    ops: list[str]
+    secrets: list[str]
+    shots: Path
+    #: every answer of the console a page received: (url, headers)
+    answers: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    count: int = 0
+
+    def snap(self, page: Page, name: str) -> str:
+        """The page's HTML, checked for raw identifiers and payload bytes, and a screenshot."""
+        html = page.content()
+        leaks = [s for s in self.secrets if s in html]
+        assert leaks == [], (name, leaks)
+        self.count += 1
+        page.screenshot(path=self.shots / f"{self.count:02d}-{name}.png", full_page=True)
+        return html
+
+    def watch(self, page: Page) -> Page:
+        def record(response: Response) -> None:
+            if response.url.startswith(self.url):
+                self.answers.append((response.url, response.headers))
+
+        page.on("response", record)
+        return page
+
+
+@pytest.fixture
+def site(store: PostgresStore, tmp_path: Path) -> Iterator[Site]:
+    keyring.attach(store, HASHER, used_by="test")
+    ops = populate(store)
+    tokens = Tokens.parse(f"vera:viewer:{VIEWER},olga:operator:{OPERATOR}")
+    api = ConsoleApi(store, parse_config(CONFIG), HASHER)
+    server = ConsoleServer(api, tokens, "127.0.0.1", 0)
+    server.start()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        yield Site(f"http://127.0.0.1:{server.port}", ops, [*TENANTS, *ops, PAYLOAD_MARK], shots)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(browser: Browser, site: Site) -> Iterator[Page]:
+    context = browser.new_context()
+    try:
+        yield site.watch(context.new_page())
+    finally:
+        context.close()
