@@ -1,4 +1,4 @@
-"""``fencebridge console``: the operator console's JSON API on a local port.
+"""``fencebridge console``: the operator console's JSON API and its HTML pages on a local port.
 
 Refuses to start without tokens, and before serving compares the identity key with the
 database's, so no hash is ever shown under the wrong key.
@@ -25,10 +25,11 @@ def register(commands: Subcommands) -> None:
 
     p = commands.add_parser(
         "console",
-        help="serve the operator console's JSON API (bearer tokens, audited redrive)",
+        help="serve the operator console: JSON API and HTML pages (tokens, audited redrive)",
         description=(
             f"Tokens: ${TOKENS_ENV} (name:role:token,...) or ${TOKENS_FILE_ENV} (one a line); "
-            f"roles viewer and operator. {KEY_NOTE}"
+            f"roles viewer and operator. The API takes the token as a bearer token; the pages "
+            f"(/login) take it once and keep a session. {KEY_NOTE}"
         ),
     )
     p.add_argument(
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             server.start()
             print(f"fencebridge console: http://{args.host}:{server.port}/api/v1/", flush=True)
+            print(f"console pages: http://{args.host}:{server.port}/login", flush=True)
             stop.wait()
         finally:
             server.stop()
