@@ -16,9 +16,9 @@ D      :class:`UnfencedHandler`       ``call(ctx)``: at most one call, ever
 =====  ===========================  =====================================================
 
 Every run ends in exactly one outcome. Returning (``None`` or a :class:`Success`) is success;
-anything else is raised: :class:`TerminalFailure`, :class:`RetryLater`, :class:`Ambiguous`,
-:class:`Quarantine`. Any other exception is classified, never swallowed, and *where* it was
-raised decides how:
+anything else is raised: :class:`TerminalFailure`, :class:`RetryLater`, :class:`RateLimited`,
+:class:`Ambiguous`, :class:`Quarantine`. Any other exception is classified, never swallowed,
+and *where* it was raised decides how:
 
 * before the request can have left (class A and B handlers, which the fence protects; the
   ``validate`` step of classes C and D): by :func:`classify`, a documented table
@@ -95,6 +95,33 @@ class RetryLater(HandlerOutcome):
         self.delay = delay
 
 
+#: the wait of a :class:`RateLimited` raised without one
+RATE_LIMIT_WAIT_DEFAULT = timedelta(seconds=1)
+
+
+class RateLimited(HandlerOutcome):
+    """The target refused the call for now (HTTP 429, a quota) before acting on it.
+
+    The row goes back to the queue after ``retry_after`` without using up an attempt (the
+    target's limit is not the operation's failure), and every row of the same job type and
+    tenant waits as long: the limit belongs to the target, so its siblings would be refused
+    too. Raise it only when the target said so; a refusal that may have acted is
+    :class:`Ambiguous`.
+    """
+
+    def __init__(
+        self,
+        code: str = "rate_limited",
+        detail: str | None = None,
+        *,
+        retry_after: timedelta | float = RATE_LIMIT_WAIT_DEFAULT,
+    ) -> None:
+        super().__init__(code, detail)
+        wait = retry_after if isinstance(retry_after, timedelta) else timedelta(seconds=retry_after)
+        #: never negative: a wait in the past means "due now"
+        self.retry_after = max(wait, timedelta(0))
+
+
 class Ambiguous(HandlerOutcome):
     """The effect may or may not have happened (timeout, reset, 5xx after sending)."""
 
@@ -107,12 +134,14 @@ class OutcomeKind(enum.StrEnum):
     SUCCESS = "success"
     TERMINAL = "terminal"
     RETRY = "retry"
+    RATE_LIMITED = "rate_limited"
     AMBIGUOUS = "ambiguous"
     QUARANTINE = "quarantine"
 
 
 TerminalFailure.kind = OutcomeKind.TERMINAL
 RetryLater.kind = OutcomeKind.RETRY
+RateLimited.kind = OutcomeKind.RATE_LIMITED
 Ambiguous.kind = OutcomeKind.AMBIGUOUS
 Quarantine.kind = OutcomeKind.QUARANTINE
 

@@ -25,6 +25,7 @@ from bridge.handlers import (
     Context,
     HandlerOutcome,
     Quarantine,
+    RateLimited,
     RetryLater,
     RetryPolicy,
     Success,
@@ -162,12 +163,28 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
             ),
         ):
             run.events.settled(run.claim, states[0], code)
+    elif isinstance(outcome, RateLimited):
+        rate_limited(run, outcome)
     elif isinstance(outcome, Ambiguous):
         park_unknown(run, code, detail)
-    else:  # pragma: no cover - HandlerOutcome has exactly the four subclasses above
+    else:  # pragma: no cover - HandlerOutcome has exactly the five subclasses above
         raise TypeError(f"unexpected outcome {type(outcome).__name__}")
 
 
 def park_unknown(run: Run, code: str, detail: str | None) -> None:
     if fenced(run, "park unknown", lambda: write_settlement(run, State.UNKNOWN, code, detail)):
         run.events.settled(run.claim, State.UNKNOWN, code)
+
+
+def rate_limited(run: Run, outcome: RateLimited) -> None:
+    """The target refused the call for now: queued after its wait, the attempt given back, and
+    the row's (job type, tenant) waiting as long. Not batched: it is no final settlement."""
+    ticket, wait, code, trail = run.claim.ticket, outcome.retry_after, outcome.code, run.trail
+    if fenced(
+        run,
+        "rate limited",
+        lambda: run.store.rate_limited(
+            ticket, wait, code, detail=outcome.detail, error=trail.error, finding=trail.finding
+        ),
+    ):
+        run.events.settled(run.claim, State.QUEUED, code)

@@ -872,6 +872,34 @@ class PostgresStore:
             rows = conn.execute(sql.statement("console_rejected"), params).fetchall()
         return [_rejected_summary(r) for r in rows]
 
+    # -- rate limits -------------------------------------------------------------------------
+
+    def rate_limited(
+        self,
+        ticket: Ticket,
+        retry_after: timedelta,
+        outcome_code: str = "rate_limited",
+        *,
+        detail: str | None = None,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
+        """Back to the queue after ``retry_after`` (database clock) with the attempt given back,
+        and the row's (job type, tenant) waiting as long: claims skip that key until then.
+
+        Fenced like every settlement; raises LeaseLost, changing nothing, for a stale ticket.
+        """
+        self._fenced_write(
+            "rate limited",
+            "rate_limited",
+            ticket,
+            retry_after=retry_after,
+            outcome_code=outcome_code,
+            outcome_detail=detail,
+            error_class=error,
+            finding=finding,
+        )
+
 
 def _selection_params(selection: RedriveFilter) -> dict[str, Any]:
     keys = selection.keys

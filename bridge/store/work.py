@@ -214,3 +214,18 @@ class WorkStore(KeyedStore, Protocol):
     def stats(self) -> Stats:
         """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
         ...
+
+    def rate_limited(
+        self,
+        ticket: Ticket,
+        retry_after: timedelta,
+        outcome_code: str = "rate_limited",
+        *,
+        detail: str | None = None,
+        error: str | None = None,
+        finding: str | None = None,
+    ) -> None:
+        """The target refused the call before acting: back to the queue after ``retry_after``
+        with the attempt given back, and every row of the same job type and tenant waits as
+        long (the limit is the target's, not the row's)."""
+        ...

@@ -118,7 +118,8 @@ DECLARE
     -- work_item_seq and the identity sequences, follow their table's owner.
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
-                                    'erasure_audit', 'identity_key', 'work_attempt'];
+                                    'erasure_audit', 'identity_key', 'work_attempt',
+                                    'rate_wait'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)'];
@@ -183,6 +184,8 @@ BEGIN
                        ('identity_key', 'bridge', 'SELECT, INSERT'),
                        -- attempt history: written and trimmed by the claim and settle statements
                        ('work_attempt', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       -- rate limit waits: upserted and cleaned by rate_limited, read by claims
+                       ('rate_wait', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -192,11 +195,13 @@ BEGIN
                        ('erasure_audit', 'operator', 'SELECT'),
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
+                       ('rate_wait', 'operator', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
                        ('redrive_audit', 'tenant', 'SELECT'),
                        ('work_attempt', 'tenant', 'SELECT'),
+                       ('rate_wait', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));

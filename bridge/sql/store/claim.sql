@@ -2,7 +2,8 @@
 -- lease expired with attempts left (a takeover). Locks with SKIP LOCKED, bumps the fence and
 -- the attempt count, and sets the lease from the database clock. Within an ordered group only
 -- the earliest unsettled row is eligible. A process claims only rows written under an identity
--- key it holds (%(identity_keys)s; NULL: any), since it derives their idempotency keys.
+-- key it holds (%(identity_keys)s; NULL: any), since it derives their idempotency keys. A row
+-- whose (job_type, tenant_id) waits out a target's rate limit (rate_wait) is skipped by both.
 WITH expired AS (
     SELECT tenant_id, operation_id
       FROM work_item
@@ -11,6 +12,9 @@ WITH expired AS (
        AND attempts < max_attempts
        AND (%(job_types)s::text[] IS NULL OR job_type = ANY (%(job_types)s::text[]))
        AND (%(identity_keys)s::smallint[] IS NULL OR identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = work_item.job_type AND r.tenant_id = work_item.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
      ORDER BY lease_expires_at, seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -22,6 +26,9 @@ due AS (
        AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
        AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
        AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
        AND (w.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1
                  FROM work_item p

@@ -1,5 +1,6 @@
 -- Targeted claim for hand-off: the same rule as claim.sql, restricted to the given keys (the
--- ones a consumer has just inserted). Keys that are not claimable right now are skipped.
+-- ones a consumer has just inserted). Keys that are not claimable right now are skipped, and
+-- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait).
 WITH wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
 ),
@@ -12,6 +13,9 @@ candidate AS (
                 AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
                 AND w.attempts < w.max_attempts))
        AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
        AND (w.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1
                  FROM work_item p

@@ -1,0 +1,199 @@
+"""Rate limits that follow the target: a RateLimited outcome parks its (job type, tenant).
+
+The row goes back to the queue after the target's wait without using up an attempt, under its
+fence, and every row of the same job type and tenant waits as long; other keys are claimed
+meanwhile. Time here is the store's clock (``clocked``): nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from bridge.errors import LeaseLost
+from bridge.store import PostgresStore
+from bridge.types import Claim, Key
+from tests.support.clock import EPOCH as START
+from tests.support.clock import Clock
+from tests.support.deliveries import delivery
+
+LEASE = timedelta(seconds=30)
+
+Db = psycopg.Connection[tuple[Any, ...]]
+
+
+def row(db: Db, op: str, tenant: str = "t1") -> tuple[Any, ...]:
+    found = db.execute(
+        "SELECT state, fence, attempts, next_attempt_at, outcome_code"
+        "  FROM work_item WHERE tenant_id = %s AND operation_id = %s",
+        (tenant, op),
+    ).fetchone()
+    assert found is not None
+    return found
+
+
+def waits(db: Db) -> dict[tuple[str, str], Any]:
+    rows = db.execute("SELECT job_type, tenant_id, until FROM rate_wait").fetchall()
+    return {(job, tenant): until for job, tenant, until in rows}
+
+
+def keys(claims: list[Claim]) -> set[tuple[str, str]]:
+    return {(c.tenant_id, c.operation_id) for c in claims}
+
+
+def claim_one(store: PostgresStore, op: str, tenant: str = "t1") -> Claim:
+    (claim,) = store.claim_keys("w1", [Key(tenant, op)], LEASE)
+    return claim
+
+
+def test_a_rate_limit_parks_the_key_without_using_an_attempt_while_other_tenants_run(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery("a"), delivery("b"), delivery("c", tenant="t2")])
+    first = claim_one(clocked, "a")
+    assert first.attempts == 1
+
+    clocked.rate_limited(first.ticket, timedelta(seconds=2))
+
+    assert row(db, "a") == ("queued", 1, 0, START + timedelta(seconds=2), "rate_limited")
+    assert waits(db) == {("refund", "t1"): START + timedelta(seconds=2)}
+    attempt = db.execute(
+        "SELECT outcome, outcome_code, ended_at FROM work_attempt"
+        " WHERE operation_id = 'a' AND fence = 1"
+    ).fetchone()
+    assert attempt == ("queued", "rate_limited", START)
+
+    # The limited row and its sibling of the same tenant and job type wait; t2 does not.
+    assert keys(clocked.claim("w2", 10, LEASE)) == {("t2", "c")}
+    assert clocked.claim_keys("w2", [Key("t1", "a"), Key("t1", "b")], LEASE) == []
+    clock.advance(timedelta(seconds=1.999))
+    assert clocked.claim("w2", 10, LEASE) == []
+
+    clock.advance(timedelta(milliseconds=1))
+    again = {c.operation_id: c for c in clocked.claim("w2", 10, LEASE)}
+    assert set(again) == {"a", "b"}
+    assert (again["a"].attempts, again["a"].fence) == (1, 2)
+    assert again["b"].attempts == 1
+
+
+def test_rate_limits_never_exhaust_the_attempts(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery("a", max_attempts=1)])
+    for _ in range(3):
+        claim = claim_one(clocked, "a")
+        assert (claim.attempts, claim.max_attempts) == (1, 1)
+        clocked.rate_limited(claim.ticket, timedelta(seconds=5))
+        clock.advance(timedelta(seconds=5))
+    assert row(db, "a")[:3] == ("queued", 3, 0)
+    assert claim_one(clocked, "a").attempts == 1
+
+
+def test_a_hand_off_claim_respects_the_wait(clocked: PostgresStore, clock: Clock) -> None:
+    clocked.ingest([delivery("a")])
+    clocked.rate_limited(claim_one(clocked, "a").ticket, timedelta(seconds=10))
+    clocked.ingest([delivery("b")])  # a new row of the waiting key, handed off at once
+    assert clocked.claim_keys("w1", [Key("t1", "b")], LEASE) == []
+    clock.advance(timedelta(seconds=10))
+    assert keys(clocked.claim_keys("w1", [Key("t1", "b")], LEASE)) == {("t1", "b")}
+
+
+def test_an_expired_lease_of_a_waiting_key_is_taken_over_only_after_the_wait(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery("held"), delivery("limited")])
+    held = claim_one(clocked, "held")
+    clocked.rate_limited(claim_one(clocked, "limited").ticket, LEASE * 3)
+    clock.advance(LEASE * 2)  # held's lease has expired, the wait has not
+    assert clocked.claim("w2", 10, LEASE) == []
+    assert clocked.claim_keys("w2", [Key("t1", "held")], LEASE) == []
+    assert row(db, "held")[:2] == ("claimed", held.fence)
+
+    clock.advance(LEASE)
+    taken = {c.operation_id: c for c in clocked.claim("w2", 10, LEASE)}
+    assert set(taken) == {"held", "limited"}
+    assert taken["held"].takeover
+    assert taken["held"].fence == held.fence + 1
+
+
+def test_a_stale_tickets_rate_limit_is_refused_and_changes_nothing(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery("a")])
+    stale = claim_one(clocked, "a")
+    clock.advance(LEASE + timedelta(seconds=1))
+    current = claim_one(clocked, "a")
+    assert current.takeover
+    before = row(db, "a")
+
+    with pytest.raises(LeaseLost):
+        clocked.rate_limited(stale.ticket, timedelta(seconds=60))
+
+    assert row(db, "a") == before
+    assert before[:3] == ("claimed", 2, 2)
+    assert waits(db) == {}
+    assert keys(clocked.claim_keys("w3", [Key("t1", "a")], LEASE)) == set()  # still held
+
+
+def test_a_settled_rows_rate_limit_is_refused(clocked: PostgresStore, db: Db) -> None:
+    clocked.ingest([delivery("a")])
+    claim = claim_one(clocked, "a")
+    clocked.complete(claim.ticket)
+    with pytest.raises(LeaseLost):
+        clocked.rate_limited(claim.ticket, timedelta(seconds=60))
+    assert row(db, "a")[0] == "succeeded"
+    assert waits(db) == {}
+
+
+def test_the_later_wait_wins_and_passed_waits_of_the_tenant_are_removed(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest(
+        [
+            delivery("a"),
+            delivery("b"),
+            delivery("x", job_type="other"),
+            delivery("y", tenant="t2"),
+        ]
+    )
+    clocked.rate_limited(claim_one(clocked, "x").ticket, timedelta(seconds=1))
+    clocked.rate_limited(claim_one(clocked, "y", "t2").ticket, timedelta(seconds=1))
+    a, b = claim_one(clocked, "a"), claim_one(clocked, "b")
+    clocked.rate_limited(a.ticket, timedelta(seconds=30))
+    assert len(waits(db)) == 3  # nothing had passed yet
+
+    clock.advance(timedelta(seconds=1))
+    clocked.rate_limited(b.ticket, timedelta(seconds=5))  # shorter than a's: a's wait stays
+    assert waits(db) == {
+        ("refund", "t1"): START + timedelta(seconds=30),
+        ("refund", "t2"): START + timedelta(seconds=1),  # another tenant's: left alone
+    }
+    assert row(db, "b")[3] == START + timedelta(seconds=6)
+    clock.advance(timedelta(seconds=5))
+    assert keys(clocked.claim("w1", 10, LEASE)) == {("t1", "x"), ("t2", "y")}
+
+
+def test_a_tenant_role_sees_only_its_own_waits(clocked: PostgresStore, db: Db) -> None:
+    clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
+    clocked.rate_limited(claim_one(clocked, "a").ticket, timedelta(seconds=60))
+    clocked.rate_limited(claim_one(clocked, "b", "t2").ticket, timedelta(seconds=60))
+    role = f"fbt_rate_{secrets.token_hex(4)}"
+    db.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    try:
+        db.execute(
+            sql.SQL("GRANT SELECT ON rate_wait, tenant_role TO {}").format(sql.Identifier(role))
+        )
+        db.execute("INSERT INTO tenant_role (role_name, tenant_id) VALUES (%s, 't1')", (role,))
+        with db.transaction(force_rollback=True):
+            db.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
+            seen = db.execute("SELECT tenant_id FROM rate_wait").fetchall()
+        assert seen == [("t1",)]
+    finally:
+        db.execute("DELETE FROM tenant_role WHERE role_name = %s", (role,))
+        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
