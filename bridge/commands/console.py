@@ -1,7 +1,8 @@
 """``fencebridge console``: the operator console's JSON API and its HTML pages on a local port.
 
 Refuses to start without tokens, and before serving compares the identity key with the
-database's, so no hash is ever shown under the wrong key.
+database's, so no hash is ever shown under the wrong key. The go/no-go page runs
+:func:`bridge.check.evaluate` on a connection of its own, as ``fencebridge check`` does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ from bridge.commands.arguments import KEY_NOTE, add_database_flag, positive
 from bridge.commands.session import identity_hasher, keyed, open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bridge.check import Report
     from bridge.commands.arguments import Subcommands
+    from bridge.config import BridgeConfig
 
 
 def register(commands: Subcommands) -> None:
-    from bridge.console.auth import TOKENS_ENV, TOKENS_FILE_ENV  # noqa: PLC0415
+    from bridge.console.auth import (  # noqa: PLC0415
+        PROXY_HEADER_ENV,
+        TOKENS_ENV,
+        TOKENS_FILE_ENV,
+        TRUSTED_PROXIES_ENV,
+    )
     from bridge.console.server import DEFAULT_HOST, DEFAULT_PORT  # noqa: PLC0415
 
     p = commands.add_parser(
@@ -28,8 +38,11 @@ def register(commands: Subcommands) -> None:
         help="serve the operator console: JSON API and HTML pages (tokens, audited redrive)",
         description=(
             f"Tokens: ${TOKENS_ENV} (name:role:token,...) or ${TOKENS_FILE_ENV} (one a line); "
-            f"roles viewer and operator. The API takes the token as a bearer token; the pages "
-            f"(/login) take it once and keep a session. {KEY_NOTE}"
+            f"roles viewer, operator and payload (a viewer who may read one operation's payload, "
+            f"each view audited). The API takes the token as a bearer token; the pages (/login) "
+            f"take it once and keep a session. Behind an authenticating proxy, "
+            f"${PROXY_HEADER_ENV} names the header with its user (trusted only from loopback "
+            f"or ${TRUSTED_PROXIES_ENV}). {KEY_NOTE}"
         ),
     )
     p.add_argument(
@@ -46,15 +59,19 @@ def register(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415
     from bridge.console.api import ConsoleApi  # noqa: PLC0415
-    from bridge.console.auth import Tokens  # noqa: PLC0415
+    from bridge.console.auth import ProxyAuth, Tokens  # noqa: PLC0415
     from bridge.console.server import ConsoleServer  # noqa: PLC0415
+    from bridge.database import database_url  # noqa: PLC0415
 
     tokens = Tokens.from_env()  # refuse before touching the database: no anonymous console
+    proxy = ProxyAuth.from_env(None, host=args.host)
     config = load_config(args.config)
     hasher = identity_hasher()
     with open_store(args) as store:
         keyed(store, hasher)
-        server = ConsoleServer(ConsoleApi(store, config, hasher), tokens, args.host, args.port)
+        checks = _checks(config, database_url(args.database_url))
+        api = ConsoleApi(store, config, hasher, checks=checks)
+        server = ConsoleServer(api, tokens, args.host, args.port, proxy=proxy)
         stop = threading.Event()
 
         def _on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -71,3 +88,17 @@ def run(args: argparse.Namespace) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
     return 0
+
+
+def _checks(config: BridgeConfig, url: str) -> Callable[[], Report]:
+    """The go/no-go report, read afresh on a connection of its own each time it is asked for."""
+
+    def report() -> Report:
+        from bridge.check import evaluate, read_database  # noqa: PLC0415
+        from bridge.database import connect  # noqa: PLC0415
+
+        with connect(url) as conn:
+            facts = read_database(conn)
+        return evaluate(config, facts)
+
+    return report

@@ -3,7 +3,12 @@
 
 Identifiers leave only as keyed hashes. A single operation is asked for with its raw tenant and
 operation id in a POST body, never in a URL, so that they stay out of access logs and browser
-history; the answer carries the hashes only. Payload bytes are never read.
+history; the answer carries the hashes only. Payload bytes are read by one route only
+(``POST /payload``, the payload role, a reason required), and the statement that reads them
+writes the audit entry of that view.
+
+The go/no-go table is :func:`bridge.check.evaluate`'s report, as ``fencebridge check`` prints
+it: the console shows what the check decides and decides nothing itself.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ import binascii
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bridge import keyring
+from bridge.check import Report
 from bridge.config import BridgeConfig
 from bridge.console.auth import Principal, Role
 from bridge.console.openapi import document
@@ -35,6 +41,16 @@ REDRIVE_LIMIT_MAX = 1000
 EXTRA_ATTEMPTS_MAX = 10
 TEXT_MAX = 1000
 _STATES = tuple(s.value for s in State)
+#: the figures' windows: name -> (buckets, bucket length)
+WINDOWS: dict[str, tuple[int, timedelta]] = {
+    "15m": (15, timedelta(minutes=1)),
+    "1h": (60, timedelta(minutes=1)),
+    "6h": (72, timedelta(minutes=5)),
+    "24h": (96, timedelta(minutes=15)),
+}
+WINDOW_DEFAULT = "1h"
+#: an audit entry of a payload view, told apart from the redrives it is kept beside
+PAYLOAD_VIEWED = "payload_viewed"
 
 
 class ApiError(Exception):
@@ -71,13 +87,22 @@ class Route:
 
 
 class ConsoleApi:
-    """The routes over one store, configuration (for the handlers a redrive's lookups need) and
-    identity hasher (already compared with the database's keys)."""
+    """The routes over one store, configuration (for the handlers a redrive's lookups need),
+    identity hasher (already compared with the database's keys) and the go/no-go check
+    (``checks`` runs it afresh: the catalog and the handlers can change under a console)."""
 
-    def __init__(self, store: OperatorStore, config: BridgeConfig, hasher: IdentityHasher) -> None:
+    def __init__(
+        self,
+        store: OperatorStore,
+        config: BridgeConfig,
+        hasher: IdentityHasher,
+        *,
+        checks: Callable[[], Report],
+    ) -> None:
         self._store = store
         self._config = config
         self._hasher = hasher
+        self._checks = checks
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -238,6 +263,12 @@ class ConsoleApi:
                     "attempts": r.attempts,
                 }
                 for r in history.redrives
+                if r.to_state != PAYLOAD_VIEWED
+            ],
+            "payload_views": [
+                {"at": _time(r.at), "actor": r.actor, "reason": r.reason}
+                for r in history.redrives
+                if r.to_state == PAYLOAD_VIEWED
             ],
             "rejected": [
                 {
@@ -255,7 +286,95 @@ class ConsoleApi:
             ],
         }
 
-    # -- the act -------------------------------------------------------------------------------
+    def checks(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ())
+        report = self._checks()
+        jobs = sorted({f.job_type for f in report.findings})
+        failing: dict[str, list[int]] = {}
+        for f in report.no_go:
+            failing.setdefault(f.job_type, []).append(f.control.number)
+        if report.go:
+            summary = f"GO: all 9 controls hold for {len(jobs)} job type(s)"
+        else:
+            which = "; ".join(f"{j}: {', '.join(map(str, n))}" for j, n in failing.items())
+            summary = (
+                f"NO-GO: {len(report.no_go)} control(s) fail ({which})"
+                if which
+                else ("NO-GO: no job type to check")
+            )
+        return {
+            "go": report.go,
+            "summary": summary,
+            "job_types": jobs,
+            "findings": [
+                {
+                    "job_type": f.job_type,
+                    "control": f.control.number,
+                    "title": f.control.title,
+                    "go": f.verdict.go,
+                    "evidence": f.verdict.evidence,
+                }
+                for f in report.findings
+            ],
+        }
+
+    def figures(self, request: Request) -> dict[str, Any]:
+        _no_query(request, ("window",))
+        window = _one(request, "window") or WINDOW_DEFAULT
+        if window not in WINDOWS:
+            raise bad_request(f"window must be one of {', '.join(WINDOWS)}")
+        buckets, bucket = WINDOWS[window]
+        points = self._store.figures(buckets=buckets, bucket=bucket)
+        series = [
+            {
+                "at": _time(p.at),
+                "stalled": p.stalled,
+                "oldest_unknown_seconds": p.oldest_unknown_seconds,
+                "quarantined": p.quarantined,
+                "takeovers": p.takeovers,
+            }
+            for p in points
+        ]
+        return {
+            "window": window,
+            "bucket_seconds": int(bucket.total_seconds()),
+            "current": series[-1] if series else None,
+            "series": series,
+        }
+
+    # -- the acts ------------------------------------------------------------------------------
+
+    def payload(self, request: Request) -> dict[str, Any]:
+        """One operation's payload bytes for the payload role; the view is audited (actor,
+        reason, time) by the statement that reads them."""
+        _no_query(request, ())
+        body = _object(request.body, {"tenant_id", "operation_id", "reason"})
+        key = Key(_required(body, "tenant_id"), _required(body, "operation_id"))
+        reason = _required(body, "reason")
+        view = self._store.view_payload(key, actor=request.principal.name, reason=reason)
+        if view is None:
+            raise ApiError(404, "not found", "no work row for this operation: nothing to show")
+        log.info(
+            "console payload view by %s of operation %s",
+            request.principal.name,
+            self._hasher.operation(key.tenant_id, key.operation_id),
+        )
+        data = view.body
+        text: str | None = None
+        if data is not None:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+        return {
+            **self._hashes(key),
+            "bytes": len(data) if data is not None else None,
+            "payload_base64": base64.b64encode(data).decode() if data is not None else None,
+            "payload_text": text,
+            "viewed_at": _time(view.viewed_at),
+            "viewed_by": request.principal.name,
+            "reason": reason,
+        }
 
     def redrive(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -360,6 +479,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/rejected", Role.VIEWER, ConsoleApi.rejected),
     Route("POST", f"{PREFIX}/operation", Role.VIEWER, ConsoleApi.operation),
     Route("POST", f"{PREFIX}/redrive", Role.OPERATOR, ConsoleApi.redrive),
+    Route("GET", f"{PREFIX}/checks", Role.VIEWER, ConsoleApi.checks),
+    Route("GET", f"{PREFIX}/figures", Role.VIEWER, ConsoleApi.figures),
+    Route("POST", f"{PREFIX}/payload", Role.PAYLOAD, ConsoleApi.payload),
 )
 
 

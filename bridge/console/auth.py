@@ -5,12 +5,18 @@ or, to keep them out of the process environment, from the file ``FENCEBRIDGE_CON
 names (one entry a line; ``#`` starts a comment). The name is the actor every audited action
 records. A presented token is compared with every configured token in constant time, so the
 answer's timing says nothing about how close a guess was.
+
+Behind an authenticating reverse proxy (oauth2-proxy, Google IAP) the console can also take
+the user from a header the proxy sets (:class:`ProxyAuth`). That is off unless configured, and
+the header is believed only from a peer the configuration trusts: anybody who can reach the
+console directly could otherwise type any name into it.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,13 +30,26 @@ TOKENS_FILE_ENV = "FENCEBRIDGE_CONSOLE_TOKENS_FILE"
 MIN_TOKEN_LENGTH = 24
 
 
+PROXY_HEADER_ENV = "FENCEBRIDGE_CONSOLE_PROXY_HEADER"
+PROXY_ROLES_ENV = "FENCEBRIDGE_CONSOLE_PROXY_ROLES"
+TRUSTED_PROXIES_ENV = "FENCEBRIDGE_CONSOLE_TRUSTED_PROXIES"
+#: Google IAP prefixes the user's address with the identity provider's name
+IAP_PREFIX = "accounts.google.com:"
+#: addresses the console counts as its own machine
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 class Role(enum.Enum):
     VIEWER = "viewer"
     OPERATOR = "operator"
+    #: a viewer who may also read one operation's payload bytes, each view audited
+    PAYLOAD = "payload"
 
     def allows(self, needed: Role) -> bool:
-        """An operator may do what a viewer may, and redrive."""
-        return self is Role.OPERATOR or needed is Role.VIEWER
+        """Every role may do what a viewer may; only an operator redrives, and only the payload
+        role reads payload bytes. The two are kept apart on purpose: moving work and reading
+        customer data are different trusts, and one token never holds both."""
+        return self is needed or needed is Role.VIEWER
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +101,8 @@ class Tokens:
                 parsed = Role(role)
             except ValueError:
                 raise ConfigError(
-                    f"console token {name!r}: role must be viewer or operator, not {role!r}"
+                    f"console token {name!r}: role must be viewer, operator or payload, "
+                    f"not {role!r}"
                 ) from None
             if len(token) < MIN_TOKEN_LENGTH:
                 raise ConfigError(
@@ -113,3 +133,103 @@ class Tokens:
             if hmac.compare_digest(token.secret, given):
                 found = token.principal
         return found
+
+
+class ProxyError(Exception):
+    """A request whose proxy header cannot be believed: its status and the reason."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyAuth:
+    """The user a trusted reverse proxy names in ``header``, mapped to a role by ``roles``.
+
+    ``trusted`` lists the proxies' addresses; empty means the console is bound to loopback and
+    only a peer on this machine (the proxy beside it) is believed.
+    """
+
+    header: str
+    #: user (case-folded) -> role
+    roles: Mapping[str, Role]
+    trusted: tuple[Network, ...]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None, *, host: str) -> ProxyAuth | None:
+        """The configured proxy authentication, or None when ``$PROXY_HEADER_ENV`` is unset."""
+        env = os.environ if environ is None else environ
+        header = env.get(PROXY_HEADER_ENV, "").strip()
+        if not header:
+            return None
+        if not header.replace("-", "").isalnum():
+            raise ConfigError(f"${PROXY_HEADER_ENV}: {header!r} is not an HTTP header name")
+        roles: dict[str, Role] = {}
+        for number, raw in enumerate(env.get(PROXY_ROLES_ENV, "").split(","), start=1):
+            entry = raw.strip()
+            if not entry:
+                continue
+            user, _, role = entry.rpartition(":")
+            try:
+                parsed = Role(role)
+            except ValueError:
+                raise ConfigError(
+                    f"${PROXY_ROLES_ENV} entry {number}: expected user:role with role viewer, "
+                    f"operator or payload"
+                ) from None
+            if not user.strip():
+                raise ConfigError(f"${PROXY_ROLES_ENV} entry {number}: the user is empty")
+            roles[user.strip().casefold()] = parsed
+        if not roles:
+            raise ConfigError(
+                f"${PROXY_HEADER_ENV} is set but ${PROXY_ROLES_ENV} maps nobody to a role"
+            )
+        trusted: list[Network] = []
+        for raw in env.get(TRUSTED_PROXIES_ENV, "").split(","):
+            if raw.strip():
+                try:
+                    trusted.append(ipaddress.ip_network(raw.strip(), strict=False))
+                except ValueError:
+                    raise ConfigError(
+                        f"${TRUSTED_PROXIES_ENV}: {raw.strip()!r} is not an address or network"
+                    ) from None
+        if not trusted and host not in LOOPBACK_HOSTS:
+            raise ConfigError(
+                f"${PROXY_HEADER_ENV} on a console bound to {host}: set ${TRUSTED_PROXIES_ENV} "
+                "to the proxies' addresses, or bind to 127.0.0.1 behind a proxy on this machine"
+            )
+        return cls(header, roles, tuple(trusted))
+
+    def trusts(self, peer: str) -> bool:
+        """Whether a connection from ``peer`` may name its user in the header."""
+        try:
+            address = ipaddress.ip_address(peer.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if not self.trusted:
+            return address.is_loopback
+        return any(address in network for network in self.trusted)
+
+    def principal(self, value: str | None, peer: str) -> Principal | None:
+        """The user the header names, or None when the request carries no such header.
+
+        A header from a peer that is not trusted, or naming a user without a role, is refused
+        (:class:`ProxyError`) rather than ignored: it is either a misrouted request or a
+        forgery, and neither should fall through to another way in.
+        """
+        if value is None:
+            return None
+        if not self.trusts(peer):
+            raise ProxyError(401, f"the {self.header} header is not accepted from this address")
+        user = value.strip().removeprefix(IAP_PREFIX)
+        role = self.roles.get(user.casefold())
+        if not user or role is None:
+            raise ProxyError(403, "the proxy's user has no role in this console")
+        return Principal(user, role)

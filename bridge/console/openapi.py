@@ -18,6 +18,7 @@ def _problems(*statuses: int) -> dict[str, Any]:
         400: "bad input: the detail says which and why",
         401: "no or unknown bearer token",
         403: "the token's role does not allow this",
+        404: "no such operation",
         413: "the body is too large",
         415: "the body is not application/json",
     }
@@ -73,8 +74,10 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "fencebridge console API",
             "version": "1",
-            "description": "Parked work, counts and redrive. Identifiers appear as keyed hashes "
-            "only; payload bytes never. Every request needs a bearer token.",
+            "description": "Parked work, counts, figures, the go/no-go check and redrive. "
+            "Identifiers appear as keyed hashes only; payload bytes only in the answer to "
+            "POST /api/v1/payload (payload role, audited). Every request needs a bearer token "
+            "(or, where configured, a trusted proxy's user header).",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
@@ -131,6 +134,39 @@ def document() -> dict[str, Any]:
                     "summary": "redrive parked work (operator role), audited with the token's name",
                     "requestBody": _json_body("RedriveRequest"),
                     "responses": {**_ok("RedriveReport"), **_problems(400, 401, 403, 413, 415)},
+                }
+            },
+            "/api/v1/checks": {
+                "get": {
+                    "summary": "the nine go/no-go controls per job type, as `fencebridge check`",
+                    "responses": {**_ok("Checks"), **_problems(400, 401)},
+                }
+            },
+            "/api/v1/figures": {
+                "get": {
+                    "summary": "stalled claims, oldest unknown, quarantines, takeovers over time",
+                    "parameters": [
+                        _query(
+                            "window",
+                            {"enum": ["15m", "1h", "6h", "24h"]},
+                            "how far back (1h): 15m and 1h per minute, 6h per 5 and 24h per "
+                            "15 minutes",
+                        )
+                    ],
+                    "responses": {**_ok("Figures"), **_problems(400, 401)},
+                }
+            },
+            "/api/v1/payload": {
+                "post": {
+                    "summary": "one operation's payload bytes (payload role), every view audited",
+                    "description": "The raw identifiers and a reason go in the body; the view "
+                    "is recorded (actor, reason, time) in the operation's audit before the "
+                    "bytes are answered.",
+                    "requestBody": _json_body("PayloadQuery"),
+                    "responses": {
+                        **_ok("Payload"),
+                        **_problems(400, 401, 403, 404, 413, 415),
+                    },
                 }
             },
         },
@@ -232,9 +268,22 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the newest attempts kept for the row, oldest first",
             },
             "redrives": {"type": "array", "items": {"type": "object"}},
+            "payload_views": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "the audited views of its payload (who, when, why)",
+            },
             "rejected": {"type": "array", "items": {"type": "object"}},
         },
-        "required": ["tenant", "operation", "row", "attempts", "redrives", "rejected"],
+        "required": [
+            "tenant",
+            "operation",
+            "row",
+            "attempts",
+            "redrives",
+            "payload_views",
+            "rejected",
+        ],
     },
     "RedriveRequest": {
         "type": "object",
@@ -263,5 +312,88 @@ _SCHEMAS: dict[str, Any] = {
             "deliveries": {"type": "array", "items": {"type": "object"}},
         },
         "required": ["dry_run", "moved", "left", "rows", "deliveries"],
+    },
+    "Checks": {
+        "type": "object",
+        "properties": {
+            "go": {"type": "boolean", "description": "true only if every control holds"},
+            "summary": {"type": "string"},
+            "job_types": {"type": "array", "items": {"type": "string"}},
+            "findings": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "job_type": {"type": "string"},
+                        "control": {"type": "integer", "minimum": 1, "maximum": 9},
+                        "title": {"type": "string"},
+                        "go": {"type": "boolean"},
+                        "evidence": {"type": "string"},
+                    },
+                    "required": ["job_type", "control", "title", "go", "evidence"],
+                },
+            },
+        },
+        "required": ["go", "summary", "job_types", "findings"],
+    },
+    "Figures": {
+        "type": "object",
+        "properties": {
+            "window": {"enum": ["15m", "1h", "6h", "24h"]},
+            "bucket_seconds": {"type": "integer"},
+            "current": {
+                "oneOf": [{"$ref": "#/components/schemas/FigurePoint"}, {"type": "null"}],
+            },
+            "series": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/FigurePoint"},
+                "description": "oldest first; each point is the end of its bucket",
+            },
+        },
+        "required": ["window", "bucket_seconds", "current", "series"],
+    },
+    "FigurePoint": {
+        "type": "object",
+        "properties": {
+            "at": {"type": "string", "format": "date-time"},
+            "stalled": {"type": "integer", "description": "held claims with an expired lease"},
+            "oldest_unknown_seconds": {"type": ["number", "null"]},
+            "quarantined": {"type": "integer", "description": "in this bucket"},
+            "takeovers": {"type": "integer", "description": "in this bucket"},
+        },
+        "required": ["at", "stalled", "oldest_unknown_seconds", "quarantined", "takeovers"],
+    },
+    "PayloadQuery": {
+        "type": "object",
+        "properties": {
+            "tenant_id": {"type": "string"},
+            "operation_id": {"type": "string"},
+            "reason": {"type": "string", "minLength": 1, "description": "recorded in the audit"},
+        },
+        "required": ["tenant_id", "operation_id", "reason"],
+        "additionalProperties": False,
+    },
+    "Payload": {
+        "type": "object",
+        "properties": {
+            "tenant": _HASH,
+            "operation": _HASH,
+            "bytes": {"type": ["integer", "null"], "description": "null: the payload is gone"},
+            "payload_base64": {"type": ["string", "null"]},
+            "payload_text": {"type": ["string", "null"], "description": "null: not UTF-8"},
+            "viewed_at": _TIME,
+            "viewed_by": {"type": "string"},
+            "reason": {"type": "string"},
+        },
+        "required": [
+            "tenant",
+            "operation",
+            "bytes",
+            "payload_base64",
+            "payload_text",
+            "viewed_at",
+            "viewed_by",
+            "reason",
+        ],
     },
 }

@@ -16,6 +16,14 @@ session exists, is protected by a double-submit token: ``GET /login`` sets a ran
 agree (a cross-site page can neither read nor send that cookie). In addition every POST whose
 browser says where it came from (``Sec-Fetch-Site``, ``Origin``) must come from the console's
 own origin.
+
+Behind a trusted authenticating proxy the user comes from the proxy's header instead of a
+login: a GET opens a session for that user (a session whose user differs from the header's is
+replaced), so the forms still carry a CSRF token; a POST needs the session of the same user.
+
+Payload bytes appear on one page only: the answer to ``POST /payload``, which a holder of the
+payload role reaches from the operation page with a reason; the view is audited before the
+page is rendered, and the form names the operation by a server-side handle.
 """
 
 from __future__ import annotations
@@ -30,8 +38,8 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bridge.console.api import ApiError, ConsoleApi, Request
-from bridge.console.auth import Role, Tokens
+from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ApiError, ConsoleApi, Request
+from bridge.console.auth import Principal, Role, Tokens
 from bridge.console.sessions import Selection, Session, Sessions
 
 SESSION_COOKIE = "fencebridge_session"
@@ -58,6 +66,8 @@ class PageRequest:
     origin: str | None
     fetch_site: str | None
     host: str
+    #: the user a trusted proxy named in its header (already checked), if any
+    proxied: Principal | None = None
 
 
 @dataclass(slots=True)
@@ -118,9 +128,11 @@ class ConsolePages:
         try:
             if request.path == "/static/console.css" and request.method == "GET":
                 return PageAnswer(200, self._css, "text/css; charset=utf-8")
-            if request.path == "/login":
+            if request.path == "/login" and request.proxied is None:
                 return self._login(request)
-            session = self._sessions.get(_cookies(request.cookie_header).get(SESSION_COOKIE))
+            session, opened = self._session(request)
+            if request.path == "/login":  # behind the proxy: there is nothing to log in to
+                return self._with_cookie(_redirect("/"), opened)
             if session is None:
                 if request.method == "GET":
                     return _redirect("/login")
@@ -139,11 +151,32 @@ class ConsolePages:
                 raise PageError(
                     403, "forbidden", f"the {session.principal.role.value} role cannot do this"
                 )
-            return route.handler(self, request, session)
-        except ApiError as exc:
+            return self._with_cookie(route.handler(self, request, session), opened)
+        except (ApiError, PageError) as exc:
             return self._error(exc.status, exc.title, exc.detail, session)
-        except PageError as exc:
-            return self._error(exc.status, exc.title, exc.detail, session)
+
+    def _session(self, request: PageRequest) -> tuple[Session | None, Session | None]:
+        """The request's session, and the one opened for it now (to set in a cookie).
+
+        Behind the proxy the header's user decides: a session of another user is dropped, and
+        a GET opens one for the user; a POST must arrive with the user's session (its CSRF
+        token was issued to it)."""
+        session = self._sessions.get(_cookies(request.cookie_header).get(SESSION_COOKIE))
+        user = request.proxied
+        if user is None:
+            return session, None
+        if session is not None and session.principal != user:
+            self._sessions.drop(session.id)
+            session = None
+        if session is None and request.method == "GET":
+            opened = self._sessions.create(user)
+            return opened, opened
+        return session, None
+
+    def _with_cookie(self, answer: PageAnswer, opened: Session | None) -> PageAnswer:
+        if opened is not None:
+            answer.headers.append(self._session_cookie(opened))
+        return answer
 
     def refusal(self, error: PageError, cookie_header: str) -> PageAnswer:
         """``error`` as a page, for what the server refuses before a page is chosen."""
@@ -192,10 +225,13 @@ class ConsolePages:
             return answer
         session = self._sessions.create(principal)
         answer = _redirect("/")
-        lifetime = int(self._sessions.lifetime)
-        answer.headers.append(("Set-Cookie", self._cookie(SESSION_COOKIE, session.id, lifetime)))
+        answer.headers.append(self._session_cookie(session))
         answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, "", 0)))
         return answer
+
+    def _session_cookie(self, session: Session) -> tuple[str, str]:
+        lifetime = int(self._sessions.lifetime)
+        return ("Set-Cookie", self._cookie(SESSION_COOKIE, session.id, lifetime))
 
     def logout(self, request: PageRequest, session: Session) -> PageAnswer:
         self._sessions.drop(session.id)
@@ -216,6 +252,8 @@ class ConsolePages:
             states = groups.setdefault((c["subscription"], c["job_type"]), {})
             for state, n in c["states"].items():
                 states[state] = states.get(state, 0) + n
+        window = _one(request.query, "window") or WINDOW_DEFAULT
+        figures = self._api.figures(_api_request(session, {"window": [window]}))
         return self._render(
             200,
             "overview.html",
@@ -224,6 +262,21 @@ class ConsolePages:
             states=list(counts["totals"]),
             groups=sorted(groups.items()),
             totals=counts["totals"],
+            figures=figures,
+            windows=list(WINDOWS),
+            charts=[
+                (name, label, _sparkline([p[name] for p in figures["series"]]))
+                for name, label in FIGURES
+            ],
+        )
+
+    def checks(self, request: PageRequest, session: Session) -> PageAnswer:
+        report = self._api.checks(_api_request(session, {}))
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for f in report["findings"]:
+            by_job.setdefault(f["job_type"], []).append(f)
+        return self._render(
+            200, "checks.html", session, title="Go/no-go check", report=report, jobs=by_job
         )
 
     def unknown(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -279,8 +332,18 @@ class ConsolePages:
         found = self._api.operation(
             _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
         )
-        handle = None
+        handle = payload_handle = None
         row = found["row"]
+        if session.principal.role.allows(Role.PAYLOAD) and row is not None:
+            assert tenant is not None  # the lookup refused a missing one
+            assert op is not None
+            payload_handle = session.remember(
+                Selection(
+                    {"tenant_id": tenant, "operation_id": op},
+                    f"operation {found['operation']} of tenant {found['tenant']}",
+                    purpose="payload",
+                )
+            )
         if (
             session.principal.role.allows(Role.OPERATOR)
             and row is not None
@@ -301,7 +364,25 @@ class ConsolePages:
             title="Operation",
             found=found,
             selection=handle,
+            payload_selection=payload_handle,
             class_d=row is not None and row["target_class"] == "D",
+        )
+
+    def payload(self, request: PageRequest, session: Session) -> PageAnswer:
+        """One operation's payload, for the payload role, with the reason it was asked for;
+        the view is in the audit before this page exists."""
+        handle = _field(request.form, "selection")
+        selection = session.selections.get(handle) if handle else None
+        if selection is None or selection.purpose != "payload":
+            raise PageError(
+                400, "bad request", "this selection expired: look the operation up again"
+            )
+        reason = (_field(request.form, "reason") or "").strip()
+        if not reason:
+            raise PageError(400, "bad request", "a reason is required: it is recorded in the audit")
+        view = self._api.payload(_api_request(session, {}, {**selection.fields, "reason": reason}))
+        return self._render(
+            200, "payload.html", session, title="Payload", view=view, label=selection.label
         )
 
     # -- the act -------------------------------------------------------------------------------
@@ -316,7 +397,7 @@ class ConsolePages:
         queue_fields: dict[str, str] = {}
         if handle:
             selection = session.selections.get(handle)
-            if selection is None:
+            if selection is None or selection.purpose != "redrive":
                 raise PageError(
                     400, "bad request", "this selection expired: look the operation up again"
                 )
@@ -382,9 +463,36 @@ PAGE_ROUTES: tuple[PageRoute, ...] = (
     PageRoute("GET", "/rejected", Role.VIEWER, ConsolePages.rejected),
     PageRoute("GET", "/operation", Role.VIEWER, ConsolePages.operation_form),
     PageRoute("POST", "/operation", Role.VIEWER, ConsolePages.operation),
+    PageRoute("GET", "/checks", Role.VIEWER, ConsolePages.checks),
+    PageRoute("POST", "/payload", Role.PAYLOAD, ConsolePages.payload),
     PageRoute("POST", "/redrive", Role.OPERATOR, ConsolePages.redrive),
     PageRoute("POST", "/logout", Role.VIEWER, ConsolePages.logout),
 )
+
+
+#: the figures the overview charts: (series field, label)
+FIGURES = (
+    ("stalled", "claimed but stalled"),
+    ("oldest_unknown_seconds", "oldest unknown (s)"),
+    ("quarantined", "quarantined per bucket"),
+    ("takeovers", "takeovers per bucket"),
+)
+SPARK_WIDTH = 240
+SPARK_HEIGHT = 40
+
+
+def _sparkline(values: Sequence[float | int | None]) -> str:
+    """The points of an SVG polyline for ``values`` (a missing value draws as 0): drawn on the
+    server, so the page needs no script."""
+    if not values:
+        return ""
+    numbers = [float(v or 0) for v in values]
+    top = max(numbers) or 1.0
+    step = SPARK_WIDTH / max(len(numbers) - 1, 1)
+    return " ".join(
+        f"{i * step:.1f},{SPARK_HEIGHT - (n / top) * SPARK_HEIGHT:.1f}"
+        for i, n in enumerate(numbers)
+    )
 
 
 def _api_request(session: Session, query: Mapping[str, Sequence[str]], body: Any = None) -> Request:

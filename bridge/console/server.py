@@ -10,6 +10,11 @@ nothing a request does can stop it.
 
 The pages answer with the same headers but their own Content-Security-Policy (the console's
 stylesheet, nothing else; still no script and ``frame-ancestors 'none'``).
+
+With proxy authentication configured (:class:`~bridge.console.auth.ProxyAuth`), a request that
+carries the proxy's user header is that user, for the API and the pages alike, provided the
+connection comes from a trusted peer; a header from any other peer is refused 401, whatever
+else the request carries.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from bridge.console.api import PREFIX, ROUTES, ApiError, ConsoleApi, Request, Route
-from bridge.console.auth import Principal, Tokens
+from bridge.console.auth import LOOPBACK_HOSTS, Principal, ProxyAuth, ProxyError, Tokens
 from bridge.console.pages import PAGE_POLICY, ConsolePages, PageError, PageRequest
 from bridge.console.sessions import Sessions
 from bridge.service import Backoff, Deadline, Supervised
@@ -43,7 +48,7 @@ SECURITY_HEADERS = {
 #: the pages' headers: the API's, with the policy that lets a page load its stylesheet
 PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": PAGE_POLICY}
 #: a console bound here is reached over plain HTTP on the machine itself: no Secure cookies
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = LOOPBACK_HOSTS
 #: fields a page's form may carry
 FORM_FIELDS_MAX = 50
 
@@ -57,6 +62,7 @@ class ConsoleServer:
         port: int,
         *,
         sessions: Sessions | None = None,
+        proxy: ProxyAuth | None = None,
     ) -> None:
         pages = ConsolePages(
             api, tokens, sessions or Sessions(), secure_cookies=host not in LOOPBACK
@@ -137,7 +143,20 @@ class ConsoleServer:
                 body = self._body() if method == "POST" else None
                 return route.handler(api, Request(principal, query, body))
 
+            def _proxied(self) -> Principal | None:
+                """The user a trusted proxy names; raises ProxyError for a forged header."""
+                if proxy is None:
+                    return None
+                return proxy.principal(self.headers.get(proxy.header), self.client_address[0])
+
             def _principal(self, extra: dict[str, str]) -> Principal:
+                try:
+                    proxied = self._proxied()
+                except ProxyError as exc:
+                    title = "unauthorized" if exc.status == 401 else "forbidden"
+                    raise ApiError(exc.status, title, exc.detail) from None
+                if proxied is not None:
+                    return proxied
                 header = self.headers.get("Authorization", "")
                 scheme, _, token = header.partition(" ")
                 principal = tokens.authenticate(token.strip()) if scheme == "Bearer" else None
@@ -179,6 +198,7 @@ class ConsoleServer:
                         origin=self.headers.get("Origin"),
                         fetch_site=self.headers.get("Sec-Fetch-Site"),
                         host=self.headers.get("Host", ""),
+                        proxied=self._proxied(),
                     )
                     answer = pages.answer(request)
                 except ValueError:
@@ -187,6 +207,9 @@ class ConsoleServer:
                     )
                 except PageError as exc:
                     answer = pages.refusal(exc, cookie)
+                except ProxyError as exc:
+                    title = "not logged in" if exc.status == 401 else "forbidden"
+                    answer = pages.refusal(PageError(exc.status, title, exc.detail), "")
                 except Exception as exc:  # noqa: BLE001  (one request fails, the server goes on)
                     log.error("console page failed: %s", type(exc).__name__)
                     answer = pages.refusal(

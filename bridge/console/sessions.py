@@ -35,6 +35,9 @@ class Selection:
     fields: dict[str, Any]
     #: what the page says it selects (hashes and names only)
     label: str
+    #: the one form that may use it (``redrive``, ``payload``): a handle the operation page
+    #: made for a payload view cannot be replayed as a redrive, nor the other way round
+    purpose: str = "redrive"
 
 
 @dataclass(slots=True)

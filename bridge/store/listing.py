@@ -59,3 +59,30 @@ class RejectedSummary:
     redrive_outcome: str | None
     resolved_at: datetime | None
     resolved_by: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FigurePoint:
+    """The dashboard's figures at the end of one time bucket, read from the rows as they are
+    now: a stalled claim since taken over counts as a takeover, no longer as stalled, and an
+    unknown row since redriven no longer counts as unknown."""
+
+    at: datetime
+    #: claims still held whose lease had expired by ``at``
+    stalled: int
+    #: the age at ``at`` of the oldest row unknown by then (None: there was none)
+    oldest_unknown_seconds: float | None
+    #: rows quarantined and undecodable deliveries received in the bucket
+    quarantined: int
+    #: claims in the bucket that took over an expired lease
+    takeovers: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadView:
+    """One operation's payload bytes as a person asked to see them, and when the view was
+    recorded in the audit."""
+
+    key: Key
+    body: bytes | None
+    viewed_at: datetime

@@ -23,7 +23,13 @@ from bridge.records import (
     RejectedStatus,
     ResolvedDelivery,
 )
-from bridge.store.listing import GroupCount, RejectedSummary, RowSummary
+from bridge.store.listing import (
+    FigurePoint,
+    GroupCount,
+    PayloadView,
+    RejectedSummary,
+    RowSummary,
+)
 from bridge.store.work import SWEEP_LIMIT_DEFAULT, KeyedStore
 from bridge.types import (
     Decision,
@@ -173,4 +179,14 @@ class OperatorStore(KeyedStore, Protocol):
         self, *, after: int = 0, limit: int = 50, kind: str | None = None, open_only: bool = False
     ) -> list[RejectedSummary]:
         """Rejected deliveries with an id greater than ``after``, in id order."""
+        ...
+
+    def figures(self, *, buckets: int, bucket: timedelta) -> list[FigurePoint]:
+        """The dashboard's figures at the end of each of ``buckets`` buckets of ``bucket``
+        up to now, oldest first."""
+        ...
+
+    def view_payload(self, key: Key, *, actor: str, reason: str) -> PayloadView | None:
+        """One operation's payload bytes, audited in the same statement; None: no such row
+        (and nothing audited)."""
         ...

@@ -61,7 +61,13 @@ from bridge.records import (
     ResolvedDelivery,
     WorkRecord,
 )
-from bridge.store.listing import GroupCount, RejectedSummary, RowSummary
+from bridge.store.listing import (
+    FigurePoint,
+    GroupCount,
+    PayloadView,
+    RejectedSummary,
+    RowSummary,
+)
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, SWEEP_LIMIT_DEFAULT, Settlement
 from bridge.types import (
     Claim,
@@ -871,6 +877,46 @@ class PostgresStore:
         with self._connection("console") as conn:
             rows = conn.execute(sql.statement("console_rejected"), params).fetchall()
         return [_rejected_summary(r) for r in rows]
+
+    # -- console figures and the audited payload view ----------------------------------------
+
+    def figures(self, *, buckets: int, bucket: timedelta) -> list[FigurePoint]:
+        """The dashboard's figures at the end of each of ``buckets`` buckets of ``bucket``
+        up to now, oldest first."""
+        params = {
+            "now": self._now(),
+            "buckets": buckets,
+            "bucket_seconds": bucket.total_seconds(),
+        }
+        with self._connection("console") as conn:
+            rows = conn.execute(sql.statement("console_figures"), params).fetchall()
+        return [
+            FigurePoint(
+                at=at,
+                stalled=int(stalled),
+                oldest_unknown_seconds=float(oldest) if oldest is not None else None,
+                quarantined=int(quarantined),
+                takeovers=int(takeovers),
+            )
+            for at, stalled, oldest, quarantined, takeovers in rows
+        ]
+
+    def view_payload(self, key: Key, *, actor: str, reason: str) -> PayloadView | None:
+        """One operation's payload bytes, audited in the same statement; None: no such row
+        (and nothing audited)."""
+        params = {
+            "tenant_id": key.tenant_id,
+            "operation_id": key.operation_id,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+        }
+        with self._connection("payload view") as conn:
+            row = conn.execute(sql.statement("console_payload_view"), params).fetchone()
+        if row is None:
+            return None
+        body, at = row
+        return PayloadView(key=key, body=bytes(body) if body is not None else None, viewed_at=at)
 
     # -- rate limits -------------------------------------------------------------------------
 

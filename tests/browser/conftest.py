@@ -17,18 +17,18 @@ import pytest
 from playwright.sync_api import Browser, Page, Response, sync_playwright
 
 from bridge import keyring
-from bridge.config import parse_config
-from bridge.console.api import ConsoleApi
 from bridge.console.auth import Tokens
 from bridge.console.server import ConsoleServer
 from bridge.store import PostgresStore
 from tests.integration.test_console_api import (
-    CONFIG,
     HASHER,
     OPERATOR,
+    PAYLOAD,
     PAYLOAD_MARK,
     TENANTS,
+    TOKENS,
     VIEWER,
+    console_api,
     populate,
 )
 
@@ -39,7 +39,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-__all__ = ["HASHER", "OPERATOR", "TENANTS", "VIEWER", "Site"]
+__all__ = ["HASHER", "OPERATOR", "PAYLOAD", "PAYLOAD_MARK", "TENANTS", "VIEWER", "Site"]
 
 
 @pytest.fixture(scope="session")
@@ -89,12 +89,10 @@ class Site:
 
 
 @pytest.fixture
-def site(store: PostgresStore, tmp_path: Path) -> Iterator[Site]:
+def site(store: PostgresStore, db_url: str, tmp_path: Path) -> Iterator[Site]:
     keyring.attach(store, HASHER, used_by="test")
     ops = populate(store)
-    tokens = Tokens.parse(f"vera:viewer:{VIEWER},olga:operator:{OPERATOR}")
-    api = ConsoleApi(store, parse_config(CONFIG), HASHER)
-    server = ConsoleServer(api, tokens, "127.0.0.1", 0)
+    server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()
     shots = tmp_path / "screenshots"
     shots.mkdir()

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -29,11 +29,13 @@ from schemathesis import Case
 from schemathesis.checks import positive_data_acceptance
 
 from bridge import keyring
+from bridge.check import Report, evaluate, read_database
 from bridge.config import parse_config
 from bridge.console.api import ROUTES, ConsoleApi
 from bridge.console.auth import Role, Tokens
 from bridge.console.openapi import document
 from bridge.console.server import SECURITY_HEADERS, ConsoleServer
+from bridge.database import connect
 from bridge.errors import ConfigError
 from bridge.handlers import Applied, Context, IdempotentApiHandler, Success
 from bridge.identity import IdentityHasher
@@ -46,6 +48,9 @@ LEASE = timedelta(seconds=60)
 HASHER = IdentityHasher(b"console-api-integration-secret-0123")
 VIEWER = "viewer-token-aaaaaaaaaaaaaaaaaaaaaa"
 OPERATOR = "operator-token-bbbbbbbbbbbbbbbbbbbbbb"
+PAYLOAD = "payload-token-cccccccccccccccccccccccc"
+#: the console's tokens in the tests: a viewer, an operator and a payload reader
+TOKENS = f"vera:viewer:{VIEWER},olga:operator:{OPERATOR},pia:payload:{PAYLOAD}"
 TENANTS = ("tenant-raw-acme", "tenant-raw-globex")
 PAYLOAD_MARK = "PAYLOAD-BYTES-7f3a"
 PREVIEW = {"reason": "r", "dry_run": True}
@@ -93,6 +98,22 @@ def delivery(tenant: str, op: str, job: str = "charge", mark: str = PAYLOAD_MARK
         payload=json.dumps({"card": mark, "op": op}).encode(),
         max_attempts=1,
     )
+
+
+def check_of(url: str) -> Callable[[], Report]:
+    """The go/no-go report of :data:`CONFIG` over the database at ``url``, as the command's."""
+    config = parse_config(CONFIG)
+
+    def report() -> Report:
+        with connect(url) as conn:
+            facts = read_database(conn)
+        return evaluate(config, facts)
+
+    return report
+
+
+def console_api(store: PostgresStore, url: str) -> ConsoleApi:
+    return ConsoleApi(store, parse_config(CONFIG), HASHER, checks=check_of(url))
 
 
 def populate(store: PostgresStore) -> list[str]:
@@ -157,11 +178,10 @@ class Console:
 
 
 @pytest.fixture
-def console(store: PostgresStore) -> Iterator[Console]:
+def console(store: PostgresStore, db_url: str) -> Iterator[Console]:
     keyring.attach(store, HASHER, used_by="test")
     ops = populate(store)
-    tokens = Tokens.parse(f"vera:viewer:{VIEWER},olga:operator:{OPERATOR}")
-    server = ConsoleServer(ConsoleApi(store, parse_config(CONFIG), HASHER), tokens, "127.0.0.1", 0)
+    server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()
     try:
         yield Console(server.port, ops, [])
@@ -298,6 +318,9 @@ def test_no_answer_carries_a_raw_identifier_or_payload_byte(console: Console) ->
             console.call("POST", "/api/v1/operation", body)
     console.call("POST", "/api/v1/redrive", {"reason": "look", "dry_run": True})
     console.call("POST", "/api/v1/redrive", {"reason": "go", "dry_run": False})
+    assert console.call("GET", "/api/v1/checks")[0] == 200
+    for window in ("15m", "1h", "6h", "24h"):
+        assert console.call("GET", f"/api/v1/figures?window={window}")[0] == 200
 
     secrets = [*TENANTS, *console.ops, PAYLOAD_MARK]
     leaks = [s for raw in console.bodies for s in secrets if s.encode() in raw]
@@ -380,10 +403,12 @@ def test_the_openapi_document_describes_exactly_the_routes_served(console: Conso
         "/api/v1/operation": {"tenant_id": "t", "operation_id": "o"},
         "/api/v1/redrive": PREVIEW,
         "/api/v1/rows": None,
+        "/api/v1/payload": {"tenant_id": TENANTS[0], "operation_id": "op-raw-0-0", "reason": "r"},
     }
     for method, path in sorted(documented):
         query = "?state=queued" if path.endswith("/rows") else ""
-        status, _ = console.call(method, path + query, minimal.get(path))
+        token = PAYLOAD if path.endswith("/payload") else OPERATOR
+        status, _ = console.call(method, path + query, minimal.get(path), token=token)
         assert status == 200, (method, path)
 
 
@@ -391,7 +416,7 @@ def test_the_openapi_document_describes_exactly_the_routes_served(console: Conso
     ("text", "problem"),
     [
         ("", "at least one token"),
-        ("a:admin:" + "x" * 30, "role must be viewer or operator"),
+        ("a:admin:" + "x" * 30, "role must be viewer, operator or payload"),
         ("a:viewer:short", "at least 24 characters"),
         ("a:viewer", "expected name:role:token"),
         (f"a:viewer:{VIEWER},a:operator:{OPERATOR}", "names must be unique"),
@@ -410,6 +435,16 @@ def test_a_token_maps_to_its_name_and_role() -> None:
     assert (found.name, found.role) == ("olga", Role.OPERATOR)
     assert tokens.authenticate(OPERATOR[:-1]) is None
     assert not Role.VIEWER.allows(Role.OPERATOR)
+
+
+def test_the_payload_role_is_a_viewer_that_may_read_payloads_and_nothing_more() -> None:
+    assert [Role.PAYLOAD.allows(r) for r in (Role.VIEWER, Role.PAYLOAD, Role.OPERATOR)] == [
+        True,
+        True,
+        False,
+    ]
+    assert not Role.OPERATOR.allows(Role.PAYLOAD)
+    assert not Role.VIEWER.allows(Role.PAYLOAD)
 
 
 def test_the_command_serves_the_api_until_terminated(
@@ -466,3 +501,69 @@ def test_every_answer_keeps_the_openapi_contract(console: Console, case: Case) -
         headers={"Authorization": f"Bearer {OPERATOR}"},
         excluded_checks=[positive_data_acceptance],
     )
+
+
+def payload_views(db: Db) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT tenant_id, operation_id, actor, reason, from_state FROM redrive_audit"
+        " WHERE to_state = 'payload_viewed' ORDER BY id"
+    ).fetchall()
+
+
+def test_the_checks_are_the_go_no_go_checks_report(console: Console, db_url: str) -> None:
+    status, checks = console.call("GET", "/api/v1/checks", token=VIEWER)
+    report = check_of(db_url)()
+
+    assert status == 200
+    assert [(f["job_type"], f["control"], f["go"], f["evidence"]) for f in checks["findings"]] == [
+        (f.job_type, f.control.number, f.verdict.go, f.verdict.evidence) for f in report.findings
+    ]
+    assert checks["job_types"] == ["charge", "mail"]
+    assert len(checks["findings"]) == 18
+    # the test configuration names no owner (7) and no retention plan (9)
+    assert (checks["go"], checks["summary"]) == (
+        False,
+        "NO-GO: 4 control(s) fail (charge: 7, 9; mail: 7, 9)",
+    )
+
+
+def test_a_viewer_or_an_operator_cannot_read_a_payload(console: Console, db: Db) -> None:
+    body = {"tenant_id": TENANTS[0], "operation_id": "op-raw-0-0", "reason": "INC-7"}
+    for token in (VIEWER, OPERATOR):
+        status, problem = console.call("POST", "/api/v1/payload", body, token=token)
+        assert status == 403, problem
+        assert PAYLOAD_MARK.encode() not in console.bodies[-1]
+    assert payload_views(db) == []
+
+
+def test_a_payload_holder_reads_one_payload_with_a_reason_and_the_view_is_audited(
+    console: Console, db: Db
+) -> None:
+    tenant, op = TENANTS[0], "op-raw-0-0"
+    key = {"tenant_id": tenant, "operation_id": op}
+    status, problem = console.call("POST", "/api/v1/payload", key, token=PAYLOAD)
+    assert (status, "reason is required" in problem["detail"]) == (400, True)
+    assert payload_views(db) == []
+
+    status, view = console.call(
+        "POST", "/api/v1/payload", {**key, "reason": "INC-7: what was sent"}, token=PAYLOAD
+    )
+
+    assert status == 200
+    stored = json.dumps({"card": PAYLOAD_MARK, "op": op})
+    assert (view["payload_text"], view["bytes"]) == (stored, len(stored))
+    assert (view["operation"], view["viewed_by"]) == (HASHER.operation(tenant, op), "pia")
+    assert payload_views(db) == [(tenant, op, "pia", "INC-7: what was sent", "succeeded")]
+    status, found = console.call("POST", "/api/v1/operation", key, token=VIEWER)
+    assert [(v["actor"], v["reason"]) for v in found["payload_views"]] == [
+        ("pia", "INC-7: what was sent")
+    ]
+    assert found["redrives"] == []
+
+
+def test_no_payload_and_no_audit_for_an_operation_without_a_row(console: Console, db: Db) -> None:
+    body = {"tenant_id": TENANTS[0], "operation_id": "op-nobody", "reason": "look"}
+    status, problem = console.call("POST", "/api/v1/payload", body, token=PAYLOAD)
+
+    assert (status, problem["title"]) == (404, "not found")
+    assert payload_views(db) == []

@@ -15,6 +15,7 @@ OPERATOR_QUERIES = frozenset(
         "close_rejected",
         "erase_tenant",
         "erasures",
+        "figures",
         "group_counts",
         "history",
         "parked",
@@ -28,6 +29,7 @@ OPERATOR_QUERIES = frozenset(
         "rejected_status",
         "resolve_rejected",
         "rows_page",
+        "view_payload",
     }
 )
 #: what both sides need: a redrive writes re-decoded deliveries as the inbox does, and both
