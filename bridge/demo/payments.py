@@ -13,9 +13,17 @@ How the provider's answers map onto outcomes:
 ========================================  ===============================================
 200 (new, or replayed under the key)      success, the charge id as detail
 409, the key's first request in flight    retry later: nothing new was applied
+429 (rate limited)                        rate limited: the charge type and tenant wait out
+                                          ``Retry-After``, no attempt used
 400 / 422 and other 4xx                   terminal failure: retrying cannot succeed
 timeout, connection reset, 5xx            ambiguous: the executor looks the key up
 ========================================  ===============================================
+
+A 429 means the provider refused the request before acting, so it is an explicit answer, not
+an ambiguous one. ``Retry-After`` is read as integer seconds or an HTTP-date
+(:func:`retry_after`); a missing or unreadable header waits :data:`RETRY_AFTER_DEFAULT`, and no
+wait is longer than :data:`RETRY_AFTER_MAX` (a provider's mistake, or a date far ahead, must
+not park a tenant's charges for hours: past the cap the next attempt simply asks again).
 
 ``lookup`` answers applied (the charge id), not applied (404), or cannot tell (503, a timeout,
 a broken connection, a charge under the key that does not match this payload).
@@ -34,6 +42,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 from bridge.demo.provider import (
     ChargeResult,
@@ -41,6 +51,7 @@ from bridge.demo.provider import (
     ProviderAmbiguous,
     ProviderConflict,
     ProviderError,
+    ProviderRateLimited,
     ProviderRejected,
     ProviderServerError,
     ProviderTimeout,
@@ -54,6 +65,7 @@ from bridge.handlers import (
     IdempotentApiHandler,
     NotApplied,
     Quarantine,
+    RateLimited,
     RetryLater,
     Success,
     TerminalFailure,
@@ -62,6 +74,31 @@ from bridge.handlers import (
 JOB_TYPE = "charge_customer"
 #: the payment provider's base URL, for a handler built from the configuration
 PROVIDER_URL_ENV = "FENCEBRIDGE_DEMO_PROVIDER_URL"
+#: the wait when a 429 carries no ``Retry-After`` the handler can read
+RETRY_AFTER_DEFAULT = timedelta(seconds=1)
+#: the longest wait a ``Retry-After`` can ask for; longer ones are cut to it
+RETRY_AFTER_MAX = timedelta(seconds=300)
+
+
+def retry_after(header: str | None, now: datetime | None = None) -> timedelta:
+    """The wait a ``Retry-After`` header asks for: integer seconds or an HTTP-date.
+
+    Missing or unreadable: :data:`RETRY_AFTER_DEFAULT`; a date in the past: no wait; never more
+    than :data:`RETRY_AFTER_MAX`. ``now`` is for tests (default: the current UTC time).
+    """
+    if header is None or not (text := header.strip()):
+        return RETRY_AFTER_DEFAULT
+    if text.isascii() and text.isdigit():
+        wait = timedelta(seconds=int(text)) if len(text) <= 9 else RETRY_AFTER_MAX
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return RETRY_AFTER_DEFAULT
+        if when.tzinfo is None:  # "-0000": UTC by RFC 5322, and HTTP-dates are GMT
+            when = when.replace(tzinfo=UTC)
+        wait = max(when - (now or datetime.now(UTC)), timedelta(0))
+    return min(wait, RETRY_AFTER_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +150,9 @@ class ChargeCustomer(IdempotentApiHandler):
         except ProviderConflict as exc:
             detail = "a request with this key is still in flight"
             raise RetryLater("provider_in_progress", detail) from exc
+        except ProviderRateLimited as exc:
+            wait = retry_after(exc.retry_after)
+            raise RateLimited(detail="the provider answered 429", retry_after=wait) from exc
         except ProviderRejected as exc:
             raise TerminalFailure(
                 exc.error_type or "provider_rejected", f"the provider answered {exc.status}"

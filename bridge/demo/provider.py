@@ -35,6 +35,9 @@ reset_before_apply    close with a TCP RST before the key is even looked at
 reset_after_apply     apply, then close with a TCP RST
 slow                  sleep ``seconds`` (default 1) while the key is processing
 lookup_unavailable    lookups answer 503: the "cannot tell" case
+rate_limited          answer 429 before the key is looked at (nothing applied, nothing
+                      stored), with ``Retry-After: <retry_after>`` (default ``1``; any text
+                      is sent as it is, an HTTP-date or garbage included; null sends none)
 ====================  ============================================================
 
 "Apply" is the key's ordinary handling: on a replay a fault hits the replayed response.
@@ -48,6 +51,7 @@ that says what the caller may do next::
     │   ├── ProviderConnectionError connection refused, reset or closed mid-answer
     │   └── ProviderServerError     5xx, or a 200 that cannot be read
     ├── ProviderConflict            409: the key's first request is still processing; retry later
+    ├── ProviderRateLimited         429: refused before acting; ``retry_after`` is the header
     ├── ProviderRejected            400/422 and other 4xx: terminal; this request applied nothing
     └── ProviderUnavailable         a lookup could not tell (503, 5xx, timeout, connection)
 
@@ -84,6 +88,9 @@ MAX_BODY_BYTES = 1 << 20
 DEFAULT_SLOW_SECONDS = 1.0
 DEFAULT_HOLD_SECONDS = 10.0
 IN_PROGRESS_MESSAGE = "a request with this key is still being processed"
+RETRY_AFTER_HEADER = "Retry-After"
+#: the ``Retry-After`` a ``rate_limited`` fault sends unless it names another
+DEFAULT_RETRY_AFTER = "1"
 
 
 # -- the provider's rules ---------------------------------------------------------------------
@@ -119,12 +126,16 @@ class FaultKind(enum.StrEnum):
     RESET_AFTER_APPLY = "reset_after_apply"
     SLOW = "slow"
     LOOKUP_UNAVAILABLE = "lookup_unavailable"
+    RATE_LIMITED = "rate_limited"
 
     @property
     def on_lookup(self) -> bool:
         """Lookup faults hit ``GET /v1/charges``; the others hit ``POST /v1/charges``."""
         return self is FaultKind.LOOKUP_UNAVAILABLE
 
+
+#: faults that answer before the key is looked at: nothing applied, nothing stored
+_BEFORE_APPLY = frozenset({FaultKind.RESET_BEFORE_APPLY, FaultKind.RATE_LIMITED})
 
 _DEFAULT_SECONDS = {
     FaultKind.SLOW: DEFAULT_SLOW_SECONDS,
@@ -142,6 +153,8 @@ class Fault:
     key: str | None = None
     #: How long ``slow`` sleeps and ``apply_then_timeout`` holds; None for the default.
     seconds: float | None = None
+    #: The ``Retry-After`` header of a ``rate_limited`` answer, sent as it is; None sends none.
+    retry_after: str | None = DEFAULT_RETRY_AFTER
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FaultKind):
@@ -157,6 +170,10 @@ class Fault:
                 raise ValueError("seconds must be a number")
             if not self.seconds > 0:
                 raise ValueError("seconds must be positive")
+        if self.retry_after is not None and not isinstance(self.retry_after, str):
+            raise ValueError("retry_after must be a string or null")
+        if self.kind is not FaultKind.RATE_LIMITED and self.retry_after != DEFAULT_RETRY_AFTER:
+            raise ValueError(f"retry_after does not apply to {self.kind.value}")
 
     @property
     def delay(self) -> float:
@@ -167,22 +184,26 @@ class Fault:
         """Read the body of ``POST /_faults``; ValueError names what is wrong with it."""
         if not isinstance(data, dict):
             raise ValueError("a fault is a JSON object")
-        unknown = set(data) - {"kind", "times", "key", "seconds"}
+        unknown = set(data) - {"kind", "times", "key", "seconds", "retry_after"}
         if unknown:
             raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
         try:
             kind = FaultKind(str(data.get("kind")))
         except ValueError:
             raise ValueError(f"unknown fault kind {data.get('kind')!r}") from None
-        return cls(kind, data.get("times", 1), data.get("key"), data.get("seconds"))
+        retry_after = data.get("retry_after", DEFAULT_RETRY_AFTER)
+        return cls(kind, data.get("times", 1), data.get("key"), data.get("seconds"), retry_after)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        shown: dict[str, object] = {
             "kind": self.kind.value,
             "times": self.times,
             "key": self.key,
             "seconds": self.seconds,
         }
+        if self.kind is FaultKind.RATE_LIMITED:
+            shown["retry_after"] = self.retry_after
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,9 +319,10 @@ class PaymentProvider:
         times: int = 1,
         key: str | None = None,
         seconds: float | None = None,
+        retry_after: str | None = DEFAULT_RETRY_AFTER,
     ) -> Fault:
         """Arm a fault for the next ``times`` matching requests (faults armed earlier go first)."""
-        return self._arm(Fault(FaultKind(kind), times, key, seconds))
+        return self._arm(Fault(FaultKind(kind), times, key, seconds, retry_after))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -365,7 +387,7 @@ class PaymentProvider:
         """
         with self._lock:
             fault = self._take_fault(key, lookup=False)
-            if fault is not None and fault.kind is FaultKind.RESET_BEFORE_APPLY:
+            if fault is not None and fault.kind in _BEFORE_APPLY:
                 return fault, _Decision.SKIP, b""
             record = self._keys.get(key)
             if record is None:
@@ -479,6 +501,15 @@ class _Handler(BaseHTTPRequestHandler):
         body_hash = canonical_hash(body)
         fault, decision, stored = provider._begin_charge(key, body_hash)
         kind = fault.kind if fault is not None else None
+        if decision is _Decision.SKIP and kind is FaultKind.RATE_LIMITED:
+            assert fault is not None
+            limit = [] if fault.retry_after is None else [(RETRY_AFTER_HEADER, fault.retry_after)]
+            self._send(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                _error_body("rate_limit_error", "too many requests; retry later"),
+                limit,
+            )
+            return
         if decision is _Decision.SKIP:
             self._reset()
             return
@@ -642,6 +673,17 @@ class ProviderConflict(ProviderError):  # noqa: N818
     """409: the key's first request is still being processed. Nothing new applied; retry later."""
 
 
+class ProviderRateLimited(ProviderError):  # noqa: N818
+    """429: the provider refused the request before acting on it; nothing was applied.
+
+    ``retry_after`` is the ``Retry-After`` header as sent (seconds or an HTTP-date), or None.
+    """
+
+    def __init__(self, message: str, *, retry_after: str | None, error_type: str | None) -> None:
+        super().__init__(message, status=HTTPStatus.TOO_MANY_REQUESTS, error_type=error_type)
+        self.retry_after = retry_after
+
+
 class ProviderRejected(ProviderError):  # noqa: N818
     """400, 422 or another 4xx: retrying the same request cannot succeed; it applied nothing.
 
@@ -723,7 +765,7 @@ class PaymentClient:
         """Create the charge for ``key``, or get the stored one back if the key was applied."""
         headers = {IDEMPOTENCY_HEADER: key, "Content-Type": "application/json"}
         try:
-            status, replayed, data = self._request(
+            status, answer, data = self._request(
                 "POST", "/v1/charges", json.dumps(dict(body)).encode(), headers
             )
         except TimeoutError as exc:
@@ -732,10 +774,14 @@ class PaymentClient:
             raise ProviderConnectionError(f"connection failed: {exc!r}") from exc
         if status == HTTPStatus.OK:
             try:
-                return ChargeResult.from_json(data, replayed=replayed == "true")
+                replayed = answer.get(REPLAYED_HEADER) == "true"
+                return ChargeResult.from_json(data, replayed=replayed)
             except ValueError as exc:
                 raise ProviderServerError("unreadable charge", status=status) from exc
         error_type, message = _error_of(data)
+        if status == HTTPStatus.TOO_MANY_REQUESTS:
+            retry_after = answer.get(RETRY_AFTER_HEADER)
+            raise ProviderRateLimited(message, retry_after=retry_after, error_type=error_type)
         kind: type[ProviderError] = ProviderRejected
         if status == HTTPStatus.CONFLICT:
             kind = ProviderConflict
@@ -767,14 +813,14 @@ class PaymentClient:
 
     def _request(
         self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> tuple[int, str | None, bytes]:
-        """Status, ``Idempotent-Replayed`` header and body of one request on a new connection."""
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """Status, headers and body of one request on a new connection."""
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
         try:
             conn.request(method, self._prefix + path, body=body, headers=dict(headers))
             response = conn.getresponse()
             data = response.read()
-            return response.status, response.getheader(REPLAYED_HEADER), data
+            return response.status, response.headers, data
         finally:
             conn.close()
 
