@@ -10,6 +10,13 @@ and a person reconciles out of band. Consider an approval step for high-impact a
 entered the target may have acted, so anything it raises that is not an explicit outcome is
 ambiguous and parked as ``unknown`` (:func:`bridge.handlers.classify_sent`): a ``ValueError``
 from a reply that could not be read is not a failure anybody may retry as a new operation.
+
+:class:`~bridge.handlers.RateLimited` is an explicit outcome wherever it is raised (a ``429``
+says the target did not act), so it requeues the row after its wait without using the single
+attempt, and the key waits. Raised by ``validate``, no intent was recorded and the one call can
+still be made. Raised by ``call``, the intent stays recorded and is never withdrawn: the next
+claim finds it and parks ``unknown`` without calling, so a 429 can never lead to a second call
+unless a person redrives it.
 """
 
 from __future__ import annotations
