@@ -106,4 +106,17 @@ def lines(space: Workspace, services: Sequence[tuple[str, str]]) -> list[str]:
         "try, from another shell:",
     ]
     out += [f"  {command}" for command in commands(str(space.directory))]
+    out += ["", "the console, from another shell (log in with the token after you:operator:):"]
+    out += [f"  {command}" for command in console_commands(str(space.directory))]
     return out
+
+
+def console_commands(directory: str) -> list[str]:
+    """How to start ``fencebridge console`` against the demo's database, with a fresh token."""
+    return [
+        f". {shlex.quote(f'{directory}/{ENV_FILE}')}",
+        'export FENCEBRIDGE_CONSOLE_TOKENS="you:operator:$(openssl rand -hex 16)"',
+        'echo "$FENCEBRIDGE_CONSOLE_TOKENS"',
+        f"fencebridge console --config {shlex.quote(f'{directory}/{CONFIG_FILE}')}",
+        "# then open http://127.0.0.1:8091/login",
+    ]
