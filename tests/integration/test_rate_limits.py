@@ -197,3 +197,12 @@ def test_a_tenant_role_sees_only_its_own_waits(clocked: PostgresStore, db: Db) -
         db.execute("DELETE FROM tenant_role WHERE role_name = %s", (role,))
         db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, db: Db) -> None:
+    clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
+    clocked.rate_limited(claim_one(clocked, "a").ticket, timedelta(seconds=60))
+    clocked.rate_limited(claim_one(clocked, "b", "t2").ticket, timedelta(seconds=60))
+    counts = clocked.erase_tenant("t1", tenant_hash="h1", actor="dpo", reason="request 9")
+    assert counts.work_rows == 1
+    assert set(waits(db)) == {("refund", "t2")}
