@@ -85,8 +85,9 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
     pool.start()
     try:
         eventually(
-            lambda: count(db, "SELECT count(*) FROM work_item WHERE state = 'succeeded'")
-            == len(batch),
+            lambda: (
+                count(db, "SELECT count(*) FROM work_item WHERE state = 'succeeded'") == len(batch)
+            ),
             "every operation succeeded",
         )
     finally:
