@@ -12,7 +12,8 @@
 -- No password is set here: give the login roles theirs out of band (`\password <role>` in
 -- psql, or your cloud's IAM database authentication). This file holds no secret.
 --
--- Role names are <prefix>_migrator, <prefix>_bridge, <prefix>_operator and <prefix>_tenant. The
+-- Role names are <prefix>_migrator, <prefix>_bridge, <prefix>_operator, <prefix>_console and
+-- <prefix>_tenant. The
 -- prefix is `fencebridge` unless the session setting fencebridge.role_prefix names another one,
 -- which lets two deployments share one server:
 --
@@ -54,6 +55,18 @@
 --     sessions that log in as it. Redrive, purge and erase are writes: they run with the
 --     bridge's credentials, deliberately, not with this role.
 --
+-- <prefix>_console   LOGIN, BYPASSRLS. `fencebridge console`: what the operator reads, plus the
+--                    writes of a redrive and nothing else: UPDATE on work_item; INSERT on the
+--                    redrive audit (which also records payload views) and the attempt
+--                    history; for a quarantined delivery decoded again through the inbox,
+--                    INSERT on work_item, payload and rejected_delivery, UPDATE on
+--                    rejected_delivery and USAGE on work_item_seq; INSERT on identity_key (a
+--                    redrive records the key on first use, as the bridge does). It cannot
+--                    claim, settle, sweep, delete, purge, erase or change an audit or attempt
+--                    record, and it is never the bridge's role: a stolen console credential
+--                    can send parked work back to the queue, which the console exists to do,
+--                    and every such move is audited with its actor and reason.
+--
 -- <prefix>_tenant    NOLOGIN group holding the tenant-facing privileges: SELECT on the work
 --                    tables, the redrive audit and tenant_role (the policies read it). A tenant
 --                    role is a member of this group and is mapped to exactly one tenant in
@@ -88,6 +101,7 @@ BEGIN
           FROM (VALUES ('migrator', 'LOGIN NOBYPASSRLS'),
                        ('bridge', 'LOGIN BYPASSRLS'),
                        ('operator', 'LOGIN BYPASSRLS'),
+                       ('console', 'LOGIN BYPASSRLS'),
                        ('tenant', 'NOLOGIN NOBYPASSRLS')) AS s (suffix, attributes)
     LOOP
         BEGIN
@@ -134,11 +148,13 @@ BEGIN
     IF target_schema IS NULL THEN
         RAISE EXCEPTION 'no current schema: set search_path to the schema fencebridge migrates';
     END IF;
-    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I, %I, %I, %I', current_database(),
-                   migrator, prefix || '_bridge', prefix || '_operator', prefix || '_tenant');
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I, %I, %I, %I, %I', current_database(),
+                   migrator, prefix || '_bridge', prefix || '_operator', prefix || '_console',
+                   prefix || '_tenant');
     EXECUTE format('GRANT USAGE, CREATE ON SCHEMA %I TO %I', target_schema, migrator);
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I, %I', target_schema,
-                   prefix || '_bridge', prefix || '_operator', prefix || '_tenant');
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I, %I, %I', target_schema,
+                   prefix || '_bridge', prefix || '_operator', prefix || '_console',
+                   prefix || '_tenant');
 
     -- Adopt objects that an earlier migrate created under another role.
     FOREACH tbl_name IN ARRAY tables LOOP
@@ -152,7 +168,7 @@ BEGIN
             EXECUTE format('ALTER TABLE %s OWNER TO %I', rel, migrator);
         END IF;
         FOREACH grantee IN ARRAY ARRAY[prefix || '_bridge', prefix || '_operator',
-                                       prefix || '_tenant'] LOOP
+                                       prefix || '_console', prefix || '_tenant'] LOOP
             EXECUTE format('REVOKE ALL ON TABLE %s FROM %I', rel, grantee);
         END LOOP;
     END LOOP;
@@ -167,8 +183,8 @@ BEGIN
     fn := to_regprocedure(format('%I.%s', target_schema,
                                  'fencebridge_erase_tenant(text, text, text, text)'));
     IF fn IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I', fn,
-                       prefix || '_operator', prefix || '_tenant');
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
     END IF;
 
@@ -196,6 +212,18 @@ BEGIN
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
                        ('rate_wait', 'operator', 'SELECT'),
+                       -- the console reads what the operator reads and writes what a redrive
+                       -- (and an audited payload view) writes
+                       ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
+                       ('payload', 'console', 'SELECT, INSERT'),
+                       ('rejected_delivery', 'console', 'SELECT, INSERT, UPDATE'),
+                       ('redrive_audit', 'console', 'SELECT, INSERT'),
+                       ('tenant_role', 'console', 'SELECT'),
+                       ('fencebridge_migration', 'console', 'SELECT'),
+                       ('erasure_audit', 'console', 'SELECT'),
+                       ('identity_key', 'console', 'SELECT, INSERT'),
+                       ('work_attempt', 'console', 'SELECT, INSERT'),
+                       ('rate_wait', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
@@ -214,9 +242,11 @@ BEGIN
     -- nextval() in the ingest statement needs USAGE; identity columns need nothing.
     rel := to_regclass(format('%I.%I', target_schema, 'work_item_seq'));
     IF rel IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON SEQUENCE %s FROM %I, %I, %I', rel,
-                       prefix || '_bridge', prefix || '_operator', prefix || '_tenant');
-        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I', rel, prefix || '_bridge');
+        EXECUTE format('REVOKE ALL ON SEQUENCE %s FROM %I, %I, %I, %I', rel,
+                       prefix || '_bridge', prefix || '_operator', prefix || '_console',
+                       prefix || '_tenant');
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I, %I', rel, prefix || '_bridge',
+                       prefix || '_console');
     END IF;
 
     IF cardinality(missing) > 0 THEN

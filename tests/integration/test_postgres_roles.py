@@ -111,10 +111,11 @@ def test_role_attributes(roles: Roles, db: Conn) -> None:
         SELECT rolname, rolcanlogin, rolbypassrls, rolsuper, rolcreaterole, rolcreatedb
           FROM pg_roles WHERE rolname = ANY (%s) ORDER BY rolname
         """,
-        ([roles.migrator, roles.bridge, roles.operator, roles.tenant_group],),
+        ([roles.migrator, roles.bridge, roles.operator, roles.console, roles.tenant_group],),
     ).fetchall()
     assert {r[0]: r[1:] for r in rows} == {
         roles.bridge: (True, True, False, False, False),
+        roles.console: (True, True, False, False, False),
         roles.migrator: (True, False, False, False, False),
         roles.operator: (True, True, False, False, False),
         roles.tenant_group: (False, False, False, False, False),
@@ -259,6 +260,75 @@ def test_the_operator_reads_every_tenant_and_writes_nothing(
         ("acme", State.QUEUED, 2),
         ("globex", State.QUEUED, 1),
     }
+
+
+def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
+    roles: Roles, bridge_store: PostgresStore, db: Conn
+) -> None:
+    seed(bridge_store)
+    claims = {c.key: c for c in bridge_store.claim("worker-1", 10, LEASE)}
+    bridge_store.park_unknown(claims[Key("globex", "op-1")].ticket, "ambiguous")
+    bridge_store.complete(claims[Key("acme", "op-1")].ticket)
+
+    console = PostgresStore.connect(roles.url_as(roles.console), max_size=1)
+    try:
+        with console.pool.connection() as conn:
+            assert current_user(conn) == roles.console
+        # It reads every tenant, as the operator does.
+        assert {(c.tenant_id, c.state) for c in console.stats().counts} >= {
+            ("globex", State.UNKNOWN),
+            ("acme", State.SUCCEEDED),
+        }
+        preview = console.redrive(RedriveFilter(), actor="on-call", reason="look", dry_run=True)
+        assert [r.key for r in preview] == [Key("globex", "op-1")]
+        moved = console.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
+        assert [r.key for r in moved] == [Key("globex", "op-1")]
+        viewed = console.view_payload(Key("acme", "op-2"), actor="on-call", reason="support")
+        assert viewed is not None
+        # A quarantined delivery redriven from the console is decoded again through the inbox.
+        (fresh,) = console.ingest([delivery("acme", "op-3")])
+        assert fresh.decision is Decision.NEW
+    finally:
+        console.close()
+    assert db.execute(
+        "SELECT actor, tenant_id, to_state FROM redrive_audit ORDER BY at"
+    ).fetchall() == [("on-call", "globex", "queued"), ("on-call", "acme", "payload_viewed")]
+
+    denied = [
+        "DELETE FROM work_item",
+        "DELETE FROM payload",
+        "UPDATE payload SET body = NULL",
+        "UPDATE redrive_audit SET reason = 'rewritten'",
+        "DELETE FROM redrive_audit",
+        "UPDATE work_attempt SET outcome = NULL",
+        "DELETE FROM work_attempt",
+        "DELETE FROM rejected_delivery",
+        "UPDATE identity_key SET reason = 'rewritten'",
+        "TRUNCATE work_item",
+        "CREATE TABLE side_table (id int)",
+    ]
+    with roles.connect_as(roles.console) as conn:
+        for statement in denied:
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement)
+        # The bridge's own moves are out of its reach: claiming, sweeping, purging, erasing.
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(
+                bridge_sql.statement("claim"),
+                {
+                    "limit": 10,
+                    "now": None,
+                    "job_types": None,
+                    "identity_keys": None,
+                    "worker": "console",
+                    "lease": LEASE,
+                    "history": 20,
+                },
+            )
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None})
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SELECT fencebridge_erase_tenant('acme', 'x', 'x', 'x')")
 
 
 def test_a_tenant_role_sees_only_its_own_tenant(

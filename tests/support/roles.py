@@ -39,6 +39,10 @@ class Roles:
         return f"{self.prefix}_operator"
 
     @property
+    def console(self) -> str:
+        return f"{self.prefix}_console"
+
+    @property
     def tenant_group(self) -> str:
         return f"{self.prefix}_tenant"
 
