@@ -6,7 +6,12 @@ the evidence it saw. There is no score: one no-go anywhere makes the whole answe
 that job type and for the check.
 
 What a control cannot see is said in its evidence, not assumed. The check reads; it never
-writes and never calls a target. It builds every handler exactly as ``fencebridge run`` does
+writes to the live schema and never calls a target. Controls 3 (atomic claim), 4 (fenced
+writes) and 8 (ack after commit) need evidence that runs: with ``--probe``
+(:mod:`bridge.probe`) they take their verdict from a concurrency run, a stale-fence write and
+a failed inbox commit driven through each adapter, executed in a scratch schema that is
+dropped afterwards. Without it they answer from what they read, and say that they were
+not probed. It builds every handler exactly as ``fencebridge run`` does
 (:func:`bridge.registry.build_job`, the one function both call), so a handler that cannot be
 imported, built or registered fails its job type here, with the reason, instead of failing
 the bridge at start; building a handler must therefore not act on its target. Beyond that a
@@ -39,6 +44,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.migrate import current_version
+from bridge.probe import ProbeReport
 from bridge.registry import Registry, build_job
 from bridge.types import TargetClass
 
@@ -66,6 +72,8 @@ _DATABASE_LEASE: Final = re.compile(
     r"lease_expires_at\s*=\s*coalesce\(%\(now\)s::timestamptz, now\(\)\)"
 )
 _STATES: Final = ("failed_terminal", "unknown", "quarantined")
+#: what a control without its executed evidence says instead
+_NOT_PROBED: Final = "not probed (`fencebridge check --probe` runs its evidence)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,8 @@ class Control:
 class Verdict:
     go: bool
     evidence: str
+    #: False for a go that rests on what was read where evidence should have run (no probe)
+    executed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,11 @@ class Report:
     @property
     def no_go(self) -> list[Finding]:
         return [f for f in self.findings if not f.verdict.go]
+
+    @property
+    def not_probed(self) -> list[Finding]:
+        """Go answers whose evidence was read, not executed (``check`` without ``--probe``)."""
+        return [f for f in self.findings if f.verdict.go and not f.verdict.executed]
 
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -247,6 +262,8 @@ class JobEvidence:
     db: DatabaseFacts
     #: installed broker adapters (entry points of ``fencebridge.sources``)
     sources: frozenset[str]
+    #: the executed evidence of controls 3, 4 and 8 (``--probe``), or None: not run
+    probe: ProbeReport | None = None
 
 
 # -- the nine controls ------------------------------------------------------------------------
@@ -307,6 +324,9 @@ def atomic_claim(e: JobEvidence) -> Verdict:
         problems.append(e.db.schema_problem or "the claim index work_item_queued is missing")
     else:
         seen.append(f"claim index work_item_queued WHERE {e.db.claim_index_predicate}")
+    if e.probe is None:
+        return _unprobed(problems, seen)
+    (problems if not e.probe.claim.go else seen).insert(0, f"probe: {e.probe.claim.ran}")
     return _verdict(problems, seen)
 
 
@@ -336,6 +356,9 @@ def fenced_writes(e: JobEvidence) -> Verdict:
             seen.append("the target cannot check a fence: limits stated under control 5")
         case None:
             pass
+    if e.probe is None:
+        return _unprobed(problems, seen)
+    (problems if not e.probe.fence.go else seen).insert(0, f"probe: {e.probe.fence.ran}")
     return _verdict(problems, seen)
 
 
@@ -425,9 +448,16 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
     for sub in e.subscriptions:
         if sub.source not in e.sources:
             problems.append(f"{sub.name}: no consumer installed for source {sub.source}")
+        elif e.probe is None:
+            seen.append(f"{sub.name} ({sub.source}, {sub.ack_mode.value}): consumer installed")
         else:
-            seen.append(f"{sub.name} ({sub.source}, {sub.ack_mode.value})")
-    seen.append("acknowledged only after the inbox transaction commits")
+            probed = e.probe.acks.get(sub.name)
+            if probed is None:
+                problems.append(f"{sub.name}: the probe did not run it")
+            else:
+                (seen if probed.go else problems).append(f"probe: {probed.ran}")
+    if e.probe is None:
+        return _unprobed(problems, seen)
     return _verdict(problems, seen)
 
 
@@ -475,8 +505,9 @@ CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
 )
 
 
-def evaluate(config: BridgeConfig, db: DatabaseFacts) -> Report:
-    """Every control for every job type of the configuration."""
+def evaluate(config: BridgeConfig, db: DatabaseFacts, probe: ProbeReport | None = None) -> Report:
+    """Every control for every job type of the configuration; controls 3, 4 and 8 from the
+    probe's executed evidence when there is one."""
     installed = frozenset(sources.names())
     findings: list[Finding] = []
     registry = Registry()
@@ -488,6 +519,7 @@ def evaluate(config: BridgeConfig, db: DatabaseFacts) -> Report:
             config=config,
             db=db,
             sources=installed,
+            probe=probe,
         )
         findings.extend(Finding(name, control, check(evidence)) for control, check in CHECKS)
     return Report(tuple(findings))
@@ -497,6 +529,13 @@ def _verdict(problems: Sequence[str], seen: Sequence[str]) -> Verdict:
     if problems:
         return Verdict(False, "; ".join(problems))
     return Verdict(True, "; ".join(seen))
+
+
+def _unprobed(problems: Sequence[str], seen: Sequence[str]) -> Verdict:
+    """A control whose evidence must run, decided from what was read: a go says so."""
+    if problems:
+        return Verdict(False, "; ".join(problems))
+    return Verdict(True, "; ".join([*seen, _NOT_PROBED]), executed=False)
 
 
 def _base(cls: type[Handler]) -> str:

@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "AckProbe",
     "Consumer",
     "Factory",
+    "ProbedAcks",
     "SourceAdapter",
     "SourceSettings",
     "adapter",
@@ -73,6 +75,25 @@ class Consumer(Protocol):
 Factory = Callable[[SubscriptionConfig, "Inbox", "WorkStore"], Consumer]
 
 
+@dataclass(frozen=True, slots=True)
+class ProbedAcks:
+    """What an adapter's broker stand-in recorded while one probe delivery went through."""
+
+    #: acknowledgements the stand-in received (deletes, acks): none may follow a failed commit
+    acks: int
+    #: the broker call that acknowledges, as the evidence names it (``DeleteMessageBatch``)
+    call: str
+    #: the class of the error the consumer's write raised, None if the write returned
+    raised: str | None = None
+
+
+#: ``fencebridge check --probe`` (control 8): (subscription, inbox) -> what the stand-in recorded.
+#: The adapter drives its own receive, write and acknowledge path for one delivery against an
+#: in-process stand-in of its broker client, so the check can watch that nothing is
+#: acknowledged when the inbox commit fails; it must not reach the real broker.
+AckProbe = Callable[[SubscriptionConfig, "Inbox"], ProbedAcks]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceAdapter:
     """What an adapter registers: its keys, its consumer, and the facts the core reports."""
@@ -86,6 +107,9 @@ class SourceAdapter:
     #: the longest the broker can hand a message over again, in days: a row purged sooner
     #: would run again on a redelivery (``fencebridge check`` compares the retention plan)
     redelivery_days: int
+    #: control 8's executed evidence (``fencebridge check --probe``); without it the check
+    #: answers no-go under ``--probe``, since nothing shows that it acks only after commit
+    probe_ack_after_commit: AckProbe | None = None
 
 
 def _found() -> dict[str, EntryPoint]:

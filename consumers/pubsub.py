@@ -95,7 +95,7 @@ from bridge.decode import RawDelivery
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import Backoff, Deadline, Service
-from bridge.sources import SourceAdapter, SourceSettings
+from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
@@ -953,10 +953,86 @@ def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> P
     )
 
 
+class ProbeMessage:
+    """``fencebridge check --probe``'s stand-in of the client library's received message: it
+    records its acks, nacks and drops."""
+
+    def __init__(self, n: int) -> None:
+        self.message_id = f"probe-{n}"
+        self.ack_id = f"probe-ack-{n}"
+        self.data = b"{}"
+        self.attributes: dict[str, str] = {}
+        self.delivery_attempt: int | None = None
+        self.ordering_key = ""
+        self.acked = 0
+        self.nacked = 0
+
+    def ack(self) -> None:
+        self.acked += 1
+
+    def nack(self) -> None:
+        self.nacked += 1
+
+    def drop(self) -> None:
+        return None
+
+
+class ProbeSubscriber:
+    """``fencebridge check --probe``'s in-process stand-in of the subscriber client: it
+    records the ack ids of every ``Acknowledge`` and answers as the service does on success;
+    it never reaches a subscription."""
+
+    def __init__(self) -> None:
+        self.acknowledged = 0
+        self.modified = 0
+        self._lock = threading.Lock()
+
+    def acknowledge(self, *, request: Mapping[str, Any], **_: Any) -> None:
+        with self._lock:
+            self.acknowledged += len(request["ack_ids"])
+
+    def modify_ack_deadline(self, *, request: Mapping[str, Any], **_: Any) -> None:
+        with self._lock:
+            self.modified += len(request["ack_ids"])
+
+    def close(self) -> None:
+        return None
+
+
+def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
+    """Control 8's evidence: one delivery per acknowledgement path (the client library's
+    ``ack``, and the unary ``Acknowledge`` of exactly-once delivery) through the consumer's
+    queue, write and ack, against :class:`ProbeSubscriber` and :class:`ProbeMessage`.
+
+    It drives the ``after_inbox`` path, where the ack follows the commit at once
+    (``after_outcome`` acks later still, once the row is settled).
+    """
+    client = ProbeSubscriber()
+    path = "projects/fencebridge-probe/subscriptions/probe"
+    consumer = PubSubConsumer(client, path, sub.name, inbox, batch_max_messages=1)
+    messages: list[ProbeMessage] = []
+    raised: str | None = None
+    try:
+        for n, exactly_once in enumerate((False, True), start=1):
+            consumer._exactly_once = exactly_once
+            message = ProbeMessage(n)
+            messages.append(message)
+            consumer._on_message(0, message)
+            try:
+                consumer._write_once()
+            except Exception as exc:  # noqa: BLE001  (a failed write raises: acks are the evidence)
+                raised = type(exc).__name__
+    finally:
+        consumer._acks.shutdown(wait=True)  # the exactly-once ack runs on a call thread
+    acks = sum(m.acked for m in messages) + client.acknowledged
+    return ProbedAcks(acks, "ack/Acknowledge", raised)
+
+
 #: the ``fencebridge.sources`` entry point of ``source = "pubsub"``
 ADAPTER: Final = SourceAdapter(
     settings=PubSubSettings,
     open=from_config,
     messaging_system=names.SYSTEM_PUBSUB,
     redelivery_days=REDELIVERY_DAYS,
+    probe_ack_after_commit=probe_ack_after_commit,
 )

@@ -59,7 +59,7 @@ from bridge.errors import BrokerUnavailable
 from bridge.holding import CallResult, Holder, confirm, stream_status
 from bridge.inbox import Inbox
 from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.sources import SourceAdapter, SourceSettings
+from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
@@ -620,10 +620,62 @@ def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsC
     )
 
 
+class ProbeQueue:
+    """``fencebridge check --probe``'s in-process stand-in of the SQS client.
+
+    It hands out one message to any receive and records every delete and visibility change,
+    answering each as SQS would on success; it never reaches a queue.
+    """
+
+    def __init__(self) -> None:
+        self.deleted = 0
+        self.changed = 0
+        self._received = 0
+
+    def receive_message(self, **_: Any) -> dict[str, Any]:
+        self._received += 1
+        n = self._received
+        message = {
+            "MessageId": f"probe-{n}",
+            "ReceiptHandle": f"probe-receipt-{n}",
+            "Body": "{}",
+            "MessageAttributes": {},
+            "Attributes": {"ApproximateReceiveCount": "1"},
+        }
+        return {"Messages": [message]}
+
+    def delete_message_batch(self, **call: Any) -> dict[str, Any]:
+        entries: list[dict[str, Any]] = call["Entries"]
+        self.deleted += len(entries)
+        return {"Successful": [{"Id": e["Id"]} for e in entries], "Failed": []}
+
+    def change_message_visibility_batch(self, **call: Any) -> dict[str, Any]:
+        entries: list[dict[str, Any]] = call["Entries"]
+        self.changed += len(entries)
+        return {"Successful": [{"Id": e["Id"]} for e in entries], "Failed": []}
+
+
+def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
+    """Control 8's evidence: one receive, write and delete of the consumer, against
+    :class:`ProbeQueue`; the deletes it records are what this consumer acknowledged.
+
+    It drives the ``after_inbox`` path, where the delete follows the commit at once
+    (``after_outcome`` deletes later still, once the row is settled).
+    """
+    queue = ProbeQueue()
+    consumer = SqsConsumer(queue, "probe://queue", sub.name, inbox, wait_seconds=0)
+    try:
+        consumer._turn()
+    except Exception as exc:  # noqa: BLE001  (a failed write raises: the deletes are the evidence)
+        return ProbedAcks(queue.deleted, "DeleteMessageBatch", type(exc).__name__)
+    return ProbedAcks(queue.deleted, "DeleteMessageBatch")
+
+
 #: the ``fencebridge.sources`` entry point of ``source = "sqs"``
 ADAPTER: Final = SourceAdapter(
     settings=SqsSettings,
     open=from_config,
     messaging_system=names.SYSTEM_SQS,
     redelivery_days=REDELIVERY_DAYS,
+    probe_ack_after_commit=probe_ack_after_commit,
 )

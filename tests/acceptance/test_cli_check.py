@@ -31,7 +31,7 @@ from tests.support.postgres import create_database, drop_database, unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "tests.acceptance.test_cli_check"
-ROW = re.compile(r"^(\S+)\s+(\d)\s+(.+?)\s{2,}(go|NO-GO)\s{2,}(.*)$")
+ROW = re.compile(r"^(\S+)\s+(\d)\s+(.+?)\s{2,}(go|NO-GO|not probed)\s{2,}(.*)$")
 
 
 class Charge(IdempotentApiHandler):
@@ -125,14 +125,14 @@ def config(*, jobs: dict[str, str] | None = None, retention: str | None = RETENT
 @pytest.fixture
 def check(tmp_path: Path, db_url: str) -> Any:
     def run(
-        text: str, url: str = db_url
+        text: str, url: str = db_url, *flags: str
     ) -> tuple[int, dict[tuple[str, int], tuple[bool, str]], str]:
         path = tmp_path / "bridge.toml"
         path.write_text(text)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
         env[DATABASE_URL_ENV] = url
         done = subprocess.run(
-            [sys.executable, "-m", "bridge", "check", "--config", str(path)],
+            [sys.executable, "-m", "bridge", "check", "--config", str(path), *flags],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -145,7 +145,8 @@ def check(tmp_path: Path, db_url: str) -> Any:
         for line in done.stdout.splitlines():
             match = ROW.match(line)
             if match:
-                rows[(match[1], int(match[2]))] = (match[4] == "go", match[5])
+                # "not probed" is a go whose evidence did not run: its evidence says so
+                rows[(match[1], int(match[2]))] = (match[4] != "NO-GO", match[5])
         return done.returncode, rows, done.stdout
 
     return run
@@ -155,12 +156,49 @@ def no_go(rows: dict[tuple[str, int], tuple[bool, str]]) -> set[tuple[str, int]]
     return {key for key, (go, _) in rows.items() if not go}
 
 
+def verdict_column(out: str) -> dict[tuple[str, int], str]:
+    return {(m[1], int(m[2])): m[4] for m in (ROW.match(line) for line in out.splitlines()) if m}
+
+
 def test_a_complete_configuration_is_go_on_every_control(check: Any) -> None:
     code, rows, out = check(config())
     assert code == 0, out
     assert set(rows) == {(job, n) for job in JOBS for n in range(1, 10)}
     assert no_go(rows) == set()
     assert out.splitlines()[-1] == "GO: all 9 controls hold for 3 job type(s)"
+    # without --probe, the controls whose evidence must run say that it did not
+    column = verdict_column(out)
+    assert {key for key, state in column.items() if state == "not probed"} == {
+        (job, n) for job in JOBS for n in (3, 4, 8)
+    }
+    assert "not probed (`fencebridge check --probe` runs its evidence)" in rows[("sms", 8)][1]
+    assert "acknowledged only after" not in rows[("sms", 8)][1]
+    assert out.splitlines()[-2] == (
+        "not probed: control(s) 3, 4, 8 answered from what they read; "
+        "`fencebridge check --probe` runs their evidence"
+    )
+
+
+def test_check_probe_runs_the_evidence_of_controls_3_4_and_8(
+    check: Any, db_url: str, db: Connection
+) -> None:
+    code, rows, out = check(config(), db_url, "--probe")
+    assert code == 0, out
+    assert no_go(rows) == set()
+    assert set(verdict_column(out).values()) == {"go"}
+    assert "not probed" not in out
+    assert out.splitlines()[-1] == "GO: all 9 controls hold for 3 job type(s)"
+    for job in JOBS:
+        assert "16 threads claimed 500 rows: 0 claimed twice" in rows[(job, 3)][1]
+        assert "the stale settlement (fence 1) was refused" in rows[(job, 4)][1]
+        assert (
+            "probe: orders (sqs): inbox commit failed (StoreError) -> DeleteMessageBatch x0"
+            in rows[(job, 8)][1]
+        )
+    schemas = db.execute(
+        "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'fencebridge\\_probe\\_%'"
+    ).fetchone()
+    assert schemas == (0,)
     assert "primary key (tenant_id, operation_id)" in rows[("charge", 1)][1]
     assert "dedupe, not fencing" in rows[("charge", 5)][1]
     assert "Charge.lookup by idempotency key" in rows[("charge", 6)][1]
