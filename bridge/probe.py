@@ -275,6 +275,9 @@ def _concurrent_claims(
                 with lock:
                     claims.extend(got)
                     refused.extend(lost)
+                    # a claim that hands out settled rows again never runs dry: stop it
+                    if len(claims) >= 2 * rows:
+                        return
         except Exception as exc:  # noqa: BLE001  (a worker's failure is evidence, reported)
             with lock:
                 errors.append(str(exc) if isinstance(exc, FenceBridgeError) else type(exc).__name__)
@@ -297,6 +300,8 @@ def _concurrent_claims(
     problems: list[str] = []
     if errors:
         problems.append(f"{len(errors)} worker(s) failed: {errors[0]}")
+    if len(claims) >= 2 * rows:
+        problems.append(f"the claims did not run out after {len(claims)} for {rows} rows")
     if twice:
         problems.append(f"{twice} row(s) claimed twice under one fence")
     if again:

@@ -150,6 +150,17 @@ def test_a_claim_that_waits_for_locked_rows_instead_of_skipping_them_is_no_go(
     assert verdicts(evaluate(bridge_config, read_database(db), report), 3) == {False}
 
 
+def test_a_claim_without_its_state_condition_claims_settled_rows_again(
+    db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
+) -> None:
+    any_state = claim_with("WHERE w.state = 'queued'", "WHERE true")
+    report = probe.run(db_url, bridge_config, statements=any_state)
+    assert not report.claim.go
+    assert "of 500 row(s) claimed more than once" in report.claim.ran
+    assert "the claims did not run out after" in report.claim.ran
+    assert verdicts(evaluate(bridge_config, read_database(db), report), 3) == {False}
+
+
 def test_a_settlement_without_the_fence_condition_lets_a_stale_write_through(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
