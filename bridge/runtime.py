@@ -227,6 +227,7 @@ def open_bridge(
         timeouts=config.bridge.session_timeouts(),
         attempt_history=config.bridge.attempt_history,
     )
+    store.use_concurrency_limits(config.concurrency_limits())
     try:
         with store.pool.connection() as conn:
             require_current(conn)

@@ -1,5 +1,6 @@
 """``fencebridge status``: counts by state per subscription and tenant hash, stalled claims,
-the oldest unknown and the rejected deliveries awaiting a person."""
+the oldest unknown, the rejected deliveries awaiting a person, and the due rows that wait (over
+a concurrency limit, under a rate limit wait) per job type and tenant hash."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from bridge.types import State
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
+    from bridge.store.work import ConcurrencyLimit, WaitingCount
     from bridge.types import Stats
 
 _STATES = tuple(s.value for s in State)
+#: why a due row is not claimed: over a concurrency limit, under a rate limit wait
+_REASONS = ("limit", "rate")
 
 
 def register(commands: Subcommands) -> None:
@@ -25,16 +29,24 @@ def register(commands: Subcommands) -> None:
         description=KEY_NOTE,
     )
     p.add_argument("--json", action="store_true", help="print a JSON document instead")
+    p.add_argument(
+        "--config",
+        help="the bridge's TOML configuration: its job types' concurrency limits decide which "
+        "due rows wait for a slot (without it, only rate limit waits are shown)",
+    )
     add_database_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     hasher = identity_hasher()  # refuse before touching the database: status shows hashes only
+    limits = _limits(args.config)
     with open_store(args) as store:
         keyed(store, hasher)
         stats = store.stats()
+        waiting = store.waiting(limits)
     document = _status_document(stats, hasher)
+    document["waiting"] = _waiting_document(waiting, hasher)
     if args.json:
         print_json(document)
         return 0
@@ -57,7 +69,38 @@ def run(args: argparse.Namespace) -> int:
             "  see them with `fencebridge inspect TENANT OPERATION`; close them with "
             "`fencebridge resolve` (conflicts) or `fencebridge redrive` (quarantined)"
         )
+    print()
+    if not document["waiting"]:
+        print("due rows waiting: none")
+        return 0
+    print("due rows waiting (limit: over a concurrency limit; rate: a rate limit wait)")
+    rows = [
+        [w["job_type"], w["tenant"], *(w["reasons"][r] for r in _REASONS)]
+        for w in document["waiting"]
+    ]
+    print("\n".join(table(["job_type", "tenant", *_REASONS], rows)))
     return 0
+
+
+def _limits(path: str | None) -> dict[str, ConcurrencyLimit]:
+    """The configuration's concurrency limits; none without a file (no row waits on one)."""
+    if path is None:
+        return {}
+    from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
+
+    return load_config(path).concurrency_limits()
+
+
+def _waiting_document(waiting: list[WaitingCount], hasher: IdentityHasher) -> list[dict[str, Any]]:
+    """Waiting rows per job type and tenant hash (never the tenant id), by reason."""
+    grouped: dict[tuple[str, str], dict[str, int]] = {}
+    for w in waiting:
+        key = (w.job_type, hasher.tenant(w.tenant_id))
+        grouped.setdefault(key, dict.fromkeys(_REASONS, 0))[w.reason] += w.count
+    return [
+        {"job_type": job, "tenant": tenant, "reasons": reasons}
+        for (job, tenant), reasons in sorted(grouped.items())
+    ]
 
 
 def _age(seconds: float | None) -> str:

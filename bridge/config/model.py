@@ -55,7 +55,7 @@ from bridge.service import (
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
     Limits,
 )
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, ConcurrencyLimit
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -72,6 +72,8 @@ MAX_ATTEMPTS_CLASS_D: Final = 1
 LEASE_SECONDS_DEFAULT: Final = 60.0
 BACKOFF_INITIAL_SECONDS_DEFAULT: Final = 1.0
 BACKOFF_MAX_SECONDS_DEFAULT: Final = 300.0
+#: the largest concurrency limit of a job type (runs at once across every process)
+CONCURRENCY_MAX: Final = 100_000
 
 #: the largest SQS message (1 MiB); Pub/Sub allows up to 10 MB
 MAX_BODY_BYTES_DEFAULT: Final = 1_048_576
@@ -326,6 +328,34 @@ class JobConfig(Table):
         le=86400,
         description="Longest retry delay; at least `backoff_initial_seconds`.",
     )
+    concurrency: Annotated[StrictInt | None, Shown(default="unlimited")] = Field(
+        default=None,
+        ge=1,
+        le=CONCURRENCY_MAX,
+        description=_doc(
+            """
+            Most rows of this job type claimed at once, across every bridge process: the
+            claim statements count the claimed rows in the database, under a lock per job
+            type, so two processes never both take the last slot. A row over the limit stays
+            queued and uses no attempt. A claim whose lease expired keeps its slot until the
+            row is settled (its worker may still be acting); a takeover of it reuses that slot.
+            Every process claiming the job type must set the same limit.
+            """
+        ),
+    )
+    concurrency_per_tenant: Annotated[StrictInt | None, Shown(default="unlimited")] = Field(
+        default=None,
+        ge=1,
+        le=CONCURRENCY_MAX,
+        description=_doc(
+            """
+            Most rows of this job type and one tenant claimed at once, across every bridge
+            process, counted like `concurrency`; at most `concurrency` when both are set. A
+            limit per another key of the delivery (a customer the decode rules could extract)
+            is not supported yet.
+            """
+        ),
+    )
     owner: Identifier | None = Field(
         default=None,
         description=_doc(
@@ -359,7 +389,22 @@ class JobConfig(Table):
                 f"got {_number(self.backoff_max_seconds)}",
                 key=("backoff_max_seconds",),
             )
+        if (
+            self.concurrency is not None
+            and self.concurrency_per_tenant is not None
+            and self.concurrency_per_tenant > self.concurrency
+        ):
+            raise invalid(
+                f"must be at most concurrency ({self.concurrency}), the limit of the whole "
+                f"job type, got {self.concurrency_per_tenant}",
+                key=("concurrency_per_tenant",),
+            )
         return self
+
+    @property
+    def concurrency_limit(self) -> ConcurrencyLimit:
+        """The job type's concurrency limits as the store's claims take them."""
+        return ConcurrencyLimit(total=self.concurrency, per_tenant=self.concurrency_per_tenant)
 
 
 def _number(value: float) -> str:
@@ -639,6 +684,14 @@ class BridgeConfig:
     retention: RetentionConfig | None = None
     #: the file it was read from, for messages about it
     file: str = "<config>"
+
+    def concurrency_limits(self) -> dict[str, ConcurrencyLimit]:
+        """The job types with a concurrency limit, as the store's claims take them."""
+        return {
+            name: job.concurrency_limit
+            for name, job in self.jobs.items()
+            if job.concurrency_limit.limited
+        }
 
     def decode_rules(self, subscription: str) -> DecodeRules:
         """The subscription's decoding rules, joined with the job types it accepts."""

@@ -9,7 +9,7 @@ rolls it back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -30,7 +30,7 @@ from bridge.store.listing import (
     RejectedSummary,
     RowSummary,
 )
-from bridge.store.work import SWEEP_LIMIT_DEFAULT, KeyedStore
+from bridge.store.work import SWEEP_LIMIT_DEFAULT, ConcurrencyLimit, KeyedStore, WaitingCount
 from bridge.types import (
     Decision,
     Delivery,
@@ -54,6 +54,11 @@ class OperatorStore(KeyedStore, Protocol):
 
     def stats(self) -> Stats:
         """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        ...
+
+    def waiting(self, limits: Mapping[str, ConcurrencyLimit] | None = None) -> list[WaitingCount]:
+        """Due queued rows not claimable now (over a concurrency limit of ``limits``, under a
+        rate limit wait), per job type, tenant and reason: what ``fencebridge status`` shows."""
         ...
 
     def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:

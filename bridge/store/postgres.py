@@ -35,12 +35,13 @@ the store was given a clock (tests do, to expire leases without sleeping).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
@@ -68,7 +69,13 @@ from bridge.store.listing import (
     RejectedSummary,
     RowSummary,
 )
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, SWEEP_LIMIT_DEFAULT, Settlement
+from bridge.store.work import (
+    ATTEMPT_HISTORY_DEFAULT,
+    SWEEP_LIMIT_DEFAULT,
+    ConcurrencyLimit,
+    Settlement,
+    WaitingCount,
+)
 from bridge.types import (
     Claim,
     Decision,
@@ -155,6 +162,8 @@ class PostgresStore:
         #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
         self._identity_key: int | None = None
         self._identity_keys: list[int] | None = None
+        #: set by :meth:`use_concurrency_limits`: the limited job types, read by the claims
+        self._concurrency: dict[str, ConcurrencyLimit] = {}
 
     @classmethod
     def connect(
@@ -185,6 +194,23 @@ class PostgresStore:
         rows take the database's current key and claims take any row."""
         self._identity_key = current
         self._identity_keys = list(held)
+
+    def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
+        """Claim rows of these job types only within their concurrency limits. Every process
+        claiming a job type must carry the same limits: the database enforces them among the
+        claims that pass them, and a claim that passes none takes no slot into account."""
+        self._concurrency = {job: limit for job, limit in limits.items() if limit.limited}
+
+    def _slots(self, job_types: Sequence[str] | None) -> Jsonb | None:
+        """The ``%(slots)s`` of a claim: the limits of the job types it may claim, or None
+        (the limit check is skipped) when none of them is limited."""
+        wanted = self._concurrency if job_types is None else job_types
+        limits = {
+            job: [self._concurrency[job].total, self._concurrency[job].per_tenant]
+            for job in wanted
+            if job in self._concurrency
+        }
+        return Jsonb(limits) if limits else None
 
     @contextmanager
     def _connection(self, action: str) -> Iterator[Connection]:
@@ -306,6 +332,7 @@ class PostgresStore:
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
+                    "slots": self._slots(job_types),
                 },
             ).fetchall()
         return [_claim(r) for r in rows]
@@ -323,6 +350,7 @@ class PostgresStore:
                     "lease": lease,
                     "identity_keys": self._identity_keys,
                     "history": self._history,
+                    "slots": self._slots(None),
                     "now": self._now(),
                 },
             ).fetchall()
@@ -458,6 +486,7 @@ class PostgresStore:
         step = per_statement or limit
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
+        slots = self._slots(job_types)
         rows: list[tuple[Any, ...]] = []
         with self._connection("settle and claim") as conn, conn.transaction():
             moved = conn.execute(
@@ -468,6 +497,7 @@ class PostgresStore:
                     **_claim_params(worker, n, lease, job_types, now),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
+                    "slots": slots,
                 }
                 rows += conn.execute(sql.statement("claim"), params).fetchall()
         return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
@@ -945,6 +975,23 @@ class PostgresStore:
             error_class=error,
             finding=finding,
         )
+
+    # -- concurrency limits ------------------------------------------------------------------
+
+    def waiting(self, limits: Mapping[str, ConcurrencyLimit] | None = None) -> list[WaitingCount]:
+        """Queued rows that are due and yet not claimable, per job type, tenant and reason:
+        ``rate`` (a rate limit wait) or ``limit`` (over a concurrency limit of ``limits``, or
+        of the store's own limits when not given). A row waiting for both counts as ``rate``."""
+        given = self._concurrency if limits is None else limits
+        slots = {
+            job: [limit.total, limit.per_tenant] for job, limit in given.items() if limit.limited
+        }
+        with self._connection("waiting") as conn:
+            rows = conn.execute(
+                sql.statement("waiting"),
+                {"slots": Jsonb(slots) if slots else None, "now": self._now()},
+            ).fetchall()
+        return [WaitingCount(job, tenant, reason, int(n)) for job, tenant, reason, n in rows]
 
 
 def _selection_params(selection: RedriveFilter) -> dict[str, Any]:

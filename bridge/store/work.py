@@ -10,7 +10,7 @@ test implements only the methods its code calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -40,6 +40,36 @@ class Settlement:
     #: for the attempt record only: the error's class name (never its text), a lookup's finding
     error_class: str | None = None
     finding: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimit:
+    """At most ``total`` rows of a job type claimed at once, and ``per_tenant`` of one
+    (job type, tenant), across every process (``None``: no such limit). The claim statements
+    enforce it in the database, so every process claiming the job type must carry the same."""
+
+    total: int | None = None
+    per_tenant: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("total", self.total), ("per_tenant", self.per_tenant)):
+            if value is not None and value < 1:
+                raise ValueError(f"a concurrency limit's {name} is at least 1, not {value}")
+
+    @property
+    def limited(self) -> bool:
+        return self.total is not None or self.per_tenant is not None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingCount:
+    """Queued rows that are due but not claimable, by why: ``limit`` (their job type or
+    (job type, tenant) holds all its concurrency slots) or ``rate`` (a rate limit wait)."""
+
+    job_type: str
+    tenant_id: str
+    reason: str
+    count: int
 
 
 class FencedTransaction(Protocol):
@@ -106,6 +136,11 @@ class WorkStore(KeyedStore, Protocol):
 
     def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
+        ...
+
+    def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
+        """Claim rows of these job types only within their concurrency limits, which the claim
+        statements enforce in the database across every process that carries them."""
         ...
 
     def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:

@@ -32,7 +32,8 @@
 --                    SELECT on the redrive audit and on identity_key (a rotation adds a
 --                    key, none is ever changed), USAGE on work_item_seq, SELECT on the
 --                    migration record so it can check the schema version, EXECUTE on
---                    fencebridge_erase_tenant, the audited erasure of one tenant).
+--                    fencebridge_erase_tenant, the audited erasure of one tenant, and on
+--                    fencebridge_concurrency_room, the claims' concurrency limits).
 --
 --     The bridge serves every tenant, so the row-level security policies of
 --     bridge/sql/migrations/0001_work_store.sql must not apply to it. A table's owner is exempt
@@ -136,7 +137,8 @@ DECLARE
                                     'rate_wait'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
-                                       'fencebridge_erase_tenant(text, text, text, text)'];
+                                       'fencebridge_erase_tenant(text, text, text, text)',
+                                       'fencebridge_concurrency_room(jsonb)'];
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -182,6 +184,14 @@ BEGIN
     -- is the one way it can remove redrive audit rows, and it records the erasure.
     fn := to_regprocedure(format('%I.%s', target_schema,
                                  'fencebridge_erase_tenant(text, text, text, text)'));
+    IF fn IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+    END IF;
+    -- The claims' concurrency room (migration 0011): it takes the limited job types' claim
+    -- locks, so only the bridge, which claims, may call it.
+    fn := to_regprocedure(format('%I.%s', target_schema, 'fencebridge_concurrency_room(jsonb)'));
     IF fn IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
                        prefix || '_operator', prefix || '_console', prefix || '_tenant');

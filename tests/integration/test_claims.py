@@ -313,6 +313,7 @@ def test_claim_reads_the_queued_index_not_the_history(
                 "job_types": None,
                 "identity_keys": None,
                 "history": ATTEMPT_HISTORY_DEFAULT,
+                "slots": None,
                 "now": None,
             },
         )

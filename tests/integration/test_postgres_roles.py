@@ -323,6 +323,7 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
                     "worker": "console",
                     "lease": LEASE,
                     "history": 20,
+                    "slots": None,
                 },
             )
         with pytest.raises(errors.InsufficientPrivilege):

@@ -177,7 +177,8 @@ INVALID = [
     pytest.param(
         after(BASE, "[jobs.refund]", "colour = 1"),
         "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
-        "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, owner",
+        "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, "
+        "concurrency, concurrency_per_tenant, owner",
         id="unknown-key",
     ),
     pytest.param(
@@ -335,6 +336,17 @@ INVALID = [
         after(BASE, "[jobs.refund]", "backoff_initial_seconds = 10\nbackoff_max_seconds = 5"),
         "jobs.refund.backoff_max_seconds: must be at least backoff_initial_seconds (10), got 5",
         id="backoff-order",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "concurrency = 0"),
+        "jobs.refund.concurrency: must be from 1 to 100000, got 0",
+        id="concurrency-range",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "concurrency = 2\nconcurrency_per_tenant = 3"),
+        "jobs.refund.concurrency_per_tenant: must be at most concurrency (2), the limit of the "
+        "whole job type, got 3",
+        id="concurrency-per-tenant-within-the-job-type",
     ),
     pytest.param(
         edit(BASE, 'source = "sqs"\n', ""),

@@ -30,6 +30,7 @@ OPERATOR_QUERIES = frozenset(
         "resolve_rejected",
         "rows_page",
         "view_payload",
+        "waiting",
     }
 )
 #: what both sides need: a redrive writes re-decoded deliveries as the inbox does, and both

@@ -4,7 +4,25 @@
 -- the earliest unsettled row is eligible. A process claims only rows written under an identity
 -- key it holds (%(identity_keys)s; NULL: any), since it derives their idempotency keys. A row
 -- whose (job_type, tenant_id) waits out a target's rate limit (rate_wait) is skipped by both.
-WITH expired AS (
+--
+-- Concurrency limits (%(slots)s: {"<job_type>": [total, per tenant]} of the limited job
+-- types this claim may take; NULL when none is, and then room is never read). A slot is held by
+-- a row in state claimed, expired lease or not: a run past its lease may still be acting, so
+-- a takeover (expired) reuses its row's slot and adds none; only a row leaving claimed frees
+-- one. A new claim (due) takes a slot only within the room fencebridge_concurrency_room
+-- (migration 0011) counts: it first takes the advisory locks of every limited job type of
+-- the claim, then counts the claimed rows with a fresh snapshot. Two claimers of one key in
+-- different transactions therefore never both take the last slot: the second waits for the
+-- first's lock, i.e. for its commit, and its count then includes the first's claims. Claims
+-- that take no new slot (takeovers) need no lock. due skips keys with no room left so they
+-- do not fill the LIMIT; candidate admits due rows in order while within the room of their job
+-- type (rank j) and of their tenant (rank k, or the '' row: a tenant holding nothing). A row
+-- over its limit is left as it is: queued, no attempt used.
+WITH room AS (
+    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
+     WHERE %(slots)s::jsonb IS NOT NULL
+),
+expired AS (
     SELECT tenant_id, operation_id
       FROM work_item
      WHERE state = 'claimed'
@@ -20,7 +38,7 @@ WITH expired AS (
        FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT w.tenant_id, w.operation_id
+    SELECT w.tenant_id, w.operation_id, w.job_type, w.seq
       FROM work_item w
      WHERE w.state = 'queued'
        AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
@@ -36,6 +54,9 @@ due AS (
                   AND p.ordering_key = w.ordering_key
                   AND p.seq < w.seq
                   AND p.state IN ('queued', 'claimed')))
+       AND NOT EXISTS (SELECT 1 FROM room r
+                        WHERE r.job_type = w.job_type AND r.room <= 0
+                          AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id)
      ORDER BY w.next_attempt_at, w.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -43,7 +64,16 @@ due AS (
 candidate AS (
     SELECT tenant_id, operation_id, true AS takeover FROM expired
     UNION ALL
-    SELECT tenant_id, operation_id, false AS takeover FROM due
+    SELECT tenant_id, operation_id, false FROM due WHERE %(slots)s::jsonb IS NULL
+    UNION ALL
+    SELECT tenant_id, operation_id, false
+      FROM (SELECT d.*, row_number() OVER (PARTITION BY job_type ORDER BY seq) AS j,
+                   row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY seq) AS k
+              FROM due d WHERE %(slots)s::jsonb IS NOT NULL) d
+     WHERE NOT EXISTS (SELECT 1 FROM room r
+                        WHERE r.job_type = d.job_type
+                          AND coalesce(r.tenant_id, d.tenant_id) IN (d.tenant_id, '')
+                          AND CASE WHEN r.tenant_id IS NULL THEN d.j ELSE d.k END > r.room)
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -63,8 +93,7 @@ claimed AS (
               w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
               w.ordering_key,
               (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
-              w.identity_key_id,
-              w.lease_owner, w.claimed_at
+              w.identity_key_id
 ),
 -- Attempt history (%(history)s newest per row; 0 writes none), in this same statement: a
 -- takeover ends the attempt it took over as lease_lost, the claim opens its own, and the rows
@@ -73,7 +102,7 @@ claimed AS (
 -- fence is too low to hold more than %(history)s is not looked at.
 lost AS (
     UPDATE work_attempt a
-       SET ended_at = c.claimed_at,
+       SET ended_at = coalesce(%(now)s::timestamptz, now()),
            outcome = 'lease_lost',
            outcome_code = 'lease_expired'
       FROM claimed c
@@ -85,7 +114,8 @@ lost AS (
 ),
 started AS (
     INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at)
-    SELECT tenant_id, operation_id, 'claim', fence, lease_owner, takeover, claimed_at
+    SELECT tenant_id, operation_id, 'claim', fence, %(worker)s, takeover,
+           coalesce(%(now)s::timestamptz, now())
       FROM claimed
      WHERE %(history)s::integer > 0
 ),
@@ -104,7 +134,4 @@ trimmed AS (
                     OFFSET greatest(%(history)s::integer, 2) - 1
                      LIMIT 1)
 )
-SELECT tenant_id, operation_id, fence, attempts, max_attempts, subscription, job_type,
-       target_class, schema_version, payload_hash, lease_expires_at, intent_fence, takeover,
-       trace_context, broker_message_id, receive_count, ordering_key, payload, identity_key_id
-  FROM claimed
+SELECT * FROM claimed

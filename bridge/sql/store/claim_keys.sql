@@ -1,11 +1,21 @@
 -- Targeted claim for hand-off: the same rule as claim.sql, restricted to the given keys (the
 -- ones a consumer has just inserted). Keys that are not claimable right now are skipped, and
 -- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait).
-WITH wanted AS (
+--
+-- Concurrency limits (%(slots)s, NULL when none applies): the rule and the argument of
+-- claim.sql. A takeover keeps its row's slot; a queued key is claimed only within the room
+-- fencebridge_concurrency_room counts after taking the limited job types' locks, ranked per
+-- job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
+-- attempt used, and is claimed later by claim.sql once a slot is free.
+WITH room AS (
+    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
+     WHERE %(slots)s::jsonb IS NOT NULL
+),
+wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
 ),
-candidate AS (
-    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover
+locked AS (
+    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq
       FROM work_item w
       JOIN wanted USING (tenant_id, operation_id)
      WHERE ((w.state = 'queued' AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
@@ -25,6 +35,19 @@ candidate AS (
                   AND p.state IN ('queued', 'claimed')))
      ORDER BY w.tenant_id, w.operation_id
        FOR UPDATE OF w SKIP LOCKED
+),
+candidate AS (
+    SELECT tenant_id, operation_id, takeover FROM locked WHERE %(slots)s::jsonb IS NULL
+    UNION ALL
+    SELECT tenant_id, operation_id, takeover
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
+                   row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
+              FROM locked l WHERE %(slots)s::jsonb IS NOT NULL) l
+     WHERE takeover OR NOT EXISTS (
+               SELECT 1 FROM room r
+                WHERE r.job_type = l.job_type
+                  AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
+                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room)
 ),
 claimed AS (
     UPDATE work_item w
