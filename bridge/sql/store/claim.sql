@@ -17,7 +17,8 @@
 -- that take no new slot (takeovers) need no lock. due skips keys with no room left so they
 -- do not fill the LIMIT; candidate admits due rows in order while within the room of their job
 -- type (rank j) and of their tenant (rank k, or the '' row: a tenant holding nothing). A row
--- over its limit is left as it is: queued, no attempt used.
+-- over its limit is left as it is: queued, no attempt used. Each limit part is behind a test
+-- of %(slots)s itself, so that with NULL the planner folds it away before planning it.
 WITH room AS (
     SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
      WHERE %(slots)s::jsonb IS NOT NULL
@@ -54,9 +55,10 @@ due AS (
                   AND p.ordering_key = w.ordering_key
                   AND p.seq < w.seq
                   AND p.state IN ('queued', 'claimed')))
-       AND NOT EXISTS (SELECT 1 FROM room r
-                        WHERE r.job_type = w.job_type AND r.room <= 0
-                          AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id)
+       AND (%(slots)s::jsonb IS NULL OR NOT EXISTS (
+               SELECT 1 FROM room r
+                WHERE r.job_type = w.job_type AND r.room <= 0
+                  AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id))
      ORDER BY w.next_attempt_at, w.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -69,8 +71,9 @@ candidate AS (
     SELECT tenant_id, operation_id, false
       FROM (SELECT d.*, row_number() OVER (PARTITION BY job_type ORDER BY seq) AS j,
                    row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY seq) AS k
-              FROM due d WHERE %(slots)s::jsonb IS NOT NULL) d
-     WHERE NOT EXISTS (SELECT 1 FROM room r
+              FROM due d) d
+     WHERE %(slots)s::jsonb IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM room r
                         WHERE r.job_type = d.job_type
                           AND coalesce(r.tenant_id, d.tenant_id) IN (d.tenant_id, '')
                           AND CASE WHEN r.tenant_id IS NULL THEN d.j ELSE d.k END > r.room)

@@ -42,12 +42,13 @@ candidate AS (
     SELECT tenant_id, operation_id, takeover
       FROM (SELECT l.*, row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
                    row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
-              FROM locked l WHERE %(slots)s::jsonb IS NOT NULL) l
-     WHERE takeover OR NOT EXISTS (
+              FROM locked l) l
+     WHERE %(slots)s::jsonb IS NOT NULL
+       AND (takeover OR NOT EXISTS (
                SELECT 1 FROM room r
                 WHERE r.job_type = l.job_type
                   AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
-                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room)
+                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room))
 ),
 claimed AS (
     UPDATE work_item w
