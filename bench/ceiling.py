@@ -75,6 +75,7 @@ def claim_settle_script() -> str:
         "lease": "'5 minutes'",
         "identity_keys": "NULL",  # any identity key, as a process holding every key claims
         "history": str(ATTEMPT_HISTORY_DEFAULT),
+        "slots": "NULL",  # no concurrency limit
     }.items():
         claim = claim.replace(f"%({name})s", value)
     settle = _strip(sql.statement("settle_many"))

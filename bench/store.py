@@ -511,6 +511,7 @@ def claim_params(worker: str, limit: int) -> dict[str, Any]:
         "job_types": None,
         "identity_keys": None,
         "history": ATTEMPT_HISTORY_DEFAULT,
+        "slots": None,  # no concurrency limit
         "now": None,
     }
 
