@@ -12,6 +12,12 @@ between commit and ack costs a replay, never a lost or doubled operation.
 
 New keys are handed to the local worker pool at once (a targeted claim), so a delivery does not
 wait for the next poll.
+
+Under a tenant backlog quota (:meth:`Inbox.admit`), a new operation of a tenant whose open rows
+(queued and claimed) are at the quota is not written: it comes back as :class:`Deferred`, and
+the consumer must leave it with the broker (no ack), which hands it out again later. One
+tenant's flood then waits in the queue, not in the database, while the other tenants of the same
+subscription keep flowing.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 from bridge.decode import RawDelivery, undecodable
 from bridge.service import Limits, Supervised
-from bridge.store.work import WorkStore
+from bridge.store.work import QuotaDeferred, WorkStore
 from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
 
@@ -51,6 +57,20 @@ class Written:
     def awaits_outcome(self) -> bool:
         """A work row exists whose outcome an ``after_outcome`` consumer waits for."""
         return self.result.decision in (Decision.NEW, Decision.REPLAY)
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """One delivery of a batch that was not written (its tenant's backlog is at the quota).
+
+    Nothing of it is in the database: the consumer must not acknowledge it, so the broker
+    keeps it and redelivers it once its visibility timeout or ack deadline runs out.
+    """
+
+    raw: RawDelivery
+    decoded: Delivery
+    #: why it waits with the broker (the consumers' counter is ``deferred_<reason>``)
+    reason: str = "quota"
 
 
 class Inbox:
@@ -91,6 +111,14 @@ class Inbox:
 
     def write(self, batch: Sequence[RawDelivery]) -> list[Written]:
         """Decode and store a batch in one transaction. Raises if nothing may be acked."""
+        outcomes = self.admit(batch, quota=None)
+        written = [o for o in outcomes if isinstance(o, Written)]
+        assert len(written) == len(outcomes), "nothing is deferred without a quota"
+        return written
+
+    def admit(self, batch: Sequence[RawDelivery], *, quota: int | None) -> list[Written | Deferred]:
+        """:meth:`write` under a tenant backlog quota (``None``: none), one outcome per delivery
+        in order. A :class:`Deferred` delivery must not be acked. Raises if nothing may be."""
         if not batch:
             return []
         tel = self._telemetry
@@ -101,10 +129,18 @@ class Inbox:
             )
             with tel.inbox_write(subscription) if tel else nullcontext():
                 decoded = [self.decode(raw) for raw in batch]
-                results = self._store.ingest(decoded)
-            written = [
-                Written(r, d, res) for r, d, res in zip(batch, decoded, results, strict=True)
+                results: Sequence[IngestResult | QuotaDeferred] = (
+                    self._store.ingest(decoded)
+                    if quota is None
+                    else self._store.ingest_within_quota(decoded, quota)
+                )
+            outcomes: list[Written | Deferred] = [
+                Written(r, d, res)
+                if isinstance(res, IngestResult)
+                else Deferred(r, _delivery(d), "quota")
+                for r, d, res in zip(batch, decoded, results, strict=True)
             ]
+            written = [o for o in outcomes if isinstance(o, Written)]
             if tel and span is not None:
                 # While the receive span is still open: events on an ended span are dropped.
                 tel.decided(span, written)
@@ -116,7 +152,7 @@ class Inbox:
             ]
             if fresh:
                 self._hand_off(fresh)
-        return written
+        return outcomes
 
     def observe_stream(self, subscription: str, counts: Callable[[], Mapping[str, int]]) -> None:
         """A consumer's running counters, exported as metrics when telemetry is on."""
@@ -127,3 +163,10 @@ class Inbox:
         """A consumer acknowledged a delivery received at ``received_at`` (monotonic)."""
         if self._telemetry is not None:
             self._telemetry.acked(subscription, time.monotonic() - received_at)
+
+
+def _delivery(decoded: Delivery | Rejection) -> Delivery:
+    """A deferred delivery decoded (a rejection is always recorded, never deferred)."""
+    if not isinstance(decoded, Delivery):
+        raise TypeError("the store deferred a rejection; rejections are always written")
+    return decoded

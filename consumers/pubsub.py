@@ -47,6 +47,12 @@ delivery is never held longer than ``max_lease_duration``.
 The subscription's ack deadline (``ack_deadline_seconds``) is the lease length of held copies:
 how long a delivery stays out of reach after the bridge stops extending it.
 
+Tenant backlog quota (``tenant_backlog_quota``): a delivery the inbox defers because its
+tenant's open backlog is at the quota leaves the client's lease management unacked (``drop``,
+counted ``deferred_quota``), as a message that could not be queued does; the service hands it
+out again once its ack deadline runs out. A nack would return it at once and turn the flood
+into a loop. Each return counts as a delivery attempt for a dead-letter policy.
+
 On stop, messages received but not yet written are nacked at once, held ones are handed back
 (deadline 0), and whatever was written is acked first: another replica takes them without
 waiting out a deadline.
@@ -93,7 +99,7 @@ from bridge.config import SubscriptionConfig
 from bridge.config.fields import Shown, Table, checked, shown
 from bridge.decode import RawDelivery
 from bridge.holding import CallResult, Holder, confirm, stream_status
-from bridge.inbox import Inbox
+from bridge.inbox import Deferred, Inbox, Written
 from bridge.service import Backoff, Deadline, Service
 from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
@@ -307,6 +313,7 @@ class PubSubConsumer:
         writers: int = 1,
         probe_interval: float = PROBE_INTERVAL_DEFAULT,
         close_client: bool = False,
+        tenant_backlog_quota: int | None = None,
     ) -> None:
         if ack_mode not in _ACK_MODES:
             raise ValueError(f"unknown ack mode {ack_mode!r}")
@@ -314,6 +321,9 @@ class PubSubConsumer:
             raise ValueError("after_outcome needs the store to watch work rows")
         if writers < 1 or batch_max_messages < 1 or max_messages < 1:
             raise ValueError("writers, batch_max_messages and max_messages must be positive")
+        if tenant_backlog_quota is not None and tenant_backlog_quota < 1:
+            raise ValueError("tenant_backlog_quota is a number of rows, at least 1 (None: none)")
+        self._quota = tenant_backlog_quota
         self._client = client
         self._path = subscription_path
         self.subscription = subscription
@@ -679,7 +689,7 @@ class PubSubConsumer:
     def _write(self, batch: list[_Received]) -> None:
         try:
             # Raises when the transaction did not commit: nothing is acked below.
-            written = self._inbox.write([r.raw for r in batch])
+            outcomes = self._inbox.admit([r.raw for r in batch], quota=self._quota)
         except Exception:  # whatever failed, nothing may be acked; the supervisor logs it
             self._count("write_failed")
             self._nack(batch)
@@ -687,8 +697,19 @@ class PubSubConsumer:
                 "%s: inbox write failed; %d message(s) nacked", self.subscription, len(batch)
             )
             raise
+        # Deferred by the tenant backlog quota: out of the client's lease management, neither
+        # acked nor nacked (a nack would bring the flood straight back); each returns once its
+        # ack deadline runs out, which paces the retries.
+        deferred = [i for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Deferred)]
+        if deferred:
+            self._drop(deferred, "deferred_quota")
+        kept = [(i, o) for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Written)]
+        batch = [i for i, _ in kept]
+        written = [w for _, w in kept]
         for w in written:
             self._count(f"decision.{w.decision.value}")
+        if not batch:
+            return
         if self._holder is None:
             self._ack(batch)
             return
@@ -815,6 +836,7 @@ STREAM_COUNTS: Final = (
     "stream_lost",
     "reconnects",
     "write_failed",
+    "deferred_quota",
 )
 #: the holder's counters under the consumer's names
 _HOLDER_COUNTS: Final = {
@@ -950,6 +972,7 @@ def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> P
         batch_max_wait_ms=settings.batch_max_wait_ms,
         writers=settings.consumers,
         close_client=True,
+        tenant_backlog_quota=config.backlog_quota,
     )
 
 

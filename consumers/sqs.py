@@ -29,8 +29,16 @@ Counters (:attr:`SqsConsumer.counts`): ``received``, ``decision.<decision>``, ``
 ``delete_failed`` and ``delete_failed.<reason>`` (an SQS error code, or ``unanswered``: never
 confirmed while the copy was leased), ``extended``, ``broker_lease_lost`` and
 ``broker_lease_lost.<code>``, ``let_go``, ``released`` (held copies handed back on stop),
-``handed_back`` (received, never written, handed back on stop), ``held`` (now), ``receive_failed``
-and ``call_failed.<reason>`` (broker calls that failed as a whole and were retried).
+``handed_back`` (received, never written, handed back on stop), ``held`` (now),
+``deferred_quota`` (left in the queue by the tenant backlog quota), ``receive_failed`` and
+``call_failed.<reason>`` (broker calls that failed as a whole and were retried).
+
+Tenant backlog quota (``tenant_backlog_quota``): a delivery the inbox defers because its
+tenant's open backlog is at the quota is neither deleted nor held. It stays in the queue and
+comes back once the visibility timeout of its receive (``visibility_timeout_seconds``) runs out,
+or, with ``quota_backoff_seconds``, after that long (``ChangeMessageVisibilityBatch``, retried
+briefly; ``deferred_backoff_failed`` counts copies left at their receive's timeout). Each return
+adds to the message's receive count, which a redrive policy's ``maxReceiveCount`` also counts.
 
 FIFO queues: the message group becomes the row's ordering key, so a group's next row is not
 claimed before the previous one settles. ``ApproximateReceiveCount`` is recorded on the row.
@@ -57,7 +65,7 @@ from bridge.config.fields import HttpUrl, Shown, checked, shown
 from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable
 from bridge.holding import CallResult, Holder, confirm, stream_status
-from bridge.inbox import Inbox
+from bridge.inbox import Deferred, Inbox, Written
 from bridge.service import IDLE, Backoff, Deadline, Service
 from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
@@ -158,9 +166,19 @@ class SqsConsumer:
         wait_seconds: int = WAIT_SECONDS_DEFAULT,
         visibility_timeout: int = VISIBILITY_TIMEOUT_DEFAULT,
         threads: int = 1,
+        tenant_backlog_quota: int | None = None,
+        quota_backoff_seconds: int | None = None,
     ) -> None:
         if ack_mode not in ("after_inbox", "after_outcome"):
             raise ValueError(f"unknown ack mode {ack_mode!r}")
+        if tenant_backlog_quota is not None and tenant_backlog_quota < 1:
+            raise ValueError("tenant_backlog_quota is a number of rows, at least 1 (None: none)")
+        if quota_backoff_seconds is not None and not 0 <= quota_backoff_seconds <= (
+            MAX_VISIBILITY_SECONDS
+        ):
+            raise ValueError("quota_backoff_seconds is a visibility timeout, 0..43200 seconds")
+        self._quota = tenant_backlog_quota
+        self._quota_backoff = quota_backoff_seconds
         if ack_mode == "after_outcome" and store is None:
             raise ValueError("after_outcome needs the store to watch work rows")
         self._client = client
@@ -320,7 +338,19 @@ class SqsConsumer:
         self._count("received", len(messages))
         raws = [to_raw(self.subscription, m) for m in messages]
         # Raises when the transaction did not commit: nothing is deleted below.
-        written = self._inbox.write(raws)
+        outcomes = self._inbox.admit(raws, quota=self._quota)
+        # A delivery deferred by the tenant backlog quota is left in the queue, untouched: it
+        # comes back when the visibility timeout of its receive runs out.
+        deferred = [o for o in outcomes if isinstance(o, Deferred)]
+        for d in deferred:
+            self._count(f"deferred_{d.reason}")
+        if deferred and self._quota_backoff is not None:
+            self._back_off(
+                [m for m, o in zip(messages, outcomes, strict=True) if isinstance(o, Deferred)]
+            )
+        kept = [(m, o) for m, o in zip(messages, outcomes, strict=True) if isinstance(o, Written)]
+        messages = [m for m, _ in kept]
+        written = [w for _, w in kept]
         for w in written:
             self._count(f"decision.{w.decision.value}")
         copies = [
@@ -369,6 +399,23 @@ class SqsConsumer:
                     len(left),
                 )
 
+    def _back_off(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Deferred copies stay out of sight for ``quota_backoff_seconds``: a flood steps aside
+        for as long, instead of coming back on every visibility timeout. Best effort: a copy
+        whose change fails returns when its receive's visibility ends, as without a backoff."""
+        assert self._quota_backoff is not None
+        seconds = self._quota_backoff
+        copies = [Held(_NO_KEY, m["ReceiptHandle"], 0.0) for m in messages]
+        for i in range(0, len(copies), MAX_BATCH):
+            _, lost, left = confirm(
+                lambda chunk: self._calls.back_off(chunk, seconds),
+                copies[i : i + MAX_BATCH],
+                budget=_HAND_BACK_SECONDS,
+                stopping=self._stop,
+                name=self.subscription,
+            )
+            self._count("deferred_backoff_failed", len(lost) + len(left))
+
     def _hand_back(
         self, messages: Sequence[dict[str, Any]], counter: str, retry_budget: float | None = None
     ) -> None:
@@ -399,6 +446,7 @@ STREAM_COUNTS: Final = (
     "let_go",
     "released",
     "handed_back",
+    "deferred_quota",
     "receive_failed",
 )
 #: counters the holder keeps under the names the consumer reports
@@ -466,6 +514,10 @@ class QueueCalls:
 
     def hand_back(self, held: Sequence[Held]) -> CallResult[Held]:
         return self._change(held, 0, "hand_back_failed")
+
+    def back_off(self, held: Sequence[Held], seconds: int) -> CallResult[Held]:
+        """``ChangeMessageVisibilityBatch`` of copies deferred by the tenant backlog quota."""
+        return self._change(held, seconds, "deferred_backoff_refused")
 
     def _change(self, held: Sequence[Held], seconds: int, refused: str) -> CallResult[Held]:
         entries = [
@@ -588,6 +640,16 @@ class SqsSettings(SourceSettings):
         le=64,
         description="Receiving loops for this subscription.",
     )
+    quota_backoff_seconds: Annotated[
+        StrictInt | None, Shown(default="none: back after `visibility_timeout_seconds`")
+    ] = Field(
+        default=None,
+        ge=0,
+        le=MAX_VISIBILITY_SECONDS,
+        description="Visibility timeout given to a delivery the tenant backlog quota defers, "
+        "so a flooding tenant's messages stay out of the receives this long instead of "
+        "returning after every visibility timeout.",
+    )
 
     def receivers(self) -> int:
         return self.consumers
@@ -617,6 +679,8 @@ def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsC
         wait_seconds=settings.wait_seconds,
         visibility_timeout=settings.visibility_timeout_seconds,
         threads=settings.consumers,
+        tenant_backlog_quota=sub.backlog_quota,
+        quota_backoff_seconds=settings.quota_backoff_seconds,
     )
 
 

@@ -93,6 +93,8 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     assert settings is not None  # no problem was found, so every table was built
+    for sub in subscriptions.values():
+        sub.with_bridge_quota(settings.tenant_backlog_quota)
     return BridgeConfig(
         bridge=settings,
         jobs=types.MappingProxyType(jobs),

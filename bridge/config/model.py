@@ -79,6 +79,10 @@ CONCURRENCY_MAX: Final = 100_000
 MAX_BODY_BYTES_DEFAULT: Final = 1_048_576
 
 
+#: the largest tenant backlog quota (rows)
+BACKLOG_QUOTA_MAX: Final = 100_000_000
+
+
 class AckMode(enum.StrEnum):
     """When a delivery is acknowledged to its broker."""
 
@@ -222,6 +226,21 @@ class BridgeSettings(Table):
             adds one trims the oldest, in the same statement, and the history goes with the row
             when it is purged or erased. At least 2 are kept when on (an attempt taken over and
             the one taking over); `0` records no claims.
+            """
+        ),
+    )
+    tenant_backlog_quota: Annotated[StrictInt | None, Shown(default="none")] = Field(
+        default=None,
+        ge=1,
+        le=BACKLOG_QUOTA_MAX,
+        description=_doc(
+            """
+            Most open work rows (`queued` and `claimed`, of every subscription) one tenant may
+            have. A new operation of a tenant at the quota is not written and not acknowledged:
+            it stays with the broker (counted `deferred_quota`) and is written when it comes
+            back below the quota, so one tenant's flood waits in the queue while the others
+            flow. Replays and conflicts are decided as always. Concurrent writers can pass it
+            by one batch each. A subscription may set its own.
             """
         ),
     )
@@ -538,6 +557,20 @@ class SubscriptionConfig(Table):
             """
         ),
     )
+    tenant_backlog_quota: Annotated[
+        StrictInt | None, Shown(default="`[bridge] tenant_backlog_quota`")
+    ] = Field(
+        default=None,
+        ge=1,
+        le=BACKLOG_QUOTA_MAX,
+        description=_doc(
+            """
+            The tenant backlog quota of this subscription's deliveries, in place of
+            `[bridge] tenant_backlog_quota`. The backlog it is compared with is still the
+            tenant's open rows of every subscription.
+            """
+        ),
+    )
     job_types: Annotated[
         tuple[Name, ...], AfterValidator(distinct), Shown(kind="array of job type names, not empty")
     ] = Field(
@@ -569,6 +602,20 @@ class SubscriptionConfig(Table):
     )
 
     _settings: Any = PrivateAttr(default=None)
+    _bridge_quota: int | None = PrivateAttr(default=None)
+
+    @property
+    def backlog_quota(self) -> int | None:
+        """The tenant backlog quota of this subscription's deliveries: its own, or the
+        bridge's (``None``: no quota)."""
+        if self.tenant_backlog_quota is not None:
+            return self.tenant_backlog_quota
+        return self._bridge_quota
+
+    def with_bridge_quota(self, quota: int | None) -> Self:
+        """Attach ``[bridge] tenant_backlog_quota``, the default of every subscription."""
+        self._bridge_quota = quota
+        return self
 
     @property
     def settings(self) -> SourceSettings:

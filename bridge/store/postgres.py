@@ -73,6 +73,7 @@ from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     SWEEP_LIMIT_DEFAULT,
     ConcurrencyLimit,
+    QuotaDeferred,
     Settlement,
     WaitingCount,
 )
@@ -249,60 +250,116 @@ class PostgresStore:
         as rejected). Rejections (undecodable input) are recorded with their reason. After this
         returns, every delivery of the batch is held by the database and may be acknowledged.
         """
-        firsts: dict[Key, Delivery] = {}
-        for item in batch:
-            if isinstance(item, Delivery):
-                firsts.setdefault(item.key, item)
+        with self._connection("ingest") as conn, conn.transaction():
+            return self._ingest(conn, batch)
+
+    def _ingest(
+        self, conn: Connection, batch: Sequence[Delivery | Rejection]
+    ) -> list[IngestResult]:
+        """:meth:`ingest`'s statements, inside the caller's transaction."""
+        firsts = _firsts(batch)
         fresh = list(firsts.values())
         refs = [f"pg:{uuid.uuid4().hex}" for _ in fresh]
+        inserted: set[Key] = set()
+        if fresh:
+            rows = conn.execute(
+                sql.statement("ingest_insert"),
+                {
+                    **_insert_params(fresh, refs),
+                    "identity_key_id": self._identity_key,
+                    "now": self._now(),
+                },
+            ).fetchall()
+            inserted = {Key(t, o) for t, o in rows}
+        others = [k for k in firsts if k not in inserted]
+        stored: dict[Key, tuple[bytes, State]] = {}
+        if others:
+            rows = conn.execute(sql.statement("ingest_existing"), _keys_params(others)).fetchall()
+            stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
+        missing = [k for k in others if k not in stored]
+        if missing:
+            # Neither inserted nor visible: the row was deleted between the two statements
+            # (purge or erasure). Nothing can be decided; the batch is not acknowledged.
+            raise StoreUnavailable(
+                f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
+            )
+        for key in inserted:
+            stored[key] = (firsts[key].payload_hash, State.QUEUED)
 
-        with self._connection("ingest") as conn, conn.transaction():
-            inserted: set[Key] = set()
-            if fresh:
-                rows = conn.execute(
-                    sql.statement("ingest_insert"),
-                    {
-                        **_insert_params(fresh, refs),
-                        "identity_key_id": self._identity_key,
-                        "now": self._now(),
-                    },
-                ).fetchall()
-                inserted = {Key(t, o) for t, o in rows}
-            others = [k for k in firsts if k not in inserted]
-            stored: dict[Key, tuple[bytes, State]] = {}
-            if others:
-                rows = conn.execute(
-                    sql.statement("ingest_existing"), _keys_params(others)
-                ).fetchall()
-                stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
-            missing = [k for k in others if k not in stored]
-            if missing:
-                # Neither inserted nor visible: the row was deleted between the two statements
-                # (purge or erasure). Nothing can be decided; the batch is not acknowledged.
-                raise StoreUnavailable(
-                    f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
-                )
-            for key in inserted:
-                stored[key] = (firsts[key].payload_hash, State.QUEUED)
-
-            results: list[IngestResult] = []
-            rejected: list[Rejection | Delivery] = []
-            for item in batch:
-                if isinstance(item, Rejection):
-                    results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
-                    rejected.append(item)
-                    continue
-                stored_hash, state = stored[item.key]
-                if item is firsts[item.key] and item.key in inserted:
-                    results.append(IngestResult(Decision.NEW, item.key, State.QUEUED))
-                elif item.payload_hash == stored_hash:
-                    results.append(IngestResult(Decision.REPLAY, item.key, state))
-                else:
-                    results.append(IngestResult(Decision.CONFLICT, item.key, state))
-                    rejected.append(item)
-            if rejected:
-                conn.execute(sql.statement("reject"), _reject_params(rejected))
+        results: list[IngestResult] = []
+        rejected: list[Rejection | Delivery] = []
+        for item in batch:
+            if isinstance(item, Rejection):
+                results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
+                rejected.append(item)
+                continue
+            stored_hash, state = stored[item.key]
+            if item is firsts[item.key] and item.key in inserted:
+                results.append(IngestResult(Decision.NEW, item.key, State.QUEUED))
+            elif item.payload_hash == stored_hash:
+                results.append(IngestResult(Decision.REPLAY, item.key, state))
+            else:
+                results.append(IngestResult(Decision.CONFLICT, item.key, state))
+                rejected.append(item)
+        if rejected:
+            conn.execute(sql.statement("reject"), _reject_params(rejected))
         return results
+
+    def ingest_within_quota(
+        self, batch: Sequence[Delivery | Rejection], quota: int
+    ) -> list[IngestResult | QuotaDeferred]:
+        """:meth:`ingest` under a tenant backlog quota, in one transaction.
+
+        One statement counts the open rows (queued, claimed) of the batch's tenants, up to
+        ``quota``. A tenant below it takes new operations up to what is left, in delivery
+        order; the rest of its new operations are :class:`QuotaDeferred` (not written, not to be
+        acknowledged). Keys that already exist are looked up first, so a replay or a conflict is
+        decided as before whatever the backlog: they add no row.
+
+        The count sees committed rows only. Writers that count the same tenant at once can each
+        take what is left, so the open backlog can pass the quota by at most one batch per
+        concurrent writer beyond the first; a single writer never passes it.
+        """
+        if quota < 1:
+            raise ValueError(f"a tenant backlog quota is a number of rows, at least 1, not {quota}")
+        firsts = _firsts(batch)
+        with self._connection("ingest") as conn, conn.transaction():
+            if not firsts:
+                return list(self._ingest(conn, batch))
+            news: dict[str, list[Key]] = {}
+            for key in firsts:
+                news.setdefault(key.tenant_id, []).append(key)
+            rows = conn.execute(
+                sql.statement("tenant_backlog"), {"tenant_id": sorted(news), "cap": quota}
+            ).fetchall()
+            backlog = {t: int(n) for t, n in rows}
+            # Only a tenant whose new keys could pass the quota needs to know which exist.
+            tight = [k for t, keys in news.items() if backlog[t] + len(keys) > quota for k in keys]
+            known: set[Key] = set()
+            if tight:
+                found = conn.execute(
+                    sql.statement("ingest_existing"), _keys_params(tight)
+                ).fetchall()
+                known = {Key(t, o) for t, o, _, _ in found}
+            left = {t: max(quota - n, 0) for t, n in backlog.items()}
+            deferred: set[Key] = set()
+            for key in tight:
+                if key in known:
+                    continue
+                if left[key.tenant_id] > 0:
+                    left[key.tenant_id] -= 1
+                else:
+                    deferred.add(key)
+            admitted = [
+                item for item in batch if not (isinstance(item, Delivery) and item.key in deferred)
+            ]
+            written = iter(self._ingest(conn, admitted))
+        return [
+            QuotaDeferred(item.key, backlog[item.key.tenant_id])
+            if isinstance(item, Delivery) and item.key in deferred
+            else next(written)
+            for item in batch
+        ]
 
     def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]:
         """State of each operation and whether its claim's lease is live (after_outcome acks)."""
@@ -1216,6 +1273,15 @@ def _stale(tickets: Sequence[Ticket], moved: Sequence[tuple[Any, ...]]) -> list[
     was no longer current, so the batch statement left their rows alone."""
     current = {(t, o, int(f)) for t, o, f in moved}
     return [t for t in tickets if (t.tenant_id, t.operation_id, t.fence) not in current]
+
+
+def _firsts(batch: Sequence[Delivery | Rejection]) -> dict[Key, Delivery]:
+    """The first delivery of each operation in the batch, in delivery order."""
+    firsts: dict[Key, Delivery] = {}
+    for item in batch:
+        if isinstance(item, Delivery):
+            firsts.setdefault(item.key, item)
+    return firsts
 
 
 def _insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:

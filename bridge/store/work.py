@@ -264,3 +264,22 @@ class WorkStore(KeyedStore, Protocol):
         with the attempt given back, and every row of the same job type and tenant waits as
         long (the limit is the target's, not the row's)."""
         ...
+
+    def ingest_within_quota(
+        self, batch: Sequence[Delivery | Rejection], quota: int
+    ) -> list[IngestResult | QuotaDeferred]:
+        """:meth:`ingest`, except that a new operation of a tenant whose open backlog (queued
+        and claimed rows, every subscription) is at ``quota`` is not written: it is returned as
+        :class:`QuotaDeferred` and must not be acknowledged. Replays, conflicts and rejections
+        are decided as :meth:`ingest` decides them."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDeferred:
+    """A delivery the inbox did not write: its tenant's open backlog was at the quota. The
+    broker keeps it and hands it out again later; nothing of it is in the database."""
+
+    key: Key
+    #: the tenant's open rows the batch saw (counted up to the quota)
+    backlog: int
