@@ -267,6 +267,7 @@ def test_concurrent_claimers_never_get_the_same_row(store: PostgresStore, db: Db
 # -- the partial index -----------------------------------------------------------------------
 
 TERMINAL_ROWS = 50_000
+QUEUED_ROWS = 1_000
 
 
 @pytest.fixture
@@ -297,7 +298,11 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def test_claim_reads_the_queued_index_not_the_history(
     store: PostgresStore, db: Db, history: None
 ) -> None:
-    store.ingest([delivery(f"new-{i}") for i in range(20)])
+    # A queue of a thousand: with a few hundred queued rows the planner may rather sort them
+    # all (read through the partial indexes of open rows), which is cheap at that size; from
+    # about a thousand it reads the queue in order and stops at the claim's LIMIT.
+    for start in range(0, QUEUED_ROWS, 100):
+        store.ingest([delivery(f"new-{i}") for i in range(start, start + 100)])
     db.execute("ANALYZE work_item")
     pages = db.execute("SELECT relpages FROM pg_class WHERE relname = 'work_item'").fetchone()
     assert pages is not None
