@@ -242,15 +242,27 @@ class SqsConsumer:
         """
         end = time.monotonic() + deadline
         self._stop.set()
-        # Keep some of the budget for handing held copies back: that is what lets another
-        # replica take them now rather than after their visibility timeout.
-        reserve = min(_HAND_BACK_SECONDS, deadline / 2)
-        for receiver in self._receivers:
-            receiver.join(Deadline(max(end - reserve - time.monotonic(), 0)))
+        # Held copies go back first, then the receivers are waited for. A receive still
+        # long-polling returns what the release made visible at once, and its receiver hands it
+        # back. The other order let a receive that outlasted its share of the deadline take the
+        # released copies after this process had gone: invisible for a whole visibility timeout.
         with self._lock:
-            self._closed = True
+            self._closed = True  # a batch written from now on is handed back, not held
         if self._holder is not None:
-            self._holder.stop(max(end - time.monotonic(), 0.5))
+            self._holder.stop(max(end - time.monotonic() - _HAND_BACK_SECONDS, 0.5))
+        late = sum(
+            not receiver.join(Deadline(max(end - time.monotonic(), 0)))
+            for receiver in self._receivers
+        )
+        if late:
+            # What such a receive returns after this process exits stays invisible until its
+            # visibility timeout ends: a shutdown deadline longer than the long poll avoids it.
+            log.warning(
+                "%s: %d receive(s) still outstanding at the shutdown deadline; what they return"
+                " comes back after its visibility timeout",
+                self.subscription,
+                late,
+            )
 
     def status(self) -> tuple[bool, str]:
         """Ready, and why not."""
@@ -625,7 +637,12 @@ class SqsSettings(SourceSettings):
         default=WAIT_SECONDS_DEFAULT,
         ge=0,
         le=20,
-        description="Long-poll wait of `ReceiveMessage`; `0` polls without waiting.",
+        description=(
+            "Long-poll wait of `ReceiveMessage`; `0` polls without waiting. On SIGTERM the"
+            " bridge waits for the receive in progress and hands back what it returns, so keep"
+            " `shutdown_deadline_seconds` above it: what a receive still open at the deadline"
+            " returns stays invisible until its visibility timeout ends."
+        ),
     )
     visibility_timeout_seconds: StrictInt = Field(
         default=VISIBILITY_TIMEOUT_DEFAULT,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -266,8 +267,17 @@ def test_held_deliveries_settle_once_with_few_redeliveries(
     assert proxy.deleted(queue_url) == len(work.messages)  # ... and deleted
     assert proxy.in_flight(queue_url) == 0
     assert queue_empty(moto.client(), queue_url)
-    # Extensions kept up: each copy was extended from its own deadline, none too late.
-    assert redeliveries(proxy, queue_url) < 0.02 * len(work.messages), (
+    # Extensions kept up: each copy was extended from its own deadline, none too late. A copy
+    # moto gave out again while its deadline (counted from moto's answer, as SQS counts it)
+    # had not passed is moto's lag under load, not a late extension: it is bounded apart.
+    redelivered = redeliveries(proxy, queue_url)
+    early = proxy.counts["redelivered_in_flight"]
+    assert redelivered - early < 0.02 * len(work.messages), (
+        proxy.counts,
+        timings(proxy),
+        f"refused extensions came up to {max(proxy.late, default=0):.2f}s late",
+    )
+    assert redelivered < 0.10 * len(work.messages), (
         proxy.counts,
         timings(proxy),
         f"refused extensions came up to {max(proxy.late, default=0):.2f}s late",
@@ -330,20 +340,19 @@ def test_sigterm_hands_back_unwritten_and_held_deliveries_at_once(
         proxy.set_faults(1.0, kinds=[Fault.LATENCY], actions=frozenset({RECEIVE}))
         eventually(lambda: proxy.counts["fault.latency.ReceiveMessage"] >= 1, "a delayed receive")
         held = proxy.in_flight(queue_url)
+        stopped_at = time.monotonic()
         assert first.terminate() == 0, first.logs()
+        # It waited for its receives: one still open after it exits would take what the stop
+        # handed back and keep it invisible for the whole visibility timeout.
+        assert proxy.receiving == 0
     proxy.clear_faults()
 
     # The stopped bridge left nothing in flight: what it held and what its last receive
     # returned were handed back (visibility 0), not left to their 600 s visibility.
     assert proxy.in_flight(queue_url) == 0
     assert proxy.counts["released"] >= held - proxy.deleted(queue_url)
-    written = rows(db_url)
-    unwritten = [
-        m
-        for m in proxy.attributes(queue_url).values()
-        if (m["tenant_id"], m["operation_id"]) not in written
-    ]
-    assert unwritten, "the last receive returned nothing after the stop"
+    after_stop = [n for at, q, n in proxy.answered if q == queue_url and at > stopped_at]
+    assert sum(after_stop) > 0, "no receive returned messages after the stop began"
     received_by_first = sum(proxy.receives(queue_url).values())
 
     # A second bridge takes everything over now, the handed-back messages included.

@@ -123,12 +123,17 @@ class SqsProxy:
         self._local = threading.local()
         #: what happened: ``forwarded.<Action>``, ``fault.<kind>.<Action>``, ``stale_delete``,
         #: ``refused.<code>``, ``released`` (messages made visible at once by visibility 0),
+        #: ``redelivered_in_flight`` (received again before its deadline as the proxy counts it:
+        #: moto starts the clock when it picks a message, not when its late answer arrives),
         #: ``proxy_error`` (a bug here: tests assert there is none)
         self.counts: Counter[str] = Counter()
         #: seconds moto took to answer each forwarded call, by action (for diagnostics)
         self.timings: dict[str, list[float]] = {}
         #: how long after its deadline each refused extension came (for diagnostics)
         self.late: list[float] = []
+        #: (monotonic time, queue, messages) of every receive moto answered
+        self.answered: list[tuple[float, str, int]] = []
+        self._receiving = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -236,9 +241,27 @@ class SqsProxy:
 
     # -- serving ----------------------------------------------------------------------------------
 
+    @property
+    def receiving(self) -> int:
+        """Receives the proxy holds now: not yet answered, or still waiting to be forwarded."""
+        with self._lock:
+            return self._receiving
+
     def _serve(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         target = request.headers.get("X-Amz-Target", "")
         action = target.rpartition(".")[2]
+        if action != RECEIVE:
+            self._handle(request, action, body)
+            return
+        with self._lock:
+            self._receiving += 1
+        try:
+            self._handle(request, action, body)
+        finally:
+            with self._lock:
+                self._receiving -= 1
+
+    def _handle(self, request: BaseHTTPRequestHandler, action: str, body: bytes) -> None:
         fault = self._draw(action) if action else None
         if fault is Fault.ERROR:
             self._reply(request, _error(500, "InternalError", "Receiver", "injected"))
@@ -303,10 +326,13 @@ class SqsProxy:
         if answer.status != 200:
             return answer
         # SQS starts a message's visibility timeout when it returns the message.
-        deadline = time.monotonic() + int(visibility)
+        now = time.monotonic()
+        deadline = now + int(visibility)
+        found = answer.json().get("Messages", [])
         with self._lock:
             self.counts[f"forwarded.{RECEIVE}"] += 1
-            for m in answer.json().get("Messages", []):
+            self.answered.append((now, queue, len(found)))
+            for m in found:
                 key = (queue, m["MessageId"])
                 known = self._messages.get(key)
                 if known is None:
@@ -320,6 +346,10 @@ class SqsProxy:
                     )
                     self._messages[key] = known
                 else:
+                    # Redelivered while the proxy still counted it in flight: moto's clock,
+                    # started when it picked the message, ran out before the answer's.
+                    if not known.deleted and known.deadline > now:
+                        self.counts["redelivered_in_flight"] += 1
                     known.handle = m["ReceiptHandle"]
                     known.deadline = deadline
                     known.receives += 1
