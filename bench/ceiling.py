@@ -90,6 +90,7 @@ def claim_settle_script() -> str:
         "outcome_detail": f"array_fill(NULL::text, {count})",
         "error_class": f"array_fill(NULL::text, {count})",
         "finding": f"array_fill(NULL::text, {count})",
+        "history": str(ATTEMPT_HISTORY_DEFAULT),
     }.items():
         settle = settle.replace(f"%({name})s", value)
     if "%(" in claim or "%(" in settle:

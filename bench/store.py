@@ -554,6 +554,7 @@ def settle_many_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         "outcome_detail": [None] * len(rows),
         "error_class": [None] * len(rows),
         "finding": [None] * len(rows),
+        "history": ATTEMPT_HISTORY_DEFAULT,
         "now": None,
     }
 
@@ -580,6 +581,7 @@ def raw_claim_step(conn: Connection, worker: str, batch: int) -> Step:
                     "outcome_detail": None,
                     "error_class": None,
                     "finding": None,
+                    "history": ATTEMPT_HISTORY_DEFAULT,
                     "now": None,
                 },
             ).fetchone()

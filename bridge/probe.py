@@ -484,6 +484,7 @@ def _settle(conn: Connection, texts: Statements, claimed: _Claimed) -> bool:
         "outcome_detail": None,
         "error_class": None,
         "finding": None,
+        "history": _HISTORY,
         "now": None,
     }
     with translate_errors("probe: settle"):

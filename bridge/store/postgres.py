@@ -116,10 +116,13 @@ class PostgresFencedTransaction:
         ticket: Ticket,
         now: datetime | None,
         deadline: TransactionDeadline | None = None,
+        *,
+        history: int = ATTEMPT_HISTORY_DEFAULT,
     ) -> None:
         self.connection = connection
         self.ticket = ticket
         self._now = now
+        self._history = history
         #: past it the transaction is cancelled and rolled back (None: no deadline)
         self.deadline = deadline
         self.settled: State | None = None
@@ -137,6 +140,7 @@ class PostgresFencedTransaction:
                 "error_class": None,
                 "finding": None,
                 "now": self._now,
+                "history": self._history,
             },
         ).fetchone()
         if row is None:  # cannot happen while we hold the row lock; kept as a guard
@@ -227,7 +231,8 @@ class PostgresStore:
         """
         with self._connection(action) as conn:
             row = conn.execute(
-                sql.statement(name), {**_ticket_params(ticket), **params, "now": self._now()}
+                sql.statement(name),
+                {**_ticket_params(ticket), **params, "now": self._now(), "history": self._history},
             ).fetchone()
         if row is None:
             raise _lost(ticket, action)
@@ -382,14 +387,15 @@ class PostgresStore:
         job_types: Sequence[str] | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
+        slots = self._slots(job_types)
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.statement("claim"),
+                sql.statement(_claim_statement(slots)),
                 {
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    "slots": self._slots(job_types),
+                    "slots": slots,
                 },
             ).fetchall()
         return [_claim(r) for r in rows]
@@ -514,7 +520,8 @@ class PostgresStore:
         _settled_only(settlements, "settle_many")
         with self._connection("settle") as conn:
             rows = conn.execute(
-                sql.statement("settle_many"), _settlements_params(settlements, self._now())
+                sql.statement("settle_many"),
+                _settlements_params(settlements, self._now(), self._history),
             ).fetchall()
         return _stale([s.ticket for s in settlements], rows)
 
@@ -547,7 +554,7 @@ class PostgresStore:
         rows: list[tuple[Any, ...]] = []
         with self._connection("settle and claim") as conn, conn.transaction():
             moved = conn.execute(
-                sql.statement("settle_many"), _settlements_params(settlements, now)
+                sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
             ).fetchall()
             for n in limits:
                 params = {
@@ -556,7 +563,7 @@ class PostgresStore:
                     "history": self._history,
                     "slots": slots,
                 }
-                rows += conn.execute(sql.statement("claim"), params).fetchall()
+                rows += conn.execute(sql.statement(_claim_statement(slots)), params).fetchall()
         return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
@@ -622,7 +629,9 @@ class PostgresStore:
                     if row is None:
                         raise _lost(ticket, "lock")
                     if deadline is None:
-                        yield PostgresFencedTransaction(conn, ticket, self._now())
+                        yield PostgresFencedTransaction(
+                            conn, ticket, self._now(), history=self._history
+                        )
                         return
                     bound = str(milliseconds(deadline))
                     conn.execute(
@@ -630,7 +639,9 @@ class PostgresStore:
                         {"statement_timeout": bound, "idle_timeout": bound},
                     )
                     with TransactionDeadline(conn, deadline) as watch:
-                        yield PostgresFencedTransaction(conn, ticket, self._now(), watch)
+                        yield PostgresFencedTransaction(
+                            conn, ticket, self._now(), watch, history=self._history
+                        )
                         watch.finish()  # past the deadline: raise, so nothing commits
             except psycopg.Error as exc:
                 # Cancelled, timed out or cut off by the server because the deadline passed:
@@ -653,7 +664,8 @@ class PostgresStore:
                 if not got or not got[0]:
                     return []
             rows = conn.execute(
-                sql.statement("sweep"), {"limit": limit, "now": self._now()}
+                sql.statement("sweep"),
+                {"limit": limit, "now": self._now(), "history": self._history},
             ).fetchall()
         return [Ticket(t, o, int(f)) for t, o, f in rows]
 
@@ -1251,13 +1263,21 @@ def _claim_params(
     }
 
 
+def _claim_statement(slots: Jsonb | None) -> str:
+    """claim.sql, or claim_limited.sql when a job type it may claim has a concurrency limit."""
+    return "claim" if slots is None else "claim_limited"
+
+
 def _settled_only(settlements: Sequence[Settlement], method: str) -> None:
     if any(s.state in (State.QUEUED, State.CLAIMED) for s in settlements):
         raise ValueError(f"{method} moves rows to a settled state only")
 
 
-def _settlements_params(settlements: Sequence[Settlement], now: datetime | None) -> dict[str, Any]:
+def _settlements_params(
+    settlements: Sequence[Settlement], now: datetime | None, history: int
+) -> dict[str, Any]:
     return {
+        "history": history,
         **_tickets_params([s.ticket for s in settlements]),
         "state": [s.state.value for s in settlements],
         "outcome_code": [s.outcome_code for s in settlements],

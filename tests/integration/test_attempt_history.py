@@ -179,3 +179,49 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
     clocked.erase_tenant("t2", tenant_hash="h2", actor="dpo", reason="request 7")
     clocked.erase_tenant("t1", tenant_hash="h1", actor="dpo", reason="request 8")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
+
+
+def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    """The claim writes no record (half the history's cost): the attempt still running is read
+    from the row, and the statement that ends it writes its one record."""
+    clocked.ingest([delivery(op) for op in "abc"])
+    claims = clocked.claim("w1", 3, LEASE)
+    assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
+    (running,) = attempts(clocked)
+    assert (running.fence, running.worker, running.started_at, running.ended_at) == (
+        1,
+        "w1",
+        clock.at,
+        None,
+    )
+    clock.advance(timedelta(seconds=2))
+    assert clocked.complete_many([c.ticket for c in claims]) == []
+    rows = db.execute(
+        "SELECT operation_id, fence, worker, started_at, ended_at, outcome FROM work_attempt"
+        " ORDER BY operation_id"
+    ).fetchall()
+    assert rows == [
+        (op, 1, "w1", clock.at - timedelta(seconds=2), clock.at, "succeeded") for op in "abc"
+    ]
+    # The settled row keeps its last owner for that record; inspect shows no lease.
+    row = clocked.history(KEY).row
+    assert row is not None
+    assert row.lease_owner is None
+
+
+def test_an_attempt_left_open_by_an_earlier_version_is_not_shown_beside_its_record(
+    store: PostgresStore, db: Db
+) -> None:
+    """An earlier version recorded attempts when they began: a row claimed by it and settled by
+    this one has an entry that never ended beside the one its settlement wrote."""
+    store.ingest([delivery("a")])
+    (claim,) = store.claim("w1", 1, LEASE)
+    db.execute(
+        "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at)"
+        " VALUES ('t1', 'a', 'claim', 1, 'w1', now())"
+    )
+    assert [(a.fence, a.ended_at) for a in attempts(store)] == [(1, None)]
+    store.complete(claim.ticket)
+    assert ends(store) == [("claim", 1, "succeeded", "ok")]

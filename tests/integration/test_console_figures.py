@@ -77,12 +77,19 @@ def rows(store: PostgresStore, db: Db) -> None:
         " VALUES ('quarantined', 'undecodable', 'orders', %s)",
         (Clock().at - timedelta(minutes=5, seconds=10),),
     )
-    for takeover, before in ((True, timedelta(minutes=2, seconds=30)), (False, MINUTE),
-                             (True, 30 * MINUTE)):  # fmt: skip
+    # A takeover records the attempt it took over as lease_lost (lease_expired) at that moment;
+    # an attempt that ended otherwise, or lost its lease to the sweeper, is no takeover.
+    for fence, (outcome, code), before in (
+        (1, ("lease_lost", "lease_expired"), timedelta(minutes=2, seconds=30)),
+        (2, ("succeeded", "ok"), MINUTE),
+        (3, ("lease_lost", "lease_expired_attempts_exhausted"), 3 * MINUTE),
+        (4, ("lease_lost", "lease_expired"), 30 * MINUTE),
+    ):
+        ended = Clock().at - before
         db.execute(
-            "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, takeover, started_at)"
-            " VALUES (%s, 'taken', 'claim', 1, %s, %s)",
-            (T, takeover, Clock().at - before),
+            "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, started_at,"
+            " ended_at, outcome, outcome_code) VALUES (%s, 'taken', 'claim', %s, %s, %s, %s, %s)",
+            (T, fence, ended - MINUTE, ended, outcome, code),
         )
 
 

@@ -249,7 +249,7 @@ def test_the_operator_reads_every_tenant_and_writes_nothing(
             with pytest.raises(errors.InsufficientPrivilege):
                 conn.execute(statement)
         with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None})
+            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None, "history": 20})
 
     operator_store = PostgresStore.connect(roles.url_as(roles.operator), max_size=1)
     try:
@@ -327,7 +327,7 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
                 },
             )
         with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None})
+            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None, "history": 20})
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT fencebridge_erase_tenant('acme', 'x', 'x', 'x')")
 

@@ -96,7 +96,7 @@ class Row:
         return self.state is State.CLAIMED and self.fence == ticket.fence
 
     def release(self) -> None:
-        self.lease_owner = None
+        # The lease ends; the row keeps its last owner, which the attempt's record names.
         self.lease_expires_at = None
 
 

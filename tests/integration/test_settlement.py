@@ -146,7 +146,8 @@ def test_settlement_under_the_current_fence(
     SETTLE[method](clocked, new.ticket)
     state, code, detail = SETTLED_AS[method]
     columns = "state, outcome_code, outcome_detail, fence, attempts, lease_owner, lease_expires_at"
-    assert one(db, "a", columns) == (state, code, detail, 2, 2, None, None)
+    # The lease ends; the row keeps its last owner (the one whose fence settled it).
+    assert one(db, "a", columns) == (state, code, detail, 2, 2, "w2", None)
     settled_at = one(db, "a", "settled_at")[0]
     assert settled_at == (None if state == "queued" else clock())
 
@@ -297,7 +298,7 @@ def test_sweep_parks_expired_exhausted_claims_as_unknown(
     assert parked == [Ticket("t1", "exhausted", 1)]
     assert one(
         db, "exhausted", "state, outcome_code, fence, attempts, lease_owner, settled_at"
-    ) == ("unknown", "lease_expired_attempts_exhausted", 1, 1, None, clock())
+    ) == ("unknown", "lease_expired_attempts_exhausted", 1, 1, "w1", clock())
     assert one(db, "live", "state, fence")[0] == "claimed"  # a live lease is never swept
     assert one(db, "retryable", "state")[0] == "claimed"  # left for a takeover, not parked
     with pytest.raises(LeaseLost):

@@ -4,27 +4,9 @@
 -- the earliest unsettled row is eligible. A process claims only rows written under an identity
 -- key it holds (%(identity_keys)s; NULL: any), since it derives their idempotency keys. A row
 -- whose (job_type, tenant_id) waits out a target's rate limit (rate_wait) is skipped by both.
---
--- Concurrency limits (%(slots)s: {"<job_type>": [total, per tenant]} of the limited job
--- types this claim may take; NULL when none is, and then room is never read). A slot is held by
--- a row in state claimed, expired lease or not: a run past its lease may still be acting, so
--- a takeover (expired) reuses its row's slot and adds none; only a row leaving claimed frees
--- one. A new claim (due) takes a slot only within the room fencebridge_concurrency_room
--- (migration 0011) counts: it first takes the advisory locks of every limited job type of
--- the claim, then counts the claimed rows with a fresh snapshot. Two claimers of one key in
--- different transactions therefore never both take the last slot: the second waits for the
--- first's lock, i.e. for its commit, and its count then includes the first's claims. Claims
--- that take no new slot (takeovers) need no lock. due skips keys with no room left so they
--- do not fill the LIMIT; candidate admits due rows in order while within the room of their job
--- type (rank j) and of their tenant (rank k, or the '' row: a tenant holding nothing). A row
--- over its limit is left as it is: queued, no attempt used. Each limit part is behind a test
--- of %(slots)s itself, so that with NULL the planner folds it away before planning it.
-WITH room AS (
-    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
-     WHERE %(slots)s::jsonb IS NOT NULL
-),
-expired AS (
-    SELECT tenant_id, operation_id
+-- The claim of job types with a concurrency limit is claim_limited.sql.
+WITH expired AS (
+    SELECT tenant_id, operation_id, fence, lease_owner, claimed_at
       FROM work_item
      WHERE state = 'claimed'
        AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
@@ -39,7 +21,7 @@ expired AS (
        FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT w.tenant_id, w.operation_id, w.job_type, w.seq
+    SELECT w.tenant_id, w.operation_id
       FROM work_item w
      WHERE w.state = 'queued'
        AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
@@ -55,10 +37,6 @@ due AS (
                   AND p.ordering_key = w.ordering_key
                   AND p.seq < w.seq
                   AND p.state IN ('queued', 'claimed')))
-       AND (%(slots)s::jsonb IS NULL OR NOT EXISTS (
-               SELECT 1 FROM room r
-                WHERE r.job_type = w.job_type AND r.room <= 0
-                  AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id))
      ORDER BY w.next_attempt_at, w.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -66,17 +44,7 @@ due AS (
 candidate AS (
     SELECT tenant_id, operation_id, true AS takeover FROM expired
     UNION ALL
-    SELECT tenant_id, operation_id, false FROM due WHERE %(slots)s::jsonb IS NULL
-    UNION ALL
-    SELECT tenant_id, operation_id, false
-      FROM (SELECT d.*, row_number() OVER (PARTITION BY job_type ORDER BY seq) AS j,
-                   row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY seq) AS k
-              FROM due d) d
-     WHERE %(slots)s::jsonb IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM room r
-                        WHERE r.job_type = d.job_type
-                          AND coalesce(r.tenant_id, d.tenant_id) IN (d.tenant_id, '')
-                          AND CASE WHEN r.tenant_id IS NULL THEN d.j ELSE d.k END > r.room)
+    SELECT tenant_id, operation_id, false FROM due
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -98,41 +66,37 @@ claimed AS (
               (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
               w.identity_key_id
 ),
--- Attempt history (%(history)s newest per row; 0 writes none), in this same statement: a
--- takeover ends the attempt it took over as lease_lost, the claim opens its own, and the rows
--- past the newest %(history)s are trimmed (at least 2 are kept: the one taken over and this).
--- A row has at most two entries per claim (the claim, one redrive after it), so a row whose
--- fence is too low to hold more than %(history)s is not looked at.
+-- Attempt history (%(history)s newest per row; 0 writes none): an attempt is recorded when it
+-- ends, by the statement that ends it (settle_many.sql and its siblings); the attempt still
+-- running is the work row itself. A takeover ends the attempt it takes over, as lease_lost,
+-- here: its fence, owner and start are read before the update. That attempt began as a
+-- takeover itself if the one before it was lost. Past the newest %(history)s, the oldest
+-- entries of the rows taken over are trimmed (a row has at most two entries per fence: its
+-- attempt and a redrive, so a row whose fence is too low to hold more is not looked at).
 lost AS (
-    UPDATE work_attempt a
-       SET ended_at = coalesce(%(now)s::timestamptz, now()),
-           outcome = 'lease_lost',
-           outcome_code = 'lease_expired'
-      FROM claimed c
-     WHERE %(history)s::integer > 0
-       AND c.takeover
-       AND a.tenant_id = c.tenant_id
-       AND a.operation_id = c.operation_id
-       AND a.ended_at IS NULL
-),
-started AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at)
-    SELECT tenant_id, operation_id, 'claim', fence, %(worker)s, takeover,
-           coalesce(%(now)s::timestamptz, now())
-      FROM claimed
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code)
+    SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
+           e.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = e.tenant_id
+                                      AND p.operation_id = e.operation_id
+                                      AND p.fence = e.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
+      FROM expired e
      WHERE %(history)s::integer > 0
 ),
 trimmed AS (
     DELETE FROM work_attempt a
-     USING claimed c
+     USING expired e
      WHERE %(history)s::integer > 0
-       AND 2 * c.fence - 1 > greatest(%(history)s::integer, 2)
-       AND a.tenant_id = c.tenant_id
-       AND a.operation_id = c.operation_id
+       AND 2 * e.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = e.tenant_id
+       AND a.operation_id = e.operation_id
        AND a.id <= (SELECT b.id
                       FROM work_attempt b
-                     WHERE b.tenant_id = c.tenant_id
-                       AND b.operation_id = c.operation_id
+                     WHERE b.tenant_id = e.tenant_id
+                       AND b.operation_id = e.operation_id
                      ORDER BY b.id DESC
                     OFFSET greatest(%(history)s::integer, 2) - 1
                      LIMIT 1)

@@ -3,10 +3,10 @@
 -- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait).
 --
 -- Concurrency limits (%(slots)s, NULL when none applies): the rule and the argument of
--- claim.sql. A takeover keeps its row's slot; a queued key is claimed only within the room
--- fencebridge_concurrency_room counts after taking the limited job types' locks, ranked per
--- job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
--- attempt used, and is claimed later by claim.sql once a slot is free.
+-- claim_limited.sql. A takeover keeps its row's slot; a queued key is claimed only within the
+-- room fencebridge_concurrency_room counts after taking the limited job types' locks, ranked
+-- per job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
+-- attempt used, and is claimed later by claim_limited.sql once a slot is free.
 WITH room AS (
     SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
      WHERE %(slots)s::jsonb IS NOT NULL
@@ -15,7 +15,8 @@ wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
 ),
 locked AS (
-    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq
+    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq,
+           w.fence, w.lease_owner, w.claimed_at
       FROM work_item w
       JOIN wanted USING (tenant_id, operation_id)
      WHERE ((w.state = 'queued' AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
@@ -67,43 +68,37 @@ claimed AS (
               w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
               w.ordering_key,
               (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
-              w.identity_key_id,
-              w.lease_owner, w.claimed_at
+              w.identity_key_id
 ),
--- Attempt history (%(history)s newest per row; 0 writes none), in this same statement: a
--- takeover ends the attempt it took over as lease_lost, the claim opens its own, and the rows
--- past the newest %(history)s are trimmed (at least 2 are kept: the one taken over and this).
--- A row has at most two entries per claim (the claim, one redrive after it), so a row whose
--- fence is too low to hold more than %(history)s is not looked at.
+-- Attempt history: as claim.sql records it (a takeover ends the attempt it takes over, as
+-- lease_lost, with that attempt's fence, owner and start read before the update; a takeover
+-- is always claimed, whatever the limits).
 lost AS (
-    UPDATE work_attempt a
-       SET ended_at = c.claimed_at,
-           outcome = 'lease_lost',
-           outcome_code = 'lease_expired'
-      FROM claimed c
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code)
+    SELECT l.tenant_id, l.operation_id, 'claim', l.fence, l.lease_owner,
+           l.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = l.tenant_id
+                                      AND p.operation_id = l.operation_id
+                                      AND p.fence = l.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           l.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
+      FROM locked l
      WHERE %(history)s::integer > 0
-       AND c.takeover
-       AND a.tenant_id = c.tenant_id
-       AND a.operation_id = c.operation_id
-       AND a.ended_at IS NULL
-),
-started AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at)
-    SELECT tenant_id, operation_id, 'claim', fence, lease_owner, takeover, claimed_at
-      FROM claimed
-     WHERE %(history)s::integer > 0
+       AND l.takeover
 ),
 trimmed AS (
     DELETE FROM work_attempt a
-     USING claimed c
+     USING locked l
      WHERE %(history)s::integer > 0
-       AND 2 * c.fence - 1 > greatest(%(history)s::integer, 2)
-       AND a.tenant_id = c.tenant_id
-       AND a.operation_id = c.operation_id
+       AND l.takeover
+       AND 2 * l.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = l.tenant_id
+       AND a.operation_id = l.operation_id
        AND a.id <= (SELECT b.id
                       FROM work_attempt b
-                     WHERE b.tenant_id = c.tenant_id
-                       AND b.operation_id = c.operation_id
+                     WHERE b.tenant_id = l.tenant_id
+                       AND b.operation_id = l.operation_id
                      ORDER BY b.id DESC
                     OFFSET greatest(%(history)s::integer, 2) - 1
                      LIMIT 1)

@@ -1,9 +1,10 @@
 -- The dashboard's figures over time, one point per bucket ending at each of the %(buckets)s
 -- points up to now: claimed-but-stalled (claims still held whose lease had expired by then),
 -- the age of the oldest unknown row, and per bucket the quarantines (rows a handler quarantined,
--- undecodable deliveries) and the takeovers of expired leases. Read from the rows as they are
--- now, through the claimed, parked and terminal indexes; the takeovers scan the bounded
--- attempt history. A bucket holds the times t with end - step < t <= end.
+-- undecodable deliveries) and the takeovers of expired leases (each takeover records the
+-- attempt it took over as lease_lost, lease_expired, at that moment). Read from the rows as
+-- they are now, through the claimed, parked and terminal indexes; the takeovers scan the
+-- bounded attempt history. A bucket holds the times t with end - step < t <= end.
 WITH bounds AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now_at,
            %(bucket_seconds)s::double precision AS step,
@@ -32,14 +33,15 @@ quarantines AS (
      GROUP BY 1
 ),
 takeovers AS (
-    SELECT b.n - 1 - floor(extract(epoch FROM b.now_at - a.started_at) / b.step)::integer AS i,
+    SELECT b.n - 1 - floor(extract(epoch FROM b.now_at - a.ended_at) / b.step)::integer AS i,
            count(*) AS hits
       FROM bounds b
       JOIN work_attempt a
         ON a.kind = 'claim'
-       AND a.takeover
-       AND a.started_at > b.now_at - make_interval(secs => b.n * b.step)
-       AND a.started_at <= b.now_at
+       AND a.outcome = 'lease_lost'
+       AND a.outcome_code = 'lease_expired'
+       AND a.ended_at > b.now_at - make_interval(secs => b.n * b.step)
+       AND a.ended_at <= b.now_at
      GROUP BY 1
 )
 SELECT p.at,

@@ -1,8 +1,26 @@
--- One operation's attempt history, for `fencebridge inspect`: oldest first, no payload, no
--- error text.
-SELECT a.kind, a.fence, a.worker, a.takeover, a.started_at, a.ended_at, a.outcome,
-       a.outcome_code, a.error_class, a.finding
-  FROM work_attempt a
- WHERE a.tenant_id = %(tenant_id)s
-   AND a.operation_id = %(operation_id)s
- ORDER BY a.id
+-- One operation's attempts, oldest first: the recorded ones (each written by the statement that
+-- ended it, or by a redrive), then the attempt still running, which is the work row itself
+-- while it is claimed. An entry that never ended comes from an earlier version of fencebridge,
+-- which wrote attempts when they began; it is left out: its attempt is the row, or was recorded
+-- again when it ended.
+SELECT kind, fence, worker, takeover, started_at, ended_at, outcome, outcome_code, error_class,
+       finding
+  FROM (SELECT 0 AS part, a.id, a.kind, a.fence, a.worker, a.takeover, a.started_at, a.ended_at,
+               a.outcome, a.outcome_code, a.error_class, a.finding
+          FROM work_attempt a
+         WHERE a.tenant_id = %(tenant_id)s
+           AND a.operation_id = %(operation_id)s
+           AND a.ended_at IS NOT NULL
+        UNION ALL
+        SELECT 1, 0, 'claim', w.fence, w.lease_owner,
+               w.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                        WHERE p.tenant_id = w.tenant_id
+                                          AND p.operation_id = w.operation_id
+                                          AND p.fence = w.fence - 1
+                                          AND p.outcome = 'lease_lost'),
+               w.claimed_at, NULL, NULL, NULL, NULL, NULL
+          FROM work_item w
+         WHERE w.tenant_id = %(tenant_id)s
+           AND w.operation_id = %(operation_id)s
+           AND w.state = 'claimed') attempts
+ ORDER BY part, id

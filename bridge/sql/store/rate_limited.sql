@@ -2,8 +2,9 @@
 -- target's wait with the attempt given back (a limit is not the operation's failure, so it
 -- never uses up max_attempts), under the fence like every settlement. The row's (job_type,
 -- tenant_id) waits as long: claim and claim_keys skip the key until then. The same statement
--- ends this claim's attempt record as queued, keeps the later of an existing and the new wait,
--- and deletes the tenant's other waits that have passed (the table is cleaned here, lazily).
+-- records this claim's attempt as queued (as settle_many.sql records one), keeps the later of
+-- an existing and the new wait, and deletes the tenant's other waits that have passed (the
+-- table is cleaned here, lazily).
 WITH moved AS (
     UPDATE work_item
        SET state = 'queued',
@@ -11,7 +12,6 @@ WITH moved AS (
            next_attempt_at = coalesce(%(now)s::timestamptz, now()) + %(retry_after)s::interval,
            outcome_code = %(outcome_code)s,
            outcome_detail = %(outcome_detail)s,
-           lease_owner = NULL,
            lease_expires_at = NULL,
            updated_at = coalesce(%(now)s::timestamptz, now())
      WHERE tenant_id = %(tenant_id)s
@@ -19,7 +19,7 @@ WITH moved AS (
        AND fence = %(fence)s
        AND state = 'claimed'
     RETURNING tenant_id, operation_id, job_type, fence, state, outcome_code, next_attempt_at,
-              updated_at
+              lease_owner, claimed_at, updated_at
 ),
 waiting AS (
     INSERT INTO rate_wait AS r (job_type, tenant_id, until)
@@ -35,17 +35,31 @@ passed AS (
        AND r.until <= coalesce(%(now)s::timestamptz, now())
 ),
 ended AS (
-    UPDATE work_attempt a
-       SET ended_at = m.updated_at,
-           outcome = m.state,
-           outcome_code = m.outcome_code,
-           error_class = %(error_class)s,
-           finding = %(finding)s
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code, error_class, finding)
+    SELECT m.tenant_id, m.operation_id, 'claim', m.fence, m.lease_owner,
+           m.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = m.tenant_id
+                                      AND p.operation_id = m.operation_id
+                                      AND p.fence = m.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           m.claimed_at, m.updated_at, m.state, m.outcome_code, %(error_class)s, %(finding)s
       FROM moved m
-     WHERE a.tenant_id = m.tenant_id
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING moved m
+     WHERE %(history)s::integer > 0
+       AND 2 * m.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = m.tenant_id
        AND a.operation_id = m.operation_id
-       AND a.kind = 'claim'
-       AND a.fence = m.fence
-       AND a.ended_at IS NULL
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = m.tenant_id
+                       AND b.operation_id = m.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
 )
 SELECT state FROM moved

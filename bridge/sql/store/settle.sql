@@ -1,12 +1,12 @@
 -- Settle a claim into a final or parked state (succeeded, failed_terminal, unknown,
 -- quarantined), only while this exact claim (fence) still holds the row. The same statement
--- ends this claim's attempt record: a settlement the fence refuses ends nothing.
+-- records this claim's attempt as settle_many.sql does: a settlement the fence refuses
+-- records nothing.
 WITH settled AS (
     UPDATE work_item
        SET state = %(state)s,
            outcome_code = %(outcome_code)s,
            outcome_detail = %(outcome_detail)s,
-           lease_owner = NULL,
            lease_expires_at = NULL,
            settled_at = coalesce(%(now)s::timestamptz, now()),
            updated_at = coalesce(%(now)s::timestamptz, now())
@@ -14,20 +14,34 @@ WITH settled AS (
        AND operation_id = %(operation_id)s
        AND fence = %(fence)s
        AND state = 'claimed'
-    RETURNING tenant_id, operation_id, fence, state, settled_at
+    RETURNING tenant_id, operation_id, fence, state, lease_owner, claimed_at, settled_at
 ),
 ended AS (
-    UPDATE work_attempt a
-       SET ended_at = s.settled_at,
-           outcome = s.state,
-           outcome_code = %(outcome_code)s,
-           error_class = %(error_class)s,
-           finding = %(finding)s
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code, error_class, finding)
+    SELECT s.tenant_id, s.operation_id, 'claim', s.fence, s.lease_owner,
+           s.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = s.tenant_id
+                                      AND p.operation_id = s.operation_id
+                                      AND p.fence = s.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           s.claimed_at, s.settled_at, s.state, %(outcome_code)s, %(error_class)s, %(finding)s
       FROM settled s
-     WHERE a.tenant_id = s.tenant_id
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING settled s
+     WHERE %(history)s::integer > 0
+       AND 2 * s.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = s.tenant_id
        AND a.operation_id = s.operation_id
-       AND a.kind = 'claim'
-       AND a.fence = s.fence
-       AND a.ended_at IS NULL
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = s.tenant_id
+                       AND b.operation_id = s.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
 )
 SELECT state FROM settled

@@ -1,11 +1,15 @@
 -- Batch settlement: each row moves only while its fence is still current; returns the keys moved
--- with the fence they moved under. The same statement ends the attempt record of each row moved.
+-- with the fence they moved under. The same statement records the attempt of each row moved
+-- (%(history)s newest kept per row; 0 records none): the row's lease_owner (kept as the last
+-- owner), its claimed_at as the start, and whether the attempt began as a takeover (the one
+-- before it was lost, looked up only above fence 1). A settlement the fence refuses records
+-- nothing. Past the newest %(history)s, the oldest entries of a row are trimmed, only where its
+-- fence is high enough to hold more (at most two entries per fence).
 WITH settled AS (
     UPDATE work_item w
        SET state = t.state,
            outcome_code = t.outcome_code,
            outcome_detail = t.outcome_detail,
-           lease_owner = NULL,
            lease_expires_at = NULL,
            settled_at = coalesce(%(now)s::timestamptz, now()),
            updated_at = coalesce(%(now)s::timestamptz, now())
@@ -18,21 +22,35 @@ WITH settled AS (
        AND w.operation_id = t.operation_id
        AND w.fence = t.fence
        AND w.state = 'claimed'
-    RETURNING w.tenant_id, w.operation_id, w.fence, w.state, w.settled_at, t.outcome_code,
-              t.error_class, t.finding
+    RETURNING w.tenant_id, w.operation_id, w.fence, w.state, w.lease_owner, w.claimed_at,
+              w.settled_at, t.outcome_code, t.error_class, t.finding
 ),
 ended AS (
-    UPDATE work_attempt a
-       SET ended_at = s.settled_at,
-           outcome = s.state,
-           outcome_code = s.outcome_code,
-           error_class = s.error_class,
-           finding = s.finding
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code, error_class, finding)
+    SELECT s.tenant_id, s.operation_id, 'claim', s.fence, s.lease_owner,
+           s.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = s.tenant_id
+                                      AND p.operation_id = s.operation_id
+                                      AND p.fence = s.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           s.claimed_at, s.settled_at, s.state, s.outcome_code, s.error_class, s.finding
       FROM settled s
-     WHERE a.tenant_id = s.tenant_id
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING settled s
+     WHERE %(history)s::integer > 0
+       AND 2 * s.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = s.tenant_id
        AND a.operation_id = s.operation_id
-       AND a.kind = 'claim'
-       AND a.fence = s.fence
-       AND a.ended_at IS NULL
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = s.tenant_id
+                       AND b.operation_id = s.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
 )
 SELECT tenant_id, operation_id, fence FROM settled
