@@ -560,7 +560,7 @@ def settle_many_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
 
 
 def raw_claim_step(conn: Connection, worker: str, batch: int) -> Step:
-    claim = sql.statement("claim")
+    claim = sql.with_limit("claim", batch)  # the text the store sends
     settle = sql.statement("settle")
     settle_many = sql.statement("settle_many")
     if batch == 1:

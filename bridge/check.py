@@ -312,7 +312,7 @@ def payload_binding(e: JobEvidence) -> Verdict:
 def atomic_claim(e: JobEvidence) -> Verdict:
     """3. A claim is atomic across concurrent workers."""
     problems, seen = [], []
-    for name in ("claim", "claim_limited", "claim_keys"):
+    for name in ("claim", "claim_limited", "claim_keys", "claim_keys_limited"):
         text = sql.statement(name)
         if "SKIP LOCKED" not in text or not _FENCE_BUMP.search(text):
             problems.append(f"store/{name}.sql does not lock, skip and bump the fence at once")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import LiteralString
+from typing import Final, LiteralString
 
 #: the first line of a migration that must run outside a transaction (``CREATE INDEX
 #: CONCURRENTLY``): its statements run one by one, and each must be safe to run again
@@ -45,6 +45,29 @@ def statement(name: str) -> LiteralString:
         resources.files(__package__).joinpath("store", f"{name}.sql").read_text("utf-8")
     )
     return _compact(text)
+
+
+#: the placeholder of a statement's row limit that :func:`with_limit` writes in as a number
+LIMIT_PLACEHOLDER: Final = "%(limit)s"
+
+
+@cache
+def with_limit(name: str, limit: int) -> LiteralString:
+    """``store/<name>.sql`` with its ``%(limit)s`` written in as the number ``limit``.
+
+    For the claims, which run many times a second: PostgreSQL plans a prepared statement once
+    (a generic plan) only when that plan costs no more than planning each execution for its
+    parameters. With the row limit a parameter, the generic plan must assume a tenth of the
+    queue will be read, looks dear, and the claim was planned again at every execution (about
+    1.8 ms of server time, more than the claim itself); with the limit in the text, the generic
+    plan is the custom one. One text per limit: a pool claims at most its thread count at once.
+    """
+    if limit < 1:
+        raise ValueError(f"a row limit is at least 1, not {limit}")
+    text = statement(name)
+    if LIMIT_PLACEHOLDER not in text:
+        raise ValueError(f"store/{name}.sql has no {LIMIT_PLACEHOLDER} to write the limit in")
+    return text.replace(LIMIT_PLACEHOLDER, str(int(limit)))
 
 
 def _compact(text: LiteralString) -> LiteralString:

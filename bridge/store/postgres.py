@@ -387,10 +387,12 @@ class PostgresStore:
         job_types: Sequence[str] | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
+        if limit < 1:
+            return []
         slots = self._slots(job_types)
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.statement(_claim_statement(slots)),
+                sql.with_limit(_claim_statement(slots), limit),
                 {
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
@@ -404,16 +406,19 @@ class PostgresStore:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
         if not keys:
             return []
+        slots = self._slots(None)
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.statement("claim_keys"),
+                sql.with_limit("claim_keys", len(keys))
+                if slots is None
+                else sql.statement("claim_keys_limited"),
                 {
                     **_keys_params(keys),
                     "worker": worker,
                     "lease": lease,
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    "slots": self._slots(None),
+                    "slots": slots,
                     "now": self._now(),
                 },
             ).fetchall()
@@ -563,7 +568,8 @@ class PostgresStore:
                     "history": self._history,
                     "slots": slots,
                 }
-                rows += conn.execute(sql.statement(_claim_statement(slots)), params).fetchall()
+                text = sql.with_limit(_claim_statement(slots), n)
+                rows += conn.execute(text, params).fetchall()
         return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:

@@ -358,7 +358,7 @@ def test_sixteen_workers_never_share_a_row_and_settle_each_exactly_once(
             final.fence,
             final.attempts,
             f"{win.worker}/{win.fence}",
-            None,
+            win.worker,  # the row keeps the owner whose fence settled it
             None,
         ), key
     stats = store.stats()

@@ -81,7 +81,8 @@ def fetch(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
 def row_state(url: str, key: Key) -> tuple[State, int, str | None]:
     [(state, fence, owner)] = fetch(
         url,
-        "SELECT state, fence, lease_owner FROM work_item"
+        # the lease holder: a row that is no longer claimed keeps its last owner, holding nothing
+        "SELECT state, fence, CASE WHEN state = 'claimed' THEN lease_owner END FROM work_item"
         " WHERE tenant_id = %s AND operation_id = %s",
         (key.tenant_id, key.operation_id),
     )

@@ -309,7 +309,7 @@ def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_
 
     # y was claimed but never started: back in the queue, the attempt not counted.
     y = row(db, "y")
-    assert (y["state"], y["attempts"], y["fence"], y["lease_owner"]) == ("queued", 0, 1, None)
+    assert (y["state"], y["attempts"], y["fence"], y["lease_expires_at"]) == ("queued", 0, 1, None)
     assert quick.ran == []
     # x outlived the deadline: abandoned, told its lease is gone, nothing written for it.
     assert report.abandoned == 1
@@ -425,7 +425,7 @@ def test_claims_that_return_after_the_claimer_join_gave_up_are_released(
     eventually(lambda: states(db) == {"queued": len(ops)}, "the late claims released")
     for op in ops:
         found = row(db, op)
-        assert (found["attempts"], found["fence"], found["lease_owner"]) == (0, 1, None)
+        assert (found["attempts"], found["fence"], found["lease_expires_at"]) == (0, 1, None)
     assert quick.ran == []
     assert report.released == 0
 

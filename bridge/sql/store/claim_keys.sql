@@ -1,18 +1,11 @@
 -- Targeted claim for hand-off: the same rule as claim.sql, restricted to the given keys (the
 -- ones a consumer has just inserted). Keys that are not claimable right now are skipped, and
--- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait).
---
--- Concurrency limits (%(slots)s, NULL when none applies): the rule and the argument of
--- claim_limited.sql. A takeover keeps its row's slot; a queued key is claimed only within the
--- room fencebridge_concurrency_room counts after taking the limited job types' locks, ranked
--- per job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
--- attempt used, and is claimed later by claim_limited.sql once a slot is free.
-WITH room AS (
-    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
-     WHERE %(slots)s::jsonb IS NOT NULL
-),
-wanted AS (
+-- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait). The
+-- hand-off claim of a process that runs job types with a concurrency limit is
+-- claim_keys_limited.sql.
+WITH wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
+     LIMIT %(limit)s
 ),
 locked AS (
     SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq,
@@ -37,20 +30,6 @@ locked AS (
      ORDER BY w.tenant_id, w.operation_id
        FOR UPDATE OF w SKIP LOCKED
 ),
-candidate AS (
-    SELECT tenant_id, operation_id, takeover FROM locked WHERE %(slots)s::jsonb IS NULL
-    UNION ALL
-    SELECT tenant_id, operation_id, takeover
-      FROM (SELECT l.*, row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
-                   row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
-              FROM locked l) l
-     WHERE %(slots)s::jsonb IS NOT NULL
-       AND (takeover OR NOT EXISTS (
-               SELECT 1 FROM room r
-                WHERE r.job_type = l.job_type
-                  AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
-                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room))
-),
 claimed AS (
     UPDATE work_item w
        SET state = 'claimed',
@@ -60,7 +39,7 @@ claimed AS (
            lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
            claimed_at = coalesce(%(now)s::timestamptz, now()),
            updated_at = coalesce(%(now)s::timestamptz, now())
-      FROM candidate c
+      FROM locked c
      WHERE w.tenant_id = c.tenant_id
        AND w.operation_id = c.operation_id
     RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,

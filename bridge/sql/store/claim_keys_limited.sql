@@ -1,0 +1,101 @@
+-- claim_keys.sql with concurrency limits (%(slots)s, never NULL here): the rule and the
+-- argument of claim_limited.sql. A takeover keeps its row's slot; a queued key is claimed only within the
+-- room fencebridge_concurrency_room counts after taking the limited job types' locks, ranked
+-- per job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
+-- attempt used, and is claimed later by claim_limited.sql once a slot is free.
+WITH room AS (
+    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
+),
+wanted AS (
+    SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
+),
+locked AS (
+    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq,
+           w.fence, w.lease_owner, w.claimed_at
+      FROM work_item w
+      JOIN wanted USING (tenant_id, operation_id)
+     WHERE ((w.state = 'queued' AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
+            OR (w.state = 'claimed'
+                AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+                AND w.attempts < w.max_attempts))
+       AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
+       AND (w.ordering_key IS NULL OR NOT EXISTS (
+               SELECT 1
+                 FROM work_item p
+                WHERE p.subscription = w.subscription
+                  AND p.ordering_key = w.ordering_key
+                  AND p.seq < w.seq
+                  AND p.state IN ('queued', 'claimed')))
+     ORDER BY w.tenant_id, w.operation_id
+       FOR UPDATE OF w SKIP LOCKED
+),
+candidate AS (
+    SELECT tenant_id, operation_id, takeover
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
+                   row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
+              FROM locked l) l
+     WHERE (takeover OR NOT EXISTS (
+               SELECT 1 FROM room r
+                WHERE r.job_type = l.job_type
+                  AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
+                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room))
+),
+claimed AS (
+    UPDATE work_item w
+       SET state = 'claimed',
+           fence = w.fence + 1,
+           attempts = w.attempts + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
+           claimed_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+      FROM candidate c
+     WHERE w.tenant_id = c.tenant_id
+       AND w.operation_id = c.operation_id
+    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
+              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
+              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
+              w.ordering_key,
+              (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
+              w.identity_key_id
+),
+-- Attempt history: as claim.sql records it (a takeover ends the attempt it takes over, as
+-- lease_lost, with that attempt's fence, owner and start read before the update; a takeover
+-- is always claimed, whatever the limits).
+lost AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+                              ended_at, outcome, outcome_code)
+    SELECT l.tenant_id, l.operation_id, 'claim', l.fence, l.lease_owner,
+           l.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
+                                    WHERE p.tenant_id = l.tenant_id
+                                      AND p.operation_id = l.operation_id
+                                      AND p.fence = l.fence - 1
+                                      AND p.outcome = 'lease_lost'),
+           l.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
+      FROM locked l
+     WHERE %(history)s::integer > 0
+       AND l.takeover
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING locked l
+     WHERE %(history)s::integer > 0
+       AND l.takeover
+       AND 2 * l.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = l.tenant_id
+       AND a.operation_id = l.operation_id
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = l.tenant_id
+                       AND b.operation_id = l.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
+)
+SELECT tenant_id, operation_id, fence, attempts, max_attempts, subscription, job_type,
+       target_class, schema_version, payload_hash, lease_expires_at, intent_fence, takeover,
+       trace_context, broker_message_id, receive_count, ordering_key, payload, identity_key_id
+  FROM claimed

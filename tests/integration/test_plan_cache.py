@@ -1,0 +1,64 @@
+"""The worker tier's statements are planned once per connection, not at every execution.
+
+A prepared statement runs on a generic plan only while that plan costs no more than planning
+each execution for its parameters; a parameter the planner cannot size (a row limit, an array
+of keys) makes the generic plan look dear, and PostgreSQL then plans the statement again every
+time. The claim once paid more to plan (about 1.8 ms) than to run. This reads, on the store's
+own connection, how often each statement was planned for its parameters.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+
+from bridge.store import PostgresStore, Settlement
+from bridge.types import Key, State
+from tests.support.deliveries import delivery
+
+LEASE = timedelta(seconds=30)
+ROUNDS = 12
+
+#: a queue as large as a busy one, with fresh statistics: a generic plan is costed against it
+BACKLOG = """
+INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
+                       payload_hash, payload_ref)
+SELECT 'backlog', 'op-' || g, 'orders', 'charge', 'B', sha256(g::text::bytea), 'missing:' || g
+  FROM generate_series(1, 20000) AS g
+"""
+
+PLANS = """
+SELECT regexp_replace(statement, '\\s+', ' ', 'g'), generic_plans, custom_plans
+  FROM pg_prepared_statements
+"""
+
+
+def test_claims_settlements_heartbeats_and_ingest_run_on_generic_plans(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(BACKLOG)
+        conn.execute("ANALYZE work_item")
+    store = PostgresStore.connect(db_url, min_size=1, max_size=1)
+    try:
+        for i in range(ROUNDS):
+            batch = [delivery(f"r{i}-{j}", tenant=f"t{j % 3}") for j in range(10)]
+            store.ingest(batch)
+            store.ingest(batch)  # replays: the existing rows' hashes are read
+            keys = [Key(d.tenant_id, d.operation_id) for d in batch]
+            handed = store.claim_keys("w", keys[:5], LEASE)
+            store.heartbeat_many([c.ticket for c in handed], LEASE)
+            store.watch(keys)
+            _, claimed = store.settle_and_claim(
+                [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in handed], "w", 5, LEASE
+            )
+            store.complete_many([c.ticket for c in store.claim("w", 5, LEASE)])
+            store.complete_many([c.ticket for c in claimed])
+        with store.pool.connection() as conn:
+            plans = conn.execute(PLANS).fetchall()
+    finally:
+        store.close()
+    # psycopg prepares a statement at its fifth execution, and PostgreSQL plans the first five
+    # executions of a prepared statement for their parameters before it compares.
+    replanned = [text[:60] for text, generic, custom in plans if custom > 5 or not generic]
+    assert not replanned, replanned
+    assert len(plans) >= 7  # ingest (2), claim_keys, heartbeat_many, watch, settle_many, claim
