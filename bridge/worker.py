@@ -19,7 +19,9 @@ jittered, capped backoff, and the loop carries on; while claims fail the pool is
 Final settlements of concurrent runs are written together: runs hand them to a
 :class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered,
 in the same transaction as the claim that refills the workers they free (one commit for both,
-each row under its own fence). A run waits for its own answer, so it ends as it would have.
+each row under its own fence). A run waits for its own answer, so it ends as it would have;
+the rows claimed for the workers it frees come with the answer, one to each waiting run, which
+runs it next: one wake-up per job, not one for the answer and another for the queue.
 
 Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
 connection, overlap: while one
@@ -282,9 +284,10 @@ class WorkerPool:
             for key in handoff:
                 del self._handoff[key]
         claims: list[Claim] = []
+        placed = 0
         try:
             sent_at = time.monotonic()  # leases start no earlier than this, by our clock
-            claims = self._claim(want, handoff, settling)
+            claims, placed = self._claim(want, handoff, settling, sent_at)
         finally:
             with self._cond:
                 self._reserved -= want
@@ -292,17 +295,20 @@ class WorkerPool:
                 if len(claims) < want:
                     self._cond.notify_all()
         if claims:
-            self._hand_over(claims, sent_at)
+            if len(claims) > placed:
+                self._hand_over(claims[placed:], sent_at)
             return
         with self._cond:
             if not self._handoff and not self._completer.pending and not self._stopping.is_set():
                 self._cond.wait(timeout=self._poll)
 
-    def _hand_over(self, claims: list[Claim], sent_at: float) -> None:
-        """Queue claims for the workers (already counted busy); once stopping, release them.
+    def _hand_over(self, claims: list[Claim], sent_at: float, batch: Batch | None = None) -> None:
+        """Give claims to the workers (already counted busy); once stopping, release them.
 
-        The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
-        queued before the stop drains the queue or released here: never stranded after it.
+        The runs of ``batch``, whose settlements were just written with these claims, take one
+        each (they are waiting for their answer, and run it next); the rest are queued. The
+        stop flag is read under the condition ``stop()`` sets it under, so a claim is either
+        given or queued before the stop drains the queue, or released here: never stranded.
         """
         error: Exception | None = None
         for claim in claims:
@@ -313,7 +319,10 @@ class WorkerPool:
         with self._cond:
             stopping = self._stopping.is_set()
             if not stopping:
-                for claim in claims:
+                runs = batch.runs if batch is not None else []
+                for run, claim in zip(runs, claims, strict=False):
+                    run.next = (claim, sent_at)
+                for claim in claims[len(runs) :]:
                     self._work.put((claim, sent_at))
             else:
                 self._idle += len(claims)
@@ -347,9 +356,16 @@ class WorkerPool:
                 return
             self._cond.wait(timeout=min(left, quiet))
 
-    def _claim(self, want: int, handoff: dict[Key, str], settling: Batch | None) -> list[Claim]:
-        """Claim up to ``want`` rows; write ``settling`` first, with the first claim if it can."""
+    def _claim(
+        self, want: int, handoff: dict[Key, str], settling: Batch | None, sent_at: float
+    ) -> tuple[list[Claim], int]:
+        """Claim up to ``want`` rows; write ``settling`` first, with the first claim if it can.
+
+        Returns the claims and how many of the first ones were already handed over (to the
+        runs of ``settling`` and the queue, by the claim that wrote it).
+        """
         claims: list[Claim] = []
+        placed = 0
         if handoff and settling is not None:
             settling.write(self._store)
             settling = None
@@ -374,7 +390,9 @@ class WorkerPool:
                         lease,
                         job_types=job_types,
                         per_statement=self._claim_batch,
+                        place=lambda got, batch: self._hand_over(got, sent_at, batch),
                     )
+                    placed = len(got)
                     settling = None
                 else:
                     got = self._store.claim(self.worker_id, room, lease, job_types=job_types)
@@ -382,7 +400,7 @@ class WorkerPool:
                 room -= len(got)
         if settling is not None:
             settling.write(self._store)
-        return claims
+        return claims, placed
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -401,17 +419,25 @@ class WorkerPool:
             if item is None:
                 done.set()
                 return
-            claim, sent_at = item
-            settler = self._completer.for_run()
-            try:
-                # An executor bug reaches the supervisor (logged by type, counted); the row's
-                # lease will lapse and the next claim reconciles.
-                self._run(claim, sent_at, settler)
-            finally:
-                if not settler.taken:  # else the claimer counted this worker free already
-                    with self._cond:
-                        self._idle += 1
-                        self._cond.notify_all()
+            next_item: tuple[Claim, float] | None = item
+            while next_item is not None:
+                claim, sent_at = next_item
+                settler = self._completer.for_run()
+                try:
+                    # An executor bug reaches the supervisor (logged by type, counted); the
+                    # row's lease will lapse and the next claim reconciles.
+                    self._run(claim, sent_at, settler)
+                except BaseException:
+                    if settler.next is not None:  # handed to this worker: another one runs it
+                        self._work.put(settler.next)
+                    raise
+                finally:
+                    if not settler.taken:  # else the claimer counted this worker free already
+                        with self._cond:
+                            self._idle += 1
+                            self._cond.notify_all()
+                # The row claimed for this worker with its settlement's answer, if any.
+                next_item = settler.next
 
     def _run(self, claim: Claim, sent_at: float, settler: RunSettler) -> None:
         spec = self._registry.get(claim.job_type)

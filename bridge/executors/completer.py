@@ -48,14 +48,18 @@ class RunSettler:
 
     A worker whose settlement a writer took is free as soon as that write ends, whatever its
     answer: the writer counts it as idle then (and may claim its next row in the same
-    transaction), so the worker must not count itself again.
+    transaction), so the worker must not count itself again. A row the writer claimed for it
+    comes back with the answer (:attr:`next`): the worker runs it at once, with no trip through
+    the pool's queue and no second wake-up.
     """
 
-    __slots__ = ("_completer", "taken")
+    __slots__ = ("_completer", "next", "taken")
 
     def __init__(self, completer: BatchCompleter) -> None:
         self._completer = completer
         self.taken = False
+        #: the claim (and the moment its statement was sent) handed to this worker with the answer
+        self.next: tuple[Claim, float] | None = None
 
     def settle(self, settlement: Settlement) -> None:
         self._completer.settle(settlement, self)
@@ -112,6 +116,11 @@ class Batch:
             raise
         self.answer(stale)
 
+    @property
+    def runs(self) -> list[RunSettler]:
+        """The waiting runs of this batch, each free for a new claim once answered."""
+        return [p.run for p in self._pending if p.run is not None]
+
     def write_and_claim(
         self,
         store: WorkStore,
@@ -121,8 +130,14 @@ class Batch:
         *,
         job_types: Sequence[str] | None,
         per_statement: int | None = None,
+        place: Callable[[list[Claim], Batch], None] | None = None,
     ) -> list[Claim]:
-        """Settle the batch and claim up to ``limit`` rows in one transaction; answer every run."""
+        """Settle the batch and claim up to ``limit`` rows in one transaction; answer every run.
+
+        ``place`` hands the claims over before the runs are answered, so that it can give some
+        of them to the batch's own runs (:attr:`RunSettler.next`); every run is answered even
+        when it raises.
+        """
         try:
             stale, claims = store.settle_and_claim(
                 self.settlements,
@@ -135,7 +150,11 @@ class Batch:
         except BaseException as exc:
             self.fail(exc)
             raise
-        self.answer(stale)
+        try:
+            if place is not None and claims:
+                place(claims, self)
+        finally:
+            self.answer(stale)
         return claims
 
     def answer(self, stale: Iterable[Ticket]) -> None:
