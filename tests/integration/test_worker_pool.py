@@ -487,6 +487,48 @@ def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once
     assert sorted(op for op, _, _ in events.of("settled")) == sorted(ops)
 
 
+class ThreadsOf(Recorder):
+    """A recorder that also notes which worker thread settled each operation, and raises out of
+    the first settlement it hears of, as a broken events receiver would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[str, str] = {}
+        self.raised: list[str] = []
+
+    def settled(self, claim: Claim, state: State, code: str) -> None:
+        super().settled(claim, state, code)
+        with self._lock:
+            self.threads[claim.operation_id] = threading.current_thread().name
+            if not self.raised:
+                self.raised.append(claim.operation_id)
+                raise RuntimeError("a broken events receiver")
+
+
+def test_rows_claimed_with_a_settlement_batch_run_on_the_workers_it_freed(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    """A batch's claim hands each new row to a run waiting for that batch's answer, which runs
+    it next; a run that raises after it was handed one puts that row back for another worker.
+    Every row runs once, under its first fence, and none waits for its lease to lapse."""
+    registry = Registry()
+    quick = Quick()
+    registry.register("quick", quick)
+    ops = [f"op-{i:04d}" for i in range(1200)]
+    for i in range(0, len(ops), 200):
+        store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
+    events = ThreadsOf()
+    pool = pools(registry, threads=8, events=events)
+
+    eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
+    assert sorted(quick.ran) == ops  # each ran once, the one after the raise included
+    assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
+    assert len(events.raised) == 1
+    assert pool.claimer.status().restarts == 0  # the run raised, not the claimer
+    # The rows came to the workers that settled the batches: all eight ran some.
+    assert len(set(events.threads.values())) == 8
+
+
 # -- replicas: processes beside threads ----------------------------------------------------------
 
 
