@@ -25,23 +25,41 @@ class WorkEvents(Protocol):
 
 
 class EventCounter:
-    """Thread-safe counts of every event, keyed by a short name."""
+    """Thread-safe counts of every event, keyed by a short name.
+
+    Each thread counts into its own :class:`~collections.Counter` (no lock on the way: one is
+    taken per job otherwise, and sixteen workers queue on it); a read adds them up.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        self._local = threading.local()
+        self._all: list[Counter[str]] = []
+
+    def _mine(self) -> Counter[str]:
+        mine: Counter[str] | None = getattr(self._local, "counts", None)
+        if mine is None:
+            mine = self._local.counts = Counter()
+            with self._lock:
+                self._all.append(mine)
+        return mine
 
     def _add(self, name: str) -> None:
+        self._mine()[name] += 1
+
+    def _total(self) -> Counter[str]:
         with self._lock:
-            self._counts[name] += 1
+            counters = list(self._all)
+        total: Counter[str] = Counter()
+        for counts in counters:
+            total.update(dict(counts))  # a copy: its thread may be counting meanwhile
+        return total
 
     def __getitem__(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
+        return self._total()[name]
 
     def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
+        return dict(self._total())
 
     def claimed(self, claim: Claim) -> None:
         self._add("claimed")
@@ -49,7 +67,7 @@ class EventCounter:
             self._add("takeover")
 
     def settled(self, claim: Claim, state: State, code: str) -> None:
-        self._add(f"settled.{state.value}")
+        self._add(_SETTLED[state])
 
     def lease_lost(self, claim: Claim, action: str) -> None:
         self._add("lease_lost")
@@ -62,6 +80,10 @@ class EventCounter:
 
     def settle_unknown(self, claim: Claim, action: str) -> None:
         self._add("settle_unknown")
+
+
+#: the count of each settled state, named once
+_SETTLED = {state: f"settled.{state.value}" for state in State}
 
 
 class FanOut:

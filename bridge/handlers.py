@@ -218,6 +218,46 @@ def _outcome(kind: OutcomeKind, code: str) -> HandlerOutcome:
 # -- context -------------------------------------------------------------------------------------
 
 
+class LeaseFlag:
+    """A :class:`threading.Event` (``set``, ``is_set``, ``wait``, ``clear``) that costs a plain
+    flag until somebody waits on it: every run has one, and almost no run ever waits on it."""
+
+    __slots__ = ("_event", "_flag")
+
+    #: guards the creation of a waited-on flag's event (rare: a lock for all of them)
+    _creating: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        event = self._event  # a waiter made it before it read the flag, or reads it after
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        self._flag = False
+        event = self._event
+        if event is not None:
+            event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        event = self._event
+        if event is None:
+            with LeaseFlag._creating:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        if self._flag:  # set before the event existed
+            event.set()
+        return event.wait(timeout)
+
+
 @dataclass(kw_only=True)
 class Context:
     """What a handler knows about the run it is in.
@@ -241,7 +281,8 @@ class Context:
     #: derives :attr:`idempotency_key` the first time it is read: an HMAC that most runs (every
     #: class A and B run) never need
     derive_idempotency_key: Callable[[], str] | None = field(default=None, repr=False)
-    lease_lost: threading.Event = field(default_factory=threading.Event)
+    #: set once the run's lease is gone (a refused write or renewal, an abandoned run)
+    lease_lost: LeaseFlag = field(default_factory=LeaseFlag)
     #: the error :meth:`json` raised about this operation's payload, if it raised one
     unreadable_payload: ValueError | None = field(default=None, repr=False)
     #: progress reported since the heartbeat last took it (a flag: one writer sets it, the

@@ -161,14 +161,16 @@ class Claim:
     ordering_key: str | None = None
     #: the identity key the row was written under: its idempotency key derives from it
     identity_key_id: int = 1
+    #: what a worker shows with every write under this claim (made once: it keys the run's
+    #: heartbeat and settlement, several times per run)
+    ticket: Ticket = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ticket", Ticket(self.tenant_id, self.operation_id, self.fence))
 
     @property
     def key(self) -> Key:
         return Key(self.tenant_id, self.operation_id)
-
-    @property
-    def ticket(self) -> Ticket:
-        return Ticket(self.tenant_id, self.operation_id, self.fence)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

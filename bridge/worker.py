@@ -39,7 +39,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -448,9 +448,7 @@ class WorkerPool:
         # The trust window is measured from before the claim statement was sent: it errs early.
         entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
         run_events = _RunEvents(self._events)
-        with ExitStack() as span:
-            if self._telemetry is not None:
-                span.enter_context(self._telemetry.process(claim))
+        with self._telemetry.process(claim) if self._telemetry is not None else nullcontext():
             try:
                 # Class A settles inside its own transaction; none of its writes is batched.
                 batched = settler if spec.target_class is not TargetClass.A else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import threading
 from datetime import timedelta
 
 import pytest
@@ -18,6 +19,7 @@ from bridge.handlers import (
     Ambiguous,
     Context,
     HandlerOutcome,
+    LeaseFlag,
     OutcomeKind,
     Quarantine,
     RetryLater,
@@ -212,3 +214,26 @@ def test_json_parses_the_payload_and_unreadable_payloads_classify_as_quarantine(
     with pytest.raises(UnicodeDecodeError) as undecodable:
         context(payload=b"\xff\xfe\xfa").json()
     assert isinstance(classify(undecodable.value), Quarantine)
+
+
+def test_a_lease_flag_behaves_as_an_event_for_a_waiter_on_another_thread() -> None:
+    flag = LeaseFlag()
+    assert not flag.is_set()
+    assert flag.wait(0.01) is False
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(flag.wait(10)))
+    waiter.start()
+    flag.set()
+    waiter.join(10)
+    assert woke == [True]
+    assert flag.is_set()
+    assert flag.wait(0) is True  # already set: no wait
+    flag.clear()
+    assert not flag.is_set()
+    assert flag.wait(0.01) is False
+
+
+def test_a_lease_flag_set_before_anyone_waits_is_seen_by_the_first_wait() -> None:
+    flag = LeaseFlag()
+    flag.set()
+    assert flag.wait(0) is True
