@@ -321,9 +321,9 @@ def atomic_claim(e: JobEvidence) -> Verdict:
     if not problems:
         seen.append("one statement: FOR UPDATE SKIP LOCKED, fence + 1, lease from now()")
     if e.db.claim_index_predicate is None:
-        problems.append(e.db.schema_problem or "the claim index work_item_queued is missing")
+        problems.append(e.db.schema_problem or "the claim index work_item_due is missing")
     else:
-        seen.append(f"claim index work_item_queued WHERE {e.db.claim_index_predicate}")
+        seen.append(f"claim index work_item_due WHERE {e.db.claim_index_predicate}")
     if e.probe is None:
         return _unprobed(problems, seen)
     (problems if not e.probe.claim.go else seen).insert(0, f"probe: {e.probe.claim.ran}")

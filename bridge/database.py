@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Final
 
 import psycopg
 import psycopg.errors
@@ -73,11 +74,15 @@ def milliseconds(value: timedelta) -> int:
     return max(round(value.total_seconds() * 1000), 1)
 
 
-def _conninfo(url: str, timeouts: SessionTimeouts) -> str:
+#: the session setting of a pool whose statements are planned once per connection
+GENERIC_PLANS: Final = "-c plan_cache_mode=force_generic_plan"
+
+
+def _conninfo(url: str, timeouts: SessionTimeouts, *, generic_plans: bool = False) -> str:
     """The URL with fencebridge's application name and the session's limits added to any
     ``options`` it already carries (the URL's own settings come first, ours win)."""
     extra: dict[str, str] = {"application_name": APPLICATION_NAME}
-    ours = timeouts.options()
+    ours = " ".join(o for o in (timeouts.options(), GENERIC_PLANS if generic_plans else "") if o)
     if ours:
         theirs = conninfo.conninfo_to_dict(url).get("options")
         extra["options"] = f"{theirs} {ours}" if theirs else ours
@@ -109,11 +114,23 @@ def open_pool(
     max_size: int = 10,
     timeout: float = POOL_TIMEOUT_SECONDS_DEFAULT,
     timeouts: SessionTimeouts | None = None,
+    generic_plans: bool = False,
 ) -> ConnectionPool[Connection]:
     """A pool of autocommit connections, each bounded by ``timeouts`` (the defaults of
-    :class:`SessionTimeouts` unless given); it does not wait for the database at construction."""
+    :class:`SessionTimeouts` unless given); it does not wait for the database at construction.
+
+    With ``generic_plans`` every statement a connection prepares keeps one plan
+    (``plan_cache_mode = force_generic_plan``): the bridge's own statements are written for one
+    plan each (the claims' limits are in their text), and a parameter the planner cannot size
+    (a tenant-fair claim's share of each tenant) must not make it plan a claim again at every
+    execution. Not for a pool that runs ad hoc queries with optional filters (the console's).
+    """
     pool: ConnectionPool[Connection] = ConnectionPool(
-        _conninfo(url, timeouts if timeouts is not None else SessionTimeouts()),
+        _conninfo(
+            url,
+            timeouts if timeouts is not None else SessionTimeouts(),
+            generic_plans=generic_plans,
+        ),
         min_size=min_size,
         max_size=max_size,
         kwargs={"autocommit": True},

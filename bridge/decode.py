@@ -36,6 +36,10 @@ MESSAGE_ID_MAX_CHARS: Final = 1024
 TRACE_CONTEXT_MAX_CHARS: Final = 512
 #: the receive count is stored in a PostgreSQL ``integer``
 RECEIVE_COUNT_MAX: Final = 2**31 - 1
+#: the range of a priority (stored in a PostgreSQL ``smallint``, multiplied by the aging)
+PRIORITY_MIN: Final = -1000
+PRIORITY_MAX: Final = 1000
+_INTEGER_TEXT = re.compile("-?(0|[1-9][0-9]{0,3})")
 
 # C0 and C1 control characters (NUL included) and lone surrogates: not storable or not sane.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -72,6 +76,7 @@ class Reason(enum.StrEnum):
     MISSING_PAYLOAD = "missing_payload"
     INVALID_PAYLOAD = "invalid_payload"
     INVALID_ORDERING_KEY = "invalid_ordering_key"
+    INVALID_PRIORITY = "invalid_priority"
     DECODE_FAILED = "decode_failed"
 
 
@@ -111,6 +116,11 @@ REASONS: Final[Mapping[Reason, str]] = {
     Reason.INVALID_ORDERING_KEY: (
         "the ordering key (SQS message group, Pub/Sub ordering key) holds a control character "
         "or a lone surrogate, or is too long; dropping it would silently break ordering"
+    ),
+    Reason.INVALID_PRIORITY: (
+        f"the `decode.priority` source holds something other than a whole number from "
+        f"{PRIORITY_MIN} to {PRIORITY_MAX} (a JSON integer, or its decimal text); absent or "
+        "`null`, the job type's priority applies"
     ),
     Reason.DECODE_FAILED: (
         "an unexpected internal error; the delivery is kept so it can be decoded again"
@@ -298,6 +308,8 @@ class JobRule:
 
     target_class: TargetClass
     max_attempts: int
+    #: the priority of its deliveries, unless ``decode.priority`` gives one
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,12 +327,14 @@ class DecodeRules:
     #: accepted schema versions; empty means no check
     schema_versions: frozenset[str] = frozenset()
     payload: PayloadSource = field(default_factory=PayloadSource)
+    #: where a delivery's own priority is read (None: its job type's)
+    priority: FieldSource | None = None
 
     def __post_init__(self) -> None:
         # The configuration reports these with file and key; this guards direct construction.
         if self.operation_id.kind is SourceKind.VALUE:
             raise ValueError("a constant operation id would make every delivery one operation")
-        for name in ("tenant_id", "job_type", "schema_version"):
+        for name in ("tenant_id", "job_type", "schema_version", "priority"):
             source = getattr(self, name)
             if source is not None and source.kind is SourceKind.MESSAGE_ID:
                 raise ValueError(f"'message_id' is a source for operation_id only, not {name}")
@@ -334,7 +348,13 @@ class DecodeRules:
     @property
     def reads_body(self) -> bool:
         """Whether the body must be parsed as JSON to decode a delivery."""
-        sources = (self.tenant_id, self.operation_id, self.job_type, self.schema_version)
+        sources = (
+            self.tenant_id,
+            self.operation_id,
+            self.job_type,
+            self.schema_version,
+            self.priority,
+        )
         return self.payload.pointer is not None or any(
             s is not None and s.kind is SourceKind.BODY for s in sources
         )
@@ -554,6 +574,22 @@ def _ordering_key(value: object) -> str | _Problem | None:
     return value
 
 
+def _priority(source: FieldSource, raw: RawDelivery, document: object) -> int | _Problem | None:
+    """A delivery's own priority: None when the source finds nothing (the job type's applies)."""
+    value = _lookup(source, raw, document)
+    if value is _ABSENT or value is None or isinstance(value, _Unavailable):
+        return None  # an unreadable body is reported on its own
+    where = source.describe()
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
+        value = int(value)
+    if type(value) is not int or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return _Problem(
+            Reason.INVALID_PRIORITY,
+            f"{where} is not a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}",
+        )
+    return value
+
+
 def _found(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -626,9 +662,18 @@ def _decode(rules: DecodeRules, raw: RawDelivery) -> Delivery | Rejection:
         )
     payload = _payload(rules, body, document)
     ordering_key = _ordering_key(raw.ordering_key)
+    priority = None if rules.priority is None else _priority(rules.priority, raw, document)
     problems.extend(
         value
-        for value in (tenant_id, operation_id, job_type, schema_version, payload, ordering_key)
+        for value in (
+            tenant_id,
+            operation_id,
+            job_type,
+            schema_version,
+            payload,
+            ordering_key,
+            priority,
+        )
         if isinstance(value, _Problem)
     )
 
@@ -640,6 +685,7 @@ def _decode(rules: DecodeRules, raw: RawDelivery) -> Delivery | Rejection:
         or not isinstance(payload, bytes)
         or isinstance(schema_version, (_Problem, _Unavailable))
         or isinstance(ordering_key, _Problem)
+        or isinstance(priority, _Problem)
     ):
         return reject(
             min(problems, key=_rank) if problems else _NOTHING_DECODED,
@@ -662,6 +708,7 @@ def _decode(rules: DecodeRules, raw: RawDelivery) -> Delivery | Rejection:
         broker_message_id=message_id,
         receive_count=_clean_receive_count(raw.receive_count),
         trace_context=_clean_trace_context(raw.trace_context),
+        priority=job.priority if priority is None else priority,
     )
 
 

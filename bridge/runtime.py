@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from datetime import timedelta
 from functools import partial
 from types import FrameType
 
@@ -226,8 +227,12 @@ def open_bridge(
         max_size=pool_size(config),
         timeouts=config.bridge.session_timeouts(),
         attempt_history=config.bridge.attempt_history,
+        priority_aging=timedelta(seconds=config.bridge.priority_aging_seconds),
+        generic_plans=True,
     )
     store.use_concurrency_limits(config.concurrency_limits())
+    if config.bridge.tenant_fairness:
+        store.use_tenant_fairness(config.bridge.tenant_weights)
     try:
         with store.pool.connection() as conn:
             require_current(conn)

@@ -84,6 +84,8 @@ class Delivery:
     receive_count: int | None = None
     #: the producer's W3C traceparent, kept for the process span
     trace_context: str | None = None
+    #: claimed ahead of lower priorities, by ``priority`` times the priority aging
+    priority: int = 0
     payload_hash: bytes = field(init=False)
 
     def __post_init__(self) -> None:

@@ -48,14 +48,21 @@ from bridge.database import (
     STATEMENT_TIMEOUT_DEFAULT,
     SessionTimeouts,
 )
-from bridge.decode import DecodeRules, JobRule, PayloadSource, SourceKind
+from bridge.decode import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    DecodeRules,
+    JobRule,
+    PayloadSource,
+    SourceKind,
+)
 from bridge.errors import ConfigError
 from bridge.service import (
     UNHEALTHY_AFTER_RESTARTS_DEFAULT,
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
     Limits,
 )
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, ConcurrencyLimit
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, PRIORITY_AGING_DEFAULT, ConcurrencyLimit
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -222,10 +229,52 @@ class BridgeSettings(Table):
         le=1000,
         description=_doc(
             """
-            Attempts kept per work row in its history (`fencebridge inspect`): the claim that
-            adds one trims the oldest, in the same statement, and the history goes with the row
-            when it is purged or erased. At least 2 are kept when on (an attempt taken over and
-            the one taking over); `0` records no claims.
+            Attempts kept per work row in its history (`fencebridge inspect`): each attempt is
+            recorded by the statement that ends it, which trims the oldest, and the history
+            goes with the row when it is purged or erased. At least 2 are kept when on (an
+            attempt taken over and the one taking over); `0` records none.
+            """
+        ),
+    )
+    tenant_fairness: StrictBool = Field(
+        default=True,
+        description=_doc(
+            """
+            Claims take tenants in turn: each claim walks the tenants that have rows queued,
+            starting after the last one served, and takes each tenant's share of the claim
+            (`tenant_weights`), its oldest due rows first. One tenant's flood then waits behind
+            itself while the other tenants' rows are claimed. Each process keeps its own place
+            in the walk. `false` claims in the order rows became due (and by priority), whoever
+            they belong to. A job type with a concurrency limit is claimed in that order too:
+            its limit per tenant is what keeps one tenant from taking every slot.
+            """
+        ),
+    )
+    tenant_weights: Annotated[
+        dict[Identifier, Annotated[StrictInt, Field(ge=1, le=1000)]],
+        Shown(kind="table of tenant id = weight (1 to 1000)", default="every tenant 1"),
+    ] = Field(
+        default_factory=dict,
+        description=_doc(
+            """
+            Shares of a tenant-fair claim other than 1: a tenant of weight 3 takes up to three
+            rows for each one of a tenant of weight 1 while both have work queued. Keyed by
+            tenant id (the configuration is the one place raw tenant ids are written; nothing
+            reports them).
+            """
+        ),
+    )
+    priority_aging_seconds: StrictFloat = Field(
+        default=PRIORITY_AGING_DEFAULT.total_seconds(),
+        ge=0,
+        le=86400,
+        description=_doc(
+            """
+            How far one step of priority (`[jobs.<name>] priority`, `decode.priority`) moves a
+            row ahead in the claim order: a row of priority `p` overtakes rows that became due
+            up to `p` times this many seconds before it, and no more, so a row of lower
+            priority waits a bounded time, never forever. With `tenant_fairness`, priority
+            orders each tenant's rows; tenants still take turns.
             """
         ),
     )
@@ -375,6 +424,19 @@ class JobConfig(Table):
             """
         ),
     )
+    priority: StrictInt = Field(
+        default=0,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description=_doc(
+            """
+            Claimed ahead of lower priorities by `priority` times
+            `[bridge] priority_aging_seconds` of claim order (aging: a lower priority is
+            overtaken for that long, never starved). A subscription's `decode.priority` may give
+            a delivery its own.
+            """
+        ),
+    )
     owner: Identifier | None = Field(
         default=None,
         description=_doc(
@@ -467,6 +529,16 @@ class DecodeConfig(Table):
             """
             The payload's schema version, stored on the work row. Required when
             `schema_versions` is not empty; without a source no version is recorded.
+            """
+        ),
+    )
+    priority: DecodeSource | None = Field(
+        default=None,
+        description=_doc(
+            """
+            A delivery's own priority, in place of its job type's: a whole number from
+            -1000 to 1000, as a JSON integer or its decimal text. Absent or `null`, the job
+            type's priority applies; anything else is quarantined (`invalid_priority`).
             """
         ),
     )
@@ -751,9 +823,12 @@ class BridgeConfig:
             schema_version=sub.decode.schema_version,
             payload=sub.decode.payload,
             jobs={
-                t: JobRule(self.jobs[t].target_class, self.jobs[t].max_attempts)
+                t: JobRule(
+                    self.jobs[t].target_class, self.jobs[t].max_attempts, self.jobs[t].priority
+                )
                 for t in sub.job_types
             },
             schema_versions=frozenset(sub.schema_versions),
             max_body_bytes=sub.max_body_bytes,
+            priority=sub.decode.priority,
         )

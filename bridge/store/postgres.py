@@ -34,7 +34,9 @@ the store was given a clock (tests do, to expire leases without sleeping).
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -71,6 +73,7 @@ from bridge.store.listing import (
 )
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
+    PRIORITY_AGING_DEFAULT,
     SWEEP_LIMIT_DEFAULT,
     ConcurrencyLimit,
     QuotaDeferred,
@@ -157,18 +160,25 @@ class PostgresStore:
         *,
         clock: Clock = _database_clock,
         attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
+        priority_aging: timedelta = PRIORITY_AGING_DEFAULT,
     ) -> None:
         if attempt_history < 0:
             raise ValueError("attempt_history is a count of attempts kept per row (0: none)")
+        if priority_aging < timedelta(0):
+            raise ValueError("priority_aging is how far one priority step moves a row: not < 0")
         self._pool = pool
         self._now = clock
-        #: attempts kept per row, written by the claim statements (0 records no claims)
+        #: attempts kept per row, written by the statements that end attempts (0 records none)
         self._history = attempt_history
+        #: seconds of claim order one priority step is worth (migration 0012)
+        self._aging = priority_aging.total_seconds()
         #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
         self._identity_key: int | None = None
         self._identity_keys: list[int] | None = None
         #: set by :meth:`use_concurrency_limits`: the limited job types, read by the claims
         self._concurrency: dict[str, ConcurrencyLimit] = {}
+        #: set by :meth:`use_tenant_fairness`: claims take tenants in turn (claim_fair.sql)
+        self._fair: _FairWalk | None = None
 
     @classmethod
     def connect(
@@ -180,11 +190,22 @@ class PostgresStore:
         clock: Clock = _database_clock,
         timeouts: SessionTimeouts | None = None,
         attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
+        priority_aging: timedelta = PRIORITY_AGING_DEFAULT,
+        generic_plans: bool = False,
     ) -> PostgresStore:
         """A store on a new pool; every connection is bounded by ``timeouts`` (the defaults of
-        :class:`~bridge.database.SessionTimeouts` unless given)."""
-        pool = open_pool(url, min_size=min_size, max_size=max_size, timeouts=timeouts)
-        return cls(pool, clock=clock, attempt_history=attempt_history)
+        :class:`~bridge.database.SessionTimeouts` unless given). ``generic_plans``: see
+        :func:`~bridge.database.open_pool` (the bridge's own store sets it)."""
+        pool = open_pool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeouts=timeouts,
+            generic_plans=generic_plans,
+        )
+        return cls(
+            pool, clock=clock, attempt_history=attempt_history, priority_aging=priority_aging
+        )
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -205,6 +226,19 @@ class PostgresStore:
         claiming a job type must carry the same limits: the database enforces them among the
         claims that pass them, and a claim that passes none takes no slot into account."""
         self._concurrency = {job: limit for job, limit in limits.items() if limit.limited}
+
+    def use_tenant_fairness(self, weights: Mapping[str, int] | None = None) -> None:
+        """Claim tenants in turn, each taking its share of a claim by its weight (1 unless
+        given). Concurrency-limited claims keep the order rows became due."""
+        self._fair = _FairWalk(dict(weights or {}))
+
+    def _claim_statement(self, slots: Jsonb | None, limit: int) -> tuple[str, dict[str, Any]]:
+        """The claim statement for these limits and its extra parameters."""
+        if slots is not None:
+            return sql.with_limit("claim_limited", limit), {}
+        if self._fair is not None:
+            return sql.with_limit("claim_fair", limit), self._fair.params()
+        return sql.with_limit("claim", limit), {}
 
     def _slots(self, job_types: Sequence[str] | None) -> Jsonb | None:
         """The ``%(slots)s`` of a claim: the limits of the job types it may claim, or None
@@ -232,7 +266,13 @@ class PostgresStore:
         with self._connection(action) as conn:
             row = conn.execute(
                 sql.statement(name),
-                {**_ticket_params(ticket), **params, "now": self._now(), "history": self._history},
+                {
+                    **_ticket_params(ticket),
+                    **params,
+                    "now": self._now(),
+                    "history": self._history,
+                    "aging": self._aging,
+                },
             ).fetchone()
         if row is None:
             raise _lost(ticket, action)
@@ -242,7 +282,9 @@ class PostgresStore:
         """Run one operator move whose guard is inside the statement; False when the row had
         moved on. A dry run executes it and rolls back."""
         with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
-            row = conn.execute(sql.statement(name), {**params, "now": self._now()}).fetchone()
+            row = conn.execute(
+                sql.statement(name), {**params, "now": self._now(), "aging": self._aging}
+            ).fetchone()
         return row is not None
 
     # -- inbox -------------------------------------------------------------------------------
@@ -272,6 +314,7 @@ class PostgresStore:
                 {
                     **_insert_params(fresh, refs),
                     "identity_key_id": self._identity_key,
+                    "aging": self._aging,
                     "now": self._now(),
                 },
             ).fetchall()
@@ -390,17 +433,22 @@ class PostgresStore:
         if limit < 1:
             return []
         slots = self._slots(job_types)
+        text, extra = self._claim_statement(slots, limit)
         with self._connection("claim") as conn:
             rows = conn.execute(
-                sql.with_limit(_claim_statement(slots), limit),
+                text,
                 {
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
                     "slots": slots,
+                    **extra,
                 },
             ).fetchall()
-        return [_claim(r) for r in rows]
+        claims = [_claim(r) for r in rows]
+        if self._fair is not None and extra:
+            self._fair.served(extra["after"], claims)
+        return claims
 
     def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
@@ -556,21 +604,25 @@ class PostgresStore:
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
         slots = self._slots(job_types)
-        rows: list[tuple[Any, ...]] = []
         with self._connection("settle and claim") as conn, conn.transaction():
             moved = conn.execute(
                 sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
             ).fetchall()
+            claims: list[Claim] = []
             for n in limits:
+                text, extra = self._claim_statement(slots, n)
                 params = {
                     **_claim_params(worker, n, lease, job_types, now),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
                     "slots": slots,
+                    **extra,
                 }
-                text = sql.with_limit(_claim_statement(slots), n)
-                rows += conn.execute(text, params).fetchall()
-        return _stale([s.ticket for s in settlements], moved), [_claim(r) for r in rows]
+                got = [_claim(r) for r in conn.execute(text, params).fetchall()]
+                if self._fair is not None and extra:
+                    self._fair.served(extra["after"], got)
+                claims += got
+        return _stale([s.ticket for s in settlements], moved), claims
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""
@@ -700,6 +752,7 @@ class PostgresStore:
             "actor": actor,
             "reason": reason,
             "now": self._now(),
+            "aging": self._aging,
         }
         with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
             rows = conn.execute(sql.statement("redrive"), params).fetchall()
@@ -1269,9 +1322,48 @@ def _claim_params(
     }
 
 
-def _claim_statement(slots: Jsonb | None) -> str:
-    """claim.sql, or claim_limited.sql when a job type it may claim has a concurrency limit."""
-    return "claim" if slots is None else "claim_limited"
+class _FairWalk:
+    """Where this store's tenant-fair claims resume their walk of the tenants, and the weights.
+
+    The walk goes in tenant order from the tenant after the last one served, and around. The
+    last one served is the tenant of the claim's last due row (takeovers are not part of the
+    walk), so that the rows one claim cannot share evenly go to the next tenants next time. A
+    claim that served one tenant only (a claim of one row, or one tenant with work) counts that
+    tenant's rows: the walk stays on it until it has had its weight's worth, so that weights
+    hold for small claims too. Claimers of one store share it, under a lock.
+    """
+
+    def __init__(self, weights: dict[str, int]) -> None:
+        self._weights = weights
+        self._json = Jsonb(weights) if weights else None
+        self._lock = threading.Lock()
+        #: the walk starts after this tenant
+        self._after = ""
+        #: rows served in a row to the tenant the walk keeps returning to, and which it is
+        self._staying: tuple[str, int] | None = None
+
+    def params(self) -> dict[str, Any]:
+        with self._lock:
+            return {"after": self._after, "weights": self._json}
+
+    def served(self, after: str, claims: Sequence[Claim]) -> None:
+        rows = Counter(c.tenant_id for c in claims if not c.takeover)
+        if not rows:
+            return
+        # The tenant of the claim's last row: the claim ranks a tenant's rows by their number
+        # over its weight, then the tenants in walk order (after `after`, then around).
+        last = max(rows, key=lambda t: (rows[t] // self._weights.get(t, 1), t <= after, t))
+        with self._lock:
+            if after != self._after:
+                return  # another claimer moved the walk on meanwhile
+            if len(rows) == 1:
+                tenant, had = self._staying or ("", 0)
+                had = (had if tenant == last else 0) + rows[last]
+                if had < self._weights.get(last, 1):
+                    self._staying = (last, had)
+                    return  # start at this tenant again: its turn is not over
+            self._staying = None
+            self._after = last
 
 
 def _settled_only(settlements: Sequence[Settlement], method: str) -> None:
@@ -1326,6 +1418,7 @@ def _insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, 
         "broker_message_id": [d.broker_message_id for d in fresh],
         "receive_count": [d.receive_count for d in fresh],
         "trace_context": [d.trace_context for d in fresh],
+        "priority": [d.priority for d in fresh],
     }
 
 

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 SWEEP_LIMIT_DEFAULT = 1000
 #: attempts kept per work row in its history (``[bridge] attempt_history``)
 ATTEMPT_HISTORY_DEFAULT = 20
+#: how much earlier in the claim order one priority step puts a row
+#: (``[bridge] priority_aging_seconds``): a row of priority p overtakes p times this much of the
+#: queue, and no more, so a waiting row of low priority is overtaken for a bounded time only
+PRIORITY_AGING_DEFAULT = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +145,10 @@ class WorkStore(KeyedStore, Protocol):
     def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
         """Claim rows of these job types only within their concurrency limits, which the claim
         statements enforce in the database across every process that carries them."""
+        ...
+
+    def use_tenant_fairness(self, weights: Mapping[str, int] | None = None) -> None:
+        """Claim tenants in turn, each taking its share of a claim by its weight."""
         ...
 
     def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:

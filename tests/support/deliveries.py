@@ -17,6 +17,7 @@ def delivery(
     max_attempts: int = 5,
     ordering_key: str | None = None,
     payload: bytes | None = None,
+    priority: int = 0,
 ) -> Delivery:
     """A class A delivery whose payload, unless given, is ``{"op": "<op>"}``."""
     return Delivery(
@@ -28,6 +29,7 @@ def delivery(
         payload=payload if payload is not None else f'{{"op": "{op}"}}'.encode(),
         max_attempts=max_attempts,
         ordering_key=ordering_key,
+        priority=priority,
     )
 
 

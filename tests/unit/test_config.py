@@ -178,7 +178,7 @@ INVALID = [
         after(BASE, "[jobs.refund]", "colour = 1"),
         "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
         "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, "
-        "concurrency, concurrency_per_tenant, owner",
+        "concurrency, concurrency_per_tenant, priority, owner",
         id="unknown-key",
     ),
     pytest.param(

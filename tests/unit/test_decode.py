@@ -54,6 +54,16 @@ ATTRIBUTES = DecodeRules(
     jobs=JOBS,
     max_body_bytes=4096,
 )
+# A delivery's own priority from an attribute.
+PRIORITISED = DecodeRules(
+    subscription="refunds",
+    tenant_id=FieldSource.parse("attribute:tenant_id"),
+    operation_id=FieldSource.parse("attribute:operation_id"),
+    job_type=FieldSource.parse("attribute:job_type"),
+    priority=FieldSource.parse("attribute:priority"),
+    jobs=JOBS,
+    max_body_bytes=4096,
+)
 # Constants and the broker's message id.
 CONSTANTS = DecodeRules(
     subscription="refunds",
@@ -542,6 +552,24 @@ REJECTIONS = [
         id="invalid_ordering_key-long",
     ),
     pytest.param(
+        PRIORITISED,
+        raw(attributes={**GOOD_ATTRIBUTES, "operation_id": "o-1", "priority": "high"}),
+        "invalid_priority: attribute 'priority' is not a whole number from -1000 to 1000",
+        id="invalid_priority",
+    ),
+    pytest.param(
+        PRIORITISED,
+        raw(attributes={**GOOD_ATTRIBUTES, "operation_id": "o-1", "priority": "1001"}),
+        "invalid_priority: attribute 'priority' is not a whole number from -1000 to 1000",
+        id="invalid_priority-range",
+    ),
+    pytest.param(
+        PRIORITISED,
+        raw(attributes={**GOOD_ATTRIBUTES, "operation_id": "o-1", "priority": "+3"}),
+        "invalid_priority: attribute 'priority' is not a whole number from -1000 to 1000",
+        id="invalid_priority-sign",
+    ),
+    pytest.param(
         MIXED,
         raw(attributes=ExplodingAttributes()),
         "decode_failed: unexpected RuntimeError",
@@ -810,3 +838,29 @@ def test_field_sources_print_as_they_are_spelled() -> None:
         assert str(FieldSource.parse(text)) == text
     for text in ("body", "body:", "body:/refund"):
         assert str(PayloadSource.parse(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("attributes", "priority"),
+    [({}, 0), ({"priority": "7"}, 7), ({"priority": "-1000"}, -1000), ({"priority": "0"}, 0)],
+)
+def test_a_delivery_takes_its_own_priority_or_else_its_job_types(
+    attributes: dict[str, str], priority: int
+) -> None:
+    found = decode(
+        PRIORITISED, raw(attributes={**GOOD_ATTRIBUTES, "operation_id": "o-1", **attributes})
+    )
+    assert isinstance(found, Delivery)
+    assert found.priority == priority
+
+
+def test_a_priority_from_the_body_is_a_json_integer_not_a_float_or_a_boolean() -> None:
+    rules = replace(MIXED, priority=FieldSource.parse("body:/priority"))
+    for value, expected in ((3, 3), ("3", 3), (None, 0), (ABSENT, 0)):
+        found = decode(rules, raw(with_document(priority=value)))
+        assert isinstance(found, Delivery), value
+        assert found.priority == expected
+    for value in (3.0, True, [3], "3.5"):
+        found = decode(rules, raw(with_document(priority=value)))
+        assert isinstance(found, Rejection), value
+        assert found.reason.startswith("invalid_priority:")

@@ -19,7 +19,7 @@ SELECT
       WHERE t.tgname = 'work_item_identity_immutable') AS identity_immutable,
     (SELECT pg_get_expr(i.indpred, i.indrelid)
        FROM w JOIN pg_index i ON i.indrelid = w.oid
-      WHERE i.indexrelid = to_regclass('work_item_queued')) AS claim_index_predicate,
+      WHERE i.indexrelid = to_regclass('work_item_due')) AS claim_index_predicate,
     (SELECT format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' NOT NULL'
                                                          ELSE '' END
        FROM w JOIN pg_attribute a ON a.attrelid = w.oid

@@ -4,7 +4,10 @@
 -- the earliest unsettled row is eligible. A process claims only rows written under an identity
 -- key it holds (%(identity_keys)s; NULL: any), since it derives their idempotency keys. A row
 -- whose (job_type, tenant_id) waits out a target's rate limit (rate_wait) is skipped by both.
--- The claim of job types with a concurrency limit is claim_limited.sql.
+-- Due rows are taken in claim order (migration 0012: each tenant's fair turn, moved earlier by
+-- its priority), read in order from work_item_due; the clock they must be due by is read once,
+-- in a subquery, so that the planner sizes the scan alike for every execution and keeps one
+-- plan (sql.with_limit). The claim of job types with a concurrency limit is claim_limited.sql.
 WITH expired AS (
     SELECT tenant_id, operation_id, fence, lease_owner, claimed_at
       FROM work_item
@@ -24,7 +27,7 @@ due AS (
     SELECT w.tenant_id, w.operation_id
       FROM work_item w
      WHERE w.state = 'queued'
-       AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+       AND w.next_attempt_at <= (SELECT coalesce(%(now)s::timestamptz, now()))
        AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
        AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
        AND NOT EXISTS (SELECT 1 FROM rate_wait r
@@ -37,7 +40,7 @@ due AS (
                   AND p.ordering_key = w.ordering_key
                   AND p.seq < w.seq
                   AND p.state IN ('queued', 'claimed')))
-     ORDER BY w.next_attempt_at, w.seq
+     ORDER BY w.claim_order, w.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
@@ -74,14 +77,9 @@ claimed AS (
 -- entries of the rows taken over are trimmed (a row has at most two entries per fence: its
 -- attempt and a redrive, so a row whose fence is too low to hold more is not looked at).
 lost AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code)
     SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
-           e.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = e.tenant_id
-                                      AND p.operation_id = e.operation_id
-                                      AND p.fence = e.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
       FROM expired e
      WHERE %(history)s::integer > 0

@@ -53,14 +53,9 @@ claimed AS (
 -- lease_lost, with that attempt's fence, owner and start read before the update; a takeover
 -- is always claimed, whatever the limits).
 lost AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code)
     SELECT l.tenant_id, l.operation_id, 'claim', l.fence, l.lease_owner,
-           l.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = l.tenant_id
-                                      AND p.operation_id = l.operation_id
-                                      AND p.fence = l.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            l.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
       FROM locked l
      WHERE %(history)s::integer > 0

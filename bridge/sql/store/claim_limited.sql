@@ -37,7 +37,7 @@ due AS (
     SELECT w.tenant_id, w.operation_id, w.job_type, w.seq
       FROM work_item w
      WHERE w.state = 'queued'
-       AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+       AND w.next_attempt_at <= (SELECT coalesce(%(now)s::timestamptz, now()))
        AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
        AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
        AND NOT EXISTS (SELECT 1 FROM rate_wait r
@@ -53,7 +53,7 @@ due AS (
        AND NOT EXISTS (SELECT 1 FROM room r
                         WHERE r.job_type = w.job_type AND r.room <= 0
                           AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id)
-     ORDER BY w.next_attempt_at, w.seq
+     ORDER BY w.claim_order, w.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
@@ -95,14 +95,9 @@ claimed AS (
 -- and start, read before the update); past the newest %(history)s the oldest entries of those
 -- rows are trimmed (see settle_many.sql).
 lost AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code)
     SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
-           e.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = e.tenant_id
-                                      AND p.operation_id = e.operation_id
-                                      AND p.fence = e.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
       FROM expired e
      WHERE %(history)s::integer > 0

@@ -10,6 +10,8 @@ WITH moved AS (
        SET state = 'queued',
            attempts = attempts - 1,
            next_attempt_at = coalesce(%(now)s::timestamptz, now()) + %(retry_after)s::interval,
+           claim_order = coalesce(%(now)s::timestamptz, now()) + %(retry_after)s::interval
+                          - make_interval(secs => priority * %(aging)s::float8),
            outcome_code = %(outcome_code)s,
            outcome_detail = %(outcome_detail)s,
            lease_expires_at = NULL,
@@ -35,14 +37,9 @@ passed AS (
        AND r.until <= coalesce(%(now)s::timestamptz, now())
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT m.tenant_id, m.operation_id, 'claim', m.fence, m.lease_owner,
-           m.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = m.tenant_id
-                                      AND p.operation_id = m.operation_id
-                                      AND p.fence = m.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            m.claimed_at, m.updated_at, m.state, m.outcome_code, %(error_class)s, %(finding)s
       FROM moved m
      WHERE %(history)s::integer > 0

@@ -27,6 +27,8 @@ moved AS (
        SET state = 'queued',
            max_attempts = w.attempts + %(extra_attempts)s,
            next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+           claim_order = coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => w.priority * %(aging)s::float8),
            outcome_code = NULL,
            outcome_detail = NULL,
            settled_at = NULL,

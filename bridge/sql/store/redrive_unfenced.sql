@@ -8,6 +8,8 @@ WITH moved AS (
            intent_fence = NULL,
            max_attempts = w.attempts + %(extra_attempts)s,
            next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+           claim_order = coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => priority * %(aging)s::float8),
            outcome_code = NULL,
            outcome_detail = NULL,
            settled_at = NULL,

@@ -7,6 +7,8 @@ WITH released AS (
        SET state = 'queued',
            attempts = attempts - 1,
            next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+           claim_order = coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => priority * %(aging)s::float8),
            lease_expires_at = NULL,
            updated_at = coalesce(%(now)s::timestamptz, now())
      WHERE tenant_id = %(tenant_id)s
@@ -17,14 +19,9 @@ WITH released AS (
     RETURNING tenant_id, operation_id, fence, state, lease_owner, claimed_at, updated_at
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT r.tenant_id, r.operation_id, 'claim', r.fence, r.lease_owner,
-           r.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = r.tenant_id
-                                      AND p.operation_id = r.operation_id
-                                      AND p.fence = r.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            r.claimed_at, r.updated_at, 'released', 'released', NULL, NULL
       FROM released r
      WHERE %(history)s::integer > 0

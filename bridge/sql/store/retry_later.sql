@@ -6,6 +6,8 @@ WITH moved AS (
     UPDATE work_item
        SET state = CASE WHEN attempts >= max_attempts THEN 'failed_terminal' ELSE 'queued' END,
            next_attempt_at = coalesce(%(now)s::timestamptz, now()) + %(backoff)s::interval,
+           claim_order = coalesce(%(now)s::timestamptz, now()) + %(backoff)s::interval
+                          - make_interval(secs => priority * %(aging)s::float8),
            outcome_code = CASE WHEN attempts >= max_attempts THEN 'attempts_exhausted'
                                ELSE %(outcome_code)s END,
            outcome_detail = %(outcome_detail)s,
@@ -21,14 +23,9 @@ WITH moved AS (
               updated_at
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT m.tenant_id, m.operation_id, 'claim', m.fence, m.lease_owner,
-           m.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = m.tenant_id
-                                      AND p.operation_id = m.operation_id
-                                      AND p.fence = m.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            m.claimed_at, m.updated_at, m.state, m.outcome_code, %(error_class)s, %(finding)s
       FROM moved m
      WHERE %(history)s::integer > 0

@@ -17,14 +17,9 @@ WITH settled AS (
     RETURNING tenant_id, operation_id, fence, state, lease_owner, claimed_at, settled_at
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT s.tenant_id, s.operation_id, 'claim', s.fence, s.lease_owner,
-           s.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = s.tenant_id
-                                      AND p.operation_id = s.operation_id
-                                      AND p.fence = s.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            s.claimed_at, s.settled_at, s.state, %(outcome_code)s, %(error_class)s, %(finding)s
       FROM settled s
      WHERE %(history)s::integer > 0

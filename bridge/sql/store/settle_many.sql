@@ -26,14 +26,9 @@ WITH settled AS (
               w.settled_at, t.outcome_code, t.error_class, t.finding
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT s.tenant_id, s.operation_id, 'claim', s.fence, s.lease_owner,
-           s.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = s.tenant_id
-                                      AND p.operation_id = s.operation_id
-                                      AND p.fence = s.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            s.claimed_at, s.settled_at, s.state, s.outcome_code, s.error_class, s.finding
       FROM settled s
      WHERE %(history)s::integer > 0

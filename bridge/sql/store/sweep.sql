@@ -29,14 +29,9 @@ parked AS (
     RETURNING w.tenant_id, w.operation_id, w.fence, w.lease_owner, w.claimed_at, w.settled_at
 ),
 ended AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, takeover, started_at,
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code, error_class, finding)
     SELECT x.tenant_id, x.operation_id, 'claim', x.fence, x.lease_owner,
-           x.fence > 1 AND EXISTS (SELECT 1 FROM work_attempt p
-                                    WHERE p.tenant_id = x.tenant_id
-                                      AND p.operation_id = x.operation_id
-                                      AND p.fence = x.fence - 1
-                                      AND p.outcome = 'lease_lost'),
            x.claimed_at, x.settled_at, 'lease_lost', 'lease_expired_attempts_exhausted', NULL, NULL
       FROM parked x
      WHERE %(history)s::integer > 0

@@ -1,0 +1,122 @@
+-- claim.sql taking tenants in turn ([bridge] tenant_fairness): the same rule (due queued rows and
+-- expired leases with attempts left, SKIP LOCKED, fence and attempt +1, lease from the database
+-- clock, ordered groups, identity keys, rate waits) and the same attempt history; only the
+-- choice of due rows differs. The claim walks the tenants that have queued rows, in tenant
+-- order from the one after %(after)s (the last tenant this claimer served) and around, each at
+-- most once and at most %(limit)s of them: two descents of work_item_tenant_due per step. Each
+-- tenant walked gets a share of the claim by its weight (%(weights)s: {"<tenant>": weight}, 1
+-- when absent), and up to that many of its due rows are locked in its claim order (priority,
+-- due time, ingest). The claim then takes the rows by their rank in their tenant over its
+-- weight, in walk order (the first row of each tenant of weight 1, the first two of a tenant of
+-- weight 2, ...) up to %(limit)s: a tenant with a flood of rows waits behind itself, not in front
+-- of the others. (Kept under psycopg's 4 KiB cache limit once compacted.)
+WITH RECURSIVE walk(tenant_id, pos, first) AS (
+    SELECT t, 1, t
+      FROM coalesce((SELECT min(w.tenant_id) FROM work_item w
+                      WHERE w.state = 'queued' AND w.tenant_id > %(after)s),
+                    (SELECT min(w.tenant_id) FROM work_item w WHERE w.state = 'queued')) AS t
+     WHERE t IS NOT NULL
+    UNION ALL
+    SELECT n.t, k.pos + 1, k.first
+      FROM walk k,
+           coalesce((SELECT min(w.tenant_id) FROM work_item w
+                      WHERE w.state = 'queued' AND w.tenant_id > k.tenant_id),
+                    (SELECT min(w.tenant_id) FROM work_item w WHERE w.state = 'queued')) AS n(t)
+     WHERE k.pos < %(limit)s AND n.t <> k.first
+),
+shares AS (
+    SELECT tenant_id, pos, weight,
+           ceil(%(limit)s * weight::numeric / sum(weight) OVER ())::integer AS share
+      FROM (SELECT k.*, coalesce((%(weights)s::jsonb ->> k.tenant_id)::integer, 1) AS weight
+              FROM walk k) k
+),
+expired AS (
+    SELECT tenant_id, operation_id, fence, lease_owner, claimed_at
+      FROM work_item
+     WHERE state = 'claimed'
+       AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+       AND attempts < max_attempts
+       AND (%(job_types)s::text[] IS NULL OR job_type = ANY (%(job_types)s::text[]))
+       AND (%(identity_keys)s::smallint[] IS NULL OR identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = work_item.job_type AND r.tenant_id = work_item.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
+     ORDER BY lease_expires_at, seq
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT d.tenant_id, d.operation_id, s.pos,
+           row_number() OVER (PARTITION BY s.pos ORDER BY d.claim_order, d.seq) / s.weight AS n
+      FROM shares s
+     CROSS JOIN LATERAL (
+           SELECT w.tenant_id, w.operation_id, w.claim_order, w.seq
+             FROM work_item w
+            WHERE w.state = 'queued'
+              AND w.tenant_id = s.tenant_id
+              AND w.next_attempt_at <= (SELECT coalesce(%(now)s::timestamptz, now()))
+              AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
+              AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
+              AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                               WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
+                                 AND r.until > coalesce(%(now)s::timestamptz, now()))
+              AND (w.ordering_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM work_item p
+                       WHERE p.subscription = w.subscription
+                         AND p.ordering_key = w.ordering_key
+                         AND p.seq < w.seq
+                         AND p.state IN ('queued', 'claimed')))
+            ORDER BY w.claim_order, w.seq
+            LIMIT s.share
+              FOR UPDATE SKIP LOCKED) d
+),
+candidate AS (
+    SELECT tenant_id, operation_id, true AS takeover FROM expired
+    UNION ALL
+    (SELECT tenant_id, operation_id, false FROM due ORDER BY n, pos)
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE work_item w
+       SET state = 'claimed',
+           fence = w.fence + 1,
+           attempts = w.attempts + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
+           claimed_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+      FROM candidate c
+     WHERE w.tenant_id = c.tenant_id
+       AND w.operation_id = c.operation_id
+    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
+              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
+              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
+              w.ordering_key,
+              (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
+              w.identity_key_id
+),
+-- Attempt history: as claim.sql records it.
+lost AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
+                              ended_at, outcome, outcome_code)
+    SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
+           e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
+      FROM expired e
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING expired e
+     WHERE %(history)s::integer > 0
+       AND 2 * e.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = e.tenant_id
+       AND a.operation_id = e.operation_id
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = e.tenant_id
+                       AND b.operation_id = e.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
+)
+SELECT * FROM claimed
