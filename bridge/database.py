@@ -74,8 +74,11 @@ def milliseconds(value: timedelta) -> int:
     return max(round(value.total_seconds() * 1000), 1)
 
 
-#: the session setting of a pool whose statements are planned once per connection
-GENERIC_PLANS: Final = "-c plan_cache_mode=force_generic_plan"
+#: the session settings of a pool whose statements are planned once per connection, and never
+#: compiled: JIT compiles a plan at every execution (PostgreSQL keeps no compiled code between
+#: them), and a tenant-fair claim's plan, costed for shares the planner cannot size, looks dear
+#: enough to be compiled for seconds before a run of half a millisecond
+GENERIC_PLANS: Final = "-c plan_cache_mode=force_generic_plan -c jit=off"
 
 
 def _conninfo(url: str, timeouts: SessionTimeouts, *, generic_plans: bool = False) -> str:
@@ -120,10 +123,11 @@ def open_pool(
     :class:`SessionTimeouts` unless given); it does not wait for the database at construction.
 
     With ``generic_plans`` every statement a connection prepares keeps one plan
-    (``plan_cache_mode = force_generic_plan``): the bridge's own statements are written for one
-    plan each (the claims' limits are in their text), and a parameter the planner cannot size
-    (a tenant-fair claim's share of each tenant) must not make it plan a claim again at every
-    execution. Not for a pool that runs ad hoc queries with optional filters (the console's).
+    (``plan_cache_mode = force_generic_plan``), never JIT-compiled (``jit = off``): the bridge's
+    own statements are written for one plan each (the claims' limits are in their text), and a
+    parameter the planner cannot size (a tenant-fair claim's share of each tenant) must not make
+    it plan, or compile, a claim again at every execution. Not for a pool that runs ad hoc
+    queries with optional filters (the console's).
     """
     pool: ConnectionPool[Connection] = ConnectionPool(
         _conninfo(
