@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             limits=config.bridge.limits(),
         )
         if telemetry.metrics:
-            bridge.telemetry.observe(bridge.store)
+            bridge.telemetry.observe(bridge.store, limits=config.concurrency_limits())
         try:
             bridge.run_until_signalled()
         finally:

@@ -69,6 +69,8 @@ METRIC_STALLED: Final = "fencebridge.claims.stalled"
 METRIC_OLDEST_UNKNOWN: Final = "fencebridge.unknown.oldest_age"
 METRIC_QUARANTINED: Final = "fencebridge.quarantined"
 METRIC_QUEUE_DEPTH: Final = "fencebridge.queue.depth"
+#: due rows that cannot be claimed now, by why (label ``reason``: ``limit``, ``rate``)
+METRIC_WAITING: Final = "fencebridge.queue.waiting"
 METRIC_THREAD_RESTARTS: Final = "fencebridge.thread.restarts"
 #: what happened on a broker stream: acks confirmed / refused / unanswered, extensions, lost
 #: broker leases, deliveries let go or handed back (label ``event``)
@@ -85,3 +87,6 @@ LABEL_KIND: Final = "kind"
 #: a supervised service of the bridge (claimer, worker, heartbeater, sweeper, gauges, health)
 LABEL_SERVICE: Final = "service"
 LABEL_EVENT: Final = "event"
+LABEL_REASON: Final = "reason"
+#: a tenant's keyed hash (the waiting gauge: a row per tenant that waits)
+LABEL_TENANT_HASH: Final = "tenant_hash"

@@ -29,7 +29,7 @@ from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, Sta
 
 if TYPE_CHECKING:
     from bridge.decode import RawDelivery
-    from bridge.store.work import WorkStore
+    from bridge.store.work import ConcurrencyLimit, WaitingCount, WorkStore
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,7 @@ class Telemetry:
             description="What happened on a broker stream: acks, extensions, lost broker leases",
         )
         self._stats: Stats | None = None
+        self._waiting: list[WaitingCount] = []
         self._stats_lock = threading.Lock()
         self._observing: threading.Event | None = None
 
@@ -356,8 +357,14 @@ class Telemetry:
 
     # -- gauges read from the database ----------------------------------------------------------
 
-    def observe(self, store: WorkStore, interval: float = STATS_REFRESH_SECONDS_DEFAULT) -> None:
+    def observe(
+        self,
+        store: WorkStore,
+        interval: float = STATS_REFRESH_SECONDS_DEFAULT,
+        limits: Mapping[str, ConcurrencyLimit] | None = None,
+    ) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.
+        ``limits``: the concurrency limits the bridge claims under (for the waiting gauge).
 
         Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.
         The thread is supervised (:attr:`gauges`): a failed reading clears the gauges, and is
@@ -372,12 +379,15 @@ class Telemetry:
         def refresh() -> None:
             try:
                 stats = store.stats()
+                waiting = store.waiting(limits)
             except Exception:
                 with self._stats_lock:
                     self._stats = None  # a stale reading must not pass for a current one
+                    self._waiting = []
                 raise
             with self._stats_lock:
                 self._stats = stats
+                self._waiting = waiting
 
         self.gauges = Supervised(
             "gauges",
@@ -412,6 +422,12 @@ class Telemetry:
             unit="{operation}",
             description="Queued rows per subscription",
         )
+        self._meter.create_observable_gauge(
+            n.METRIC_WAITING,
+            [self._observe_waiting],
+            unit="{operation}",
+            description="Due rows that cannot be claimed now, by reason, job type and tenant hash",
+        )
 
     def stop_observing(self) -> None:
         with self._stats_lock:
@@ -421,6 +437,21 @@ class Telemetry:
     def _snapshot(self) -> Stats | None:
         with self._stats_lock:
             return self._stats
+
+    def _observe_waiting(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._stats_lock:
+            waiting = list(self._waiting)
+        return [
+            Observation(
+                w.count,
+                {
+                    n.LABEL_REASON: w.reason,
+                    n.LABEL_JOB_TYPE: w.job_type,
+                    n.LABEL_TENANT_HASH: self._hasher.tenant(w.tenant_id),
+                },
+            )
+            for w in waiting
+        ]
 
     def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
         stats = self._snapshot()

@@ -64,6 +64,7 @@ from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.runtime import Bridge, build_registry
 from bridge.store import PostgresStore
+from bridge.store.work import ConcurrencyLimit
 from bridge.targets.postgres import fenced_write
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -750,6 +751,52 @@ def test_a_drained_subscription_reports_a_queue_depth_of_zero(store: PostgresSto
     assert stalled.value == 0
 
 
+def test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason(store: PostgresStore) -> None:
+    """Due rows a claim skips, by reason, job type and tenant hash (never the tenant id)."""
+
+    def queued(op: str, tenant: str) -> Delivery:
+        return Delivery(
+            tenant_id=tenant,
+            operation_id=op,
+            subscription=SUBSCRIPTION,
+            job_type="record",
+            target_class=TargetClass.A,
+            payload=b"{}",
+        )
+
+    store.ingest(
+        [
+            queued("held", "t-limit"),
+            queued("waits", "t-limit"),  # its tenant holds its one slot
+            queued("r", "t-rate"),
+            queued("sibling", "t-rate"),  # its key waits out the target's limit on r
+        ]
+    )
+    limits = {"record": ConcurrencyLimit(per_tenant=1)}
+    store.use_concurrency_limits(limits)
+    (held,) = store.claim_keys("w", [Key("t-limit", "held")], timedelta(seconds=30))
+    (rated,) = store.claim_keys("w", [Key("t-rate", "r")], timedelta(seconds=30))
+    store.rate_limited(rated.ticket, timedelta(minutes=5))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    hasher = IdentityHasher(SECRET)
+    try:
+        Telemetry(hasher, meter_provider=meters).observe(store, interval=3600, limits=limits)
+        eventually(
+            lambda: n.METRIC_WAITING in metric_points(reader.get_metrics_data()),
+            "the waiting gauge's first reading",
+        )
+        points = metric_points(reader.get_metrics_data())
+    finally:
+        meters.shutdown()
+    found = {
+        (attrs[n.LABEL_REASON], attrs[n.LABEL_TENANT_HASH]): point.value
+        for attrs, point in points[n.METRIC_WAITING]
+    }
+    assert found == {("limit", hasher.tenant("t-limit")): 1, ("rate", hasher.tenant("t-rate")): 1}
+    assert held.tenant_id not in str(points[n.METRIC_WAITING])
+
+
 # -- the reference ------------------------------------------------------------------------------
 
 
@@ -764,9 +811,10 @@ def documented_metrics() -> dict[str, Instrument]:
     return rows
 
 
-#: emitted only when something fails; a healthy run records none (their instruments are checked
-#: by the fault tests, e.g. integration/test_supervision.py for the restarts)
-FAULT_ONLY = {"fencebridge.thread.restarts"}
+#: emitted only when something fails, or waits; a healthy run records none (their instruments are
+#: checked by the fault tests, e.g. integration/test_supervision.py for the restarts, and by
+#: test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason below)
+FAULT_ONLY = {"fencebridge.thread.restarts", "fencebridge.queue.waiting"}
 
 
 def test_the_reference_documents_every_emitted_metric_as_emitted(sqs_run: SqsRun) -> None:

@@ -2,7 +2,8 @@
 -- `fencebridge status`: `rate` while their (job_type, tenant_id) waits out a target's rate limit
 -- (rate_wait), else `limit` while their job type, or their (job type, tenant), holds as many
 -- claimed rows as its concurrency limit (%(slots)s, as the claims pass it; NULL: no limits).
--- A read: it takes no lock, so it is the picture of one instant, not a reservation.
+-- A read: it takes no lock, so it is the picture of one instant, not a reservation. It is the
+-- bridge's fencebridge.queue.waiting gauge too, read every refresh of the gauges.
 WITH l AS (
     SELECT e.key AS job_type, (e.value ->> 0)::bigint AS total,
            (e.value ->> 1)::bigint AS per_tenant
@@ -39,6 +40,10 @@ waiting AS (
       FROM work_item w
      WHERE w.state = 'queued'
        AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+       -- no limit and no wait: nothing can be waiting, and the queue is not read
+       AND (%(slots)s::jsonb IS NOT NULL
+            OR EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.until > coalesce(%(now)s::timestamptz, now())))
 )
 SELECT job_type, tenant_id, reason, count(*)
   FROM waiting
