@@ -16,8 +16,9 @@ batch, what one dequeue round hands out).
 
 * ``fencebridge``: :class:`~bridge.worker.WorkerPool` with a class B handler that returns at
   once (the cheapest executor), swept over claimers and over processes (N processes of 16 / N
-  threads each, as N replicas would run); the store's pool holds a connection per thread, per
-  claimer and one for the heartbeater. Rows are kept as ``succeeded``.
+  threads each, as N replicas would run), with tenant fairness on (the default) and once off;
+  the store is opened as ``fencebridge run`` opens it, its pool holding a connection per
+  thread, per claimer and one for the heartbeater. Rows are kept as ``succeeded``.
 * ``pgqueuer``: consumers x batch, with and without ``concurrency_limit``
   (:mod:`bench.peers.pgqueuer_drain`).
 * ``procrastinate``: the worker's ``concurrency`` (:mod:`bench.peers.procrastinate_drain`).
@@ -123,7 +124,12 @@ class Config:
 
 
 def fencebridge(
-    threads: int, *, claimers: int = CLAIMERS_DEFAULT, processes: int = 1, spin: bool = False
+    threads: int,
+    *,
+    claimers: int = CLAIMERS_DEFAULT,
+    processes: int = 1,
+    spin: bool = False,
+    fair: bool = True,
 ) -> Config:
     label = f"{threads} threads, {claimers} claimer(s)"
     if processes > 1:
@@ -136,6 +142,9 @@ def fencebridge(
         "--processes",
         str(processes),
     )
+    if not fair:
+        label += ", due order (tenant fairness off)"
+        args += ("--due-order",)
     if spin:
         label += ", CPU-bound handler"
         args += ("--spin",)
@@ -165,6 +174,7 @@ CEILING_CONFIG = Config(CEILING, "pgbench, 16 clients", 16)
 #: every configuration a full run drains
 SWEEP: tuple[Config, ...] = (
     fencebridge(16, claimers=1),
+    fencebridge(16, claimers=1, fair=False),
     fencebridge(16, claimers=2),
     fencebridge(16, claimers=3),
     fencebridge(8, processes=2),
@@ -284,11 +294,24 @@ def fencebridge_prepare(store: PostgresStore, jobs: int) -> None:
 
 
 def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positional arguments)
-    url: str, threads: int, claimers: int, spin: bool, left: Any, done: Any, problems: Any
+    url: str,
+    threads: int,
+    claimers: int,
+    spin: bool,
+    fair: bool,
+    left: Any,
+    done: Any,
+    problems: Any,
 ) -> None:
-    """One pool in this process, draining until ``left`` (shared by every process) is zero."""
+    """One pool in this process, draining until ``left`` (shared by every process) is zero.
+    The store is opened as ``fencebridge run`` opens it (one plan per statement, no JIT,
+    tenant fairness as configured)."""
     connections = threads + claimers + 1  # the workers, the claimers and the heartbeater
-    store = PostgresStore.connect(url, min_size=connections, max_size=connections)
+    store = PostgresStore.connect(
+        url, min_size=connections, max_size=connections, generic_plans=True
+    )
+    if fair:
+        store.use_tenant_fairness()
     try:
         store.pool.wait()
         registry = Registry()
@@ -357,7 +380,13 @@ class SharedSettled(Settled):
 
 
 def fencebridge_drain(  # noqa: PLR0917
-    url: str, jobs: int, threads: int, claimers: int, processes: int, spin: bool = False
+    url: str,
+    jobs: int,
+    threads: int,
+    claimers: int,
+    processes: int,
+    spin: bool = False,
+    fair: bool = True,
 ) -> Drain:
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -372,7 +401,7 @@ def fencebridge_drain(  # noqa: PLR0917
     children = [
         context.Process(
             target=fencebridge_drain_process,
-            args=(url, threads, claimers, spin, left, done, problems),
+            args=(url, threads, claimers, spin, fair, left, done, problems),
         )
         for _ in range(processes)
     ]
@@ -589,6 +618,9 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--claimers", type=int, help="internal, with --drain")
     parser.add_argument("--processes", type=int, default=1, help="internal, with --drain")
     parser.add_argument("--spin", action="store_true", help="internal: the CPU-bound handler")
+    parser.add_argument(
+        "--due-order", action="store_true", help="internal: claims without tenant fairness"
+    )
     return parser
 
 
@@ -603,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.claimers or CLAIMERS_DEFAULT,
                 args.processes,
                 args.spin,
+                not args.due_order,
             )
         )
         return 0
