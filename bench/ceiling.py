@@ -1,8 +1,8 @@
 """What the server itself can do, measured in the same run as the systems compared with it.
 
-* :func:`claim_settle_ceiling`: ``pgbench`` running the project's own ``claim.sql`` (10 rows)
-  and ``settle_many.sql`` for the rows it claimed, one transaction per pair, with no Python in
-  the way: the most the worker pool's statements can do on this server.
+* :func:`claim_settle_ceiling`: ``pgbench`` running the project's own claim (``claim_fair.sql``,
+  the pool's, for 10 rows) and ``settle_many.sql`` for the rows it claimed, one transaction per
+  pair, prepared, with no Python in the way: the most the pool's statements can do here.
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 
@@ -12,6 +12,7 @@ rates a Python process can reach; they say how far from the database's speed a s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from psycopg import conninfo
 
 from bench.store import binary, prepare_queue
 from bridge import sql
+from bridge.database import GENERIC_PLANS
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 
 CEILING_BATCH = 10
@@ -65,26 +67,29 @@ def _strip(text: str) -> str:
 
 
 def claim_settle_script() -> str:
-    """One pgbench transaction: claim.sql for 10 rows, settle_many.sql for what it claimed."""
-    claim = _strip(sql.statement("claim"))
+    """One pgbench transaction: the tenant-fair claim the pool runs (claim_fair.sql, its limit
+    in its text) for 10 rows, settle_many.sql for what it claimed. Run prepared (``-M
+    prepared``), as the pool's statements run: planned once, the claimed keys bound as
+    parameters."""
+    claim = _strip(sql.with_limit("claim_fair", CEILING_BATCH))
     for name, value in {
         "now": "NULL",
-        "limit": str(CEILING_BATCH),
         "job_types": "NULL",
         "worker": "'pgbench'",
         "lease": "'5 minutes'",
         "identity_keys": "NULL",  # any identity key, as a process holding every key claims
         "history": str(ATTEMPT_HISTORY_DEFAULT),
-        "slots": "NULL",  # no concurrency limit
+        "after": "''",  # every claim walks from the first tenant: one tenant here
+        "weights": "NULL",
     }.items():
         claim = claim.replace(f"%({name})s", value)
     settle = _strip(sql.statement("settle_many"))
-    count = "ARRAY[cardinality(':f'::bigint[])]"
+    count = "ARRAY[cardinality(:f::bigint[])]"
     for name, value in {
         "now": "NULL",
-        "tenant_id": "':t'",
-        "operation_id": "':o'",
-        "fence": "':f'",
+        "tenant_id": ":t",
+        "operation_id": ":o",
+        "fence": ":f",
         "state": f"array_fill('succeeded'::text, {count})",
         "outcome_code": f"array_fill('ok'::text, {count})",
         "outcome_detail": f"array_fill(NULL::text, {count})",
@@ -113,13 +118,15 @@ def _pgbench(url: str, script: str, clients: int, *limit: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".pgb") as f:
         f.write(script)
         f.flush()
-        options = ["-n", "-f", f.name, "-c", str(clients), "-j", "2", *limit]
+        options = ["-n", "-M", "prepared", "-f", f.name, "-c", str(clients), "-j", "2", *limit]
         done = subprocess.run(
             [binary("pgbench"), *args, *options, dbname],
             capture_output=True,
             text=True,
             timeout=1800,
             check=False,
+            # the sessions the bridge's pool opens: one plan per statement, no JIT
+            env={**os.environ, "PGOPTIONS": GENERIC_PLANS},
         )
     if done.returncode != 0:
         raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr[-2000:]}")
