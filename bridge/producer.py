@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bridge.decode import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     DecodeRules,
     FieldSource,
     RawDelivery,
@@ -170,6 +172,7 @@ class Producer:
         payload: object,
         job_type: str | None = None,
         schema_version: str | None = None,
+        priority: int | None = None,
         group_id: str | None = None,
         deduplication_id: str | None = None,
         context: Context | None = None,
@@ -205,6 +208,7 @@ class Producer:
             payload=payload,
             job_type=job_type,
             schema_version=schema_version,
+            priority=priority,
             ordering_key=group_id,
             context=context,
         )
@@ -233,6 +237,7 @@ class Producer:
         payload: object,
         job_type: str | None = None,
         schema_version: str | None = None,
+        priority: int | None = None,
         ordering_key: str | None = None,
         context: Context | None = None,
     ) -> PubSubMessage:
@@ -250,6 +255,7 @@ class Producer:
             payload=payload,
             job_type=job_type,
             schema_version=schema_version,
+            priority=priority,
             ordering_key=ordering_key,
             context=context,
         )
@@ -265,11 +271,30 @@ class Producer:
             )
 
     def _attribute_names(self) -> list[str]:
-        return [
-            s.argument
-            for s in self._sources().values()
-            if s is not None and s.kind is SourceKind.ATTRIBUTE
-        ]
+        sources = [*self._sources().values(), self.rules.priority]
+        return [s.argument for s in sources if s is not None and s.kind is SourceKind.ATTRIBUTE]
+
+    def _priority(self, given: int | None) -> int | None:
+        """The priority the message carries, checked against ``decode.priority``."""
+        source = self.rules.priority
+        where = f"subscription {self.rules.subscription!r}"
+        if given is None:
+            return None  # the job type's priority applies
+        if source is None:
+            raise ProducerError(
+                f"{where} reads no priority (decode.priority is unset): drop priority, or add "
+                "the rule to the subscription (the job type's priority applies meanwhile)"
+            )
+        if type(given) is not int or not PRIORITY_MIN <= given <= PRIORITY_MAX:
+            raise ProducerError(
+                f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}"
+            )
+        if source.kind is SourceKind.VALUE and str(given) != source.argument:
+            raise ProducerError(
+                f'{where} gives every message one priority (decode.priority = "{source}"): '
+                "drop priority"
+            )
+        return given
 
     def _identity(self, tenant_id: str | None, operation_id: str) -> tuple[str, str]:
         tenant = self._value("tenant_id", self.rules.tenant_id, tenant_id)
@@ -305,6 +330,19 @@ class Producer:
             raise ProducerError(f"{name} {problem}: the bridge would quarantine the message")
         return given
 
+    def _place_priority(
+        self, level: int | None, attributes: dict[str, str], document: object
+    ) -> object:
+        """Where ``decode.priority`` reads it: an attribute's decimal text, a body's integer."""
+        rule = self.rules.priority
+        if level is None or rule is None:
+            return document
+        if rule.kind is SourceKind.ATTRIBUTE:
+            attributes[rule.argument] = str(level)
+        elif rule.kind is SourceKind.BODY:
+            return _place(document, rule.tokens, level, "priority")
+        return document
+
     def _build(
         self,
         *,
@@ -313,6 +351,7 @@ class Producer:
         payload: object,
         job_type: str | None,
         schema_version: str | None,
+        priority: int | None,
         ordering_key: str | None,
         context: Context | None,
     ) -> _Built:
@@ -359,6 +398,8 @@ class Producer:
                 attributes[source.argument] = value
             elif source.kind is SourceKind.BODY:
                 document = _place(document, source.tokens, value, name)
+        level = self._priority(priority)
+        document = self._place_priority(level, attributes, document)
         if self.rules.payload.pointer is None:
             body = self._raw_body(payload, document)
         else:
@@ -367,7 +408,7 @@ class Producer:
         _W3C.inject(carrier, context=context)
         if TRACEPARENT_ATTRIBUTE in carrier:
             attributes[TRACEPARENT_ATTRIBUTE] = carrier[TRACEPARENT_ATTRIBUTE]
-        self._verify(body, attributes, ordering_key, values)
+        self._verify(body, attributes, ordering_key, values, level)
         return _Built(body, attributes)
 
     def _raw_body(self, payload: object, document: object) -> bytes:
@@ -398,6 +439,7 @@ class Producer:
         attributes: Mapping[str, str],
         ordering_key: str | None,
         values: Mapping[str, str | None],
+        priority: int | None,
     ) -> None:
         """Decode the message with the subscription's rules: what is sent is what is read."""
         raw = RawDelivery(
@@ -421,6 +463,8 @@ class Producer:
         }
         if read != dict(values):  # cannot happen: the layout is the rules' own
             raise ProducerError("the message decodes to another operation: please report this")
+        if priority is not None and decoded.priority != priority:  # cannot happen either
+            raise ProducerError("the message decodes to another priority: please report this")
 
 
 def _operation_digest(tenant_id: str, operation_id: str) -> str:

@@ -9,6 +9,7 @@ from the example configuration. Over HTTP against moto: ``tests/integration/test
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import queue
 import re
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
 from bridge.config import BridgeConfig, load_config, parse_config
-from bridge.decode import decode
+from bridge.decode import FieldSource, decode
 from bridge.producer import TRACEPARENT_ATTRIBUTE, Producer, ProducerError, SqsMessage
 from bridge.types import Delivery
 from consumers import pubsub as pubsub_consumer
@@ -453,3 +454,60 @@ def test_the_readme_producer_examples_send_what_the_readme_rules_decode(
     assert from_pubsub.payload == delivery.payload
     assert from_pubsub.key == delivery.key
     assert from_pubsub.trace_context == traceparent_of(span)
+
+
+def test_a_priority_goes_where_the_rules_read_it_and_decodes_to_itself(
+    example: BridgeConfig,
+) -> None:
+    """The example reads a delivery's priority from an attribute (decimal text); a body rule
+    places the JSON integer; a subscription that reads none refuses one."""
+    producer = Producer.for_subscription(example, "refunds")
+    message = producer.sqs(
+        tenant_id="acme",
+        operation_id="refund-7",
+        job_type="refund",
+        schema_version="2",
+        payload=REFUND,
+        priority=-12,
+    )
+    assert message.attributes["priority"] == "-12"
+    delivery = decode(
+        example.decode_rules("refunds"),
+        sqs_consumer.to_raw("refunds", received_sqs(message)),
+    )
+    assert isinstance(delivery, Delivery)
+    assert delivery.priority == -12
+    in_body = Producer(
+        dataclasses.replace(
+            example.decode_rules("refunds"), priority=FieldSource.parse("body:/priority")
+        ),
+        "sqs",
+    )
+    sent = in_body.sqs(
+        tenant_id="acme",
+        operation_id="refund-7",
+        job_type="refund",
+        schema_version="2",
+        payload=REFUND,
+        priority=3,
+    )
+    assert json.loads(sent.body)["priority"] == 3
+    with pytest.raises(ProducerError, match="whole number"):
+        producer.sqs(
+            tenant_id="acme",
+            operation_id="r",
+            job_type="refund",
+            schema_version="2",
+            payload=REFUND,
+            priority=5000,
+        )
+    unread = Producer(dataclasses.replace(example.decode_rules("refunds"), priority=None), "sqs")
+    with pytest.raises(ProducerError, match="reads no priority"):
+        unread.sqs(
+            tenant_id="acme",
+            operation_id="r",
+            job_type="refund",
+            schema_version="2",
+            payload=REFUND,
+            priority=1,
+        )
