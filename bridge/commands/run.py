@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
     from bridge.identity import IdentityHasher  # noqa: PLC0415
     from bridge.runtime import open_bridge  # noqa: PLC0415
+    from bridge.store import PostgresStore  # noqa: PLC0415
     from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
 
     config = load_config(args.config)
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             IdentityHasher.from_env(),
             limits=config.bridge.limits(),
         )
-        if telemetry.metrics:
+        if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
             bridge.telemetry.observe(bridge.store, limits=config.concurrency_limits())
         try:
             bridge.run_until_signalled()

@@ -5,6 +5,7 @@ Business code never builds SQL: it asks for a statement by its file name and pas
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -33,18 +34,30 @@ class Migration:
         return [part.strip() for part in text.split(";") if part.strip()]
 
 
+#: a line ``\i <part>`` of a statement stands for the text of ``store/parts/<part>.sql``
+INCLUDE: Final = re.compile(r"^\\i ([a-z_]+)$")
+
+
 @cache
 def statement(name: str) -> LiteralString:
     """The text of ``store/<name>.sql``, without its comment lines and indentation.
 
     What is sent is kept short: psycopg caches the conversion of a query's placeholders only
     for texts of up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``) and otherwise converts the
-    whole text again at every execution.
+    whole text again at every execution. A line ``\\i <part>`` takes in a part that several
+    statements share (the claims' takeovers and their end), written once.
     """
-    text: LiteralString = (
-        resources.files(__package__).joinpath("store", f"{name}.sql").read_text("utf-8")
-    )
-    return _compact(text)
+    return _compact(_read("store", f"{name}.sql"))
+
+
+def _read(*path: str) -> LiteralString:
+    text: LiteralString = resources.files(__package__).joinpath(*path).read_text("utf-8")
+    lines: list[LiteralString] = []
+    for line in text.splitlines():
+        included = INCLUDE.match(line.strip())
+        lines.append(_read("store", "parts", f"{included.group(1)}.sql") if included else line)
+    joined: LiteralString = "\n".join(lines)
+    return joined
 
 
 #: the placeholder of a statement's row limit that :func:`with_limit` writes in as a number

@@ -151,10 +151,6 @@ class WorkStore(KeyedStore, Protocol):
         """Claim tenants in turn, each taking its share of a claim by its weight."""
         ...
 
-    def waiting(self, limits: Mapping[str, ConcurrencyLimit] | None = None) -> list[WaitingCount]:
-        """Due rows not claimable now, per job type, tenant and reason (``limit``, ``rate``)."""
-        ...
-
     def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
         """Extend the lease under the fence; returns the new expiry."""
         ...

@@ -29,9 +29,21 @@ from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, Sta
 
 if TYPE_CHECKING:
     from bridge.decode import RawDelivery
-    from bridge.store.work import ConcurrencyLimit, WaitingCount, WorkStore
+    from bridge.store.work import ConcurrencyLimit, WaitingCount
+    from bridge.types import Stats as _Stats
 
 log = logging.getLogger(__name__)
+
+
+class GaugeSource(Protocol):
+    """**Protocol**: what the database gauges read (the bridge's store offers both)."""
+
+    def stats(self) -> _Stats: ...
+
+    def waiting(
+        self, limits: Mapping[str, ConcurrencyLimit] | None = None
+    ) -> list[WaitingCount]: ...
+
 
 decisions_log = logging.getLogger("fencebridge.decisions")
 
@@ -359,7 +371,7 @@ class Telemetry:
 
     def observe(
         self,
-        store: WorkStore,
+        store: GaugeSource,
         interval: float = STATS_REFRESH_SECONDS_DEFAULT,
         limits: Mapping[str, ConcurrencyLimit] | None = None,
     ) -> None:

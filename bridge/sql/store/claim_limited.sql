@@ -18,21 +18,7 @@
 WITH room AS (
     SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
 ),
-expired AS (
-    SELECT tenant_id, operation_id, fence, lease_owner, claimed_at
-      FROM work_item
-     WHERE state = 'claimed'
-       AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
-       AND attempts < max_attempts
-       AND (%(job_types)s::text[] IS NULL OR job_type = ANY (%(job_types)s::text[]))
-       AND (%(identity_keys)s::smallint[] IS NULL OR identity_key_id = ANY (%(identity_keys)s::smallint[]))
-       AND NOT EXISTS (SELECT 1 FROM rate_wait r
-                        WHERE r.job_type = work_item.job_type AND r.tenant_id = work_item.tenant_id
-                          AND r.until > coalesce(%(now)s::timestamptz, now()))
-     ORDER BY lease_expires_at, seq
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-),
+\i claim_expired
 due AS (
     SELECT w.tenant_id, w.operation_id, w.job_type, w.seq
       FROM work_item w
@@ -70,51 +56,4 @@ candidate AS (
                           AND CASE WHEN r.tenant_id IS NULL THEN d.j ELSE d.k END > r.room)
     LIMIT %(limit)s
 ),
-claimed AS (
-    UPDATE work_item w
-       SET state = 'claimed',
-           fence = w.fence + 1,
-           attempts = w.attempts + 1,
-           lease_owner = %(worker)s,
-           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
-           claimed_at = coalesce(%(now)s::timestamptz, now()),
-           updated_at = coalesce(%(now)s::timestamptz, now())
-      FROM candidate c
-     WHERE w.tenant_id = c.tenant_id
-       AND w.operation_id = c.operation_id
-    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
-              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
-              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
-              w.ordering_key,
-              (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
-              w.identity_key_id
-),
--- Attempt history (%(history)s newest per row; 0 writes none): an attempt is recorded when it
--- ends, by the statement that ends it; the open one is the work row itself. A takeover ends
--- the attempt it takes over, as lease_lost, in this statement (with that attempt's fence, owner
--- and start, read before the update); past the newest %(history)s the oldest entries of those
--- rows are trimmed (see settle_many.sql).
-lost AS (
-    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
-                              ended_at, outcome, outcome_code)
-    SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
-           e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
-      FROM expired e
-     WHERE %(history)s::integer > 0
-),
-trimmed AS (
-    DELETE FROM work_attempt a
-     USING expired e
-     WHERE %(history)s::integer > 0
-       AND 2 * e.fence - 1 > greatest(%(history)s::integer, 2)
-       AND a.tenant_id = e.tenant_id
-       AND a.operation_id = e.operation_id
-       AND a.id <= (SELECT b.id
-                      FROM work_attempt b
-                     WHERE b.tenant_id = e.tenant_id
-                       AND b.operation_id = e.operation_id
-                     ORDER BY b.id DESC
-                    OFFSET greatest(%(history)s::integer, 2) - 1
-                     LIMIT 1)
-)
-SELECT * FROM claimed
+\i claim_tail

@@ -1,0 +1,52 @@
+-- The end of every claim of due rows and takeovers (claim.sql, claim_fair.sql,
+-- claim_limited.sql): the claim itself over its candidate rows, and the attempt history.
+claimed AS (
+    UPDATE work_item w
+       SET state = 'claimed',
+           fence = w.fence + 1,
+           attempts = w.attempts + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
+           claimed_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+      FROM candidate c
+     WHERE w.tenant_id = c.tenant_id
+       AND w.operation_id = c.operation_id
+    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
+              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
+              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
+              w.ordering_key,
+              (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
+              w.identity_key_id
+),
+-- Attempt history (%(history)s newest per row; 0 writes none): an attempt is recorded when it
+-- ends, by the statement that ends it (settle_many.sql and its siblings); the attempt still
+-- running is the work row itself. A takeover ends the attempt it takes over, as lease_lost,
+-- here: its fence, owner and start are read before the update. That attempt began as a
+-- takeover itself if the one before it was lost. Past the newest %(history)s, the oldest
+-- entries of the rows taken over are trimmed (a row has at most two entries per fence: its
+-- attempt and a redrive, so a row whose fence is too low to hold more is not looked at).
+lost AS (
+    INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
+                              ended_at, outcome, outcome_code)
+    SELECT e.tenant_id, e.operation_id, 'claim', e.fence, e.lease_owner,
+           e.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
+      FROM expired e
+     WHERE %(history)s::integer > 0
+),
+trimmed AS (
+    DELETE FROM work_attempt a
+     USING expired e
+     WHERE %(history)s::integer > 0
+       AND 2 * e.fence - 1 > greatest(%(history)s::integer, 2)
+       AND a.tenant_id = e.tenant_id
+       AND a.operation_id = e.operation_id
+       AND a.id <= (SELECT b.id
+                      FROM work_attempt b
+                     WHERE b.tenant_id = e.tenant_id
+                       AND b.operation_id = e.operation_id
+                     ORDER BY b.id DESC
+                    OFFSET greatest(%(history)s::integer, 2) - 1
+                     LIMIT 1)
+)
+SELECT * FROM claimed
