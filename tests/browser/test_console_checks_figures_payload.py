@@ -53,9 +53,11 @@ def test_the_overview_shows_the_figures_of_the_rows(page: Page, site: Site, db: 
     (tenant, op) = db.execute(  # type: ignore[misc]
         "SELECT tenant_id, operation_id FROM work_item WHERE state = 'claimed' LIMIT 1"
     ).fetchone()
+    # a takeover records the attempt it took over, ended at that moment as lease_lost
     db.execute(
-        "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, takeover, started_at)"
-        " VALUES (%s, %s, 'claim', 9, true, now() - interval '5 minutes')",
+        "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, started_at, ended_at,"
+        " outcome, outcome_code) VALUES (%s, %s, 'claim', 9, now() - interval '7 minutes',"
+        " now() - interval '5 minutes', 'lease_lost', 'lease_expired')",
         (tenant, op),
     )
     log_in(page, site, VIEWER)
