@@ -241,11 +241,17 @@ def test_after_outcome_holds_deliveries_through_handlers_that_outlive_the_ack_de
         worker_threads=16,
     ) as bridges:
         first, second = bridges
-        eventually(
-            lambda: first_counts_hold(first),
-            "the first bridge to hold deliveries whose handlers run long",
-            timeout=DRAIN_SECONDS,
-        )
+        try:
+            eventually(
+                lambda: first_counts_hold(first),
+                "the first bridge to hold deliveries whose handlers run long",
+                timeout=DRAIN_SECONDS,
+            )
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}: first {counts(first)}, second {counts(second)}, rows {work_rows(db_url)}"
+                f"\n{first.logs()[-4000:]}"
+            ) from None
         # SIGTERM the first bridge while it holds deliveries: it hands them back at once and
         # the second bridge takes them (their rows' leases lapse and are taken over).
         before = counts(first)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from bridge.runtime import open_bridge, pool_size
 from consumers.sqs import SqsSettings
 from tests.support.bridge_process import Job, SqsBridgeConfig, free_port
 from tests.support.handlers import create_tables
-from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.sqs_server import SqsServer, sqs_server_process
 from tests.support.waiting import eventually
 
 HASHER = IdentityHasher(b"pool-sizing-tests-identity-secret")
@@ -35,6 +36,8 @@ DUPLICATES = 100
 CONFLICTS = 20
 CONSUMERS = 16
 WORKERS = 8
+#: how many messages the test keeps in the queue while the bridge drains it
+QUEUE_DEPTH = 200
 #: threads that take a connection from the pool, by their name's start
 DATABASE_THREADS = (
     "fencebridge-handler-",
@@ -48,8 +51,10 @@ DATABASE_THREADS = (
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[SqsServer]:
-    """moto's server, and dummy credentials for the clients the bridge builds itself."""
-    with sqs_server() as server, pytest.MonkeyPatch.context() as env:
+    """moto's server in its own process (sixteen long polls on threads of this process would
+    share its interpreter lock with the bridge under test), and dummy credentials for the
+    clients the bridge builds itself."""
+    with sqs_server_process() as server, pytest.MonkeyPatch.context() as env:
         env.setenv("AWS_ACCESS_KEY_ID", "testing")
         env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         yield server
@@ -71,6 +76,40 @@ def send(sqs: Any, queue_url: str, messages: list[tuple[str, object]]) -> None:
         ]
         response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
         assert not response.get("Failed"), response
+
+
+class Feeder(threading.Thread):
+    """Sends the messages in order while the bridge drains, keeping the queue about
+    ``depth`` deep: moto's receive reads the whole queue for every message it returns, so a
+    thousand-message queue under sixteen long polls would measure moto, not the bridge."""
+
+    def __init__(self, sqs: Any, queue_url: str, messages: list[tuple[str, object]], depth: int):
+        super().__init__(name="test-feeder", daemon=True)
+        self.sqs, self.queue_url, self.messages, self.depth = sqs, queue_url, messages, depth
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while self.sent < len(self.messages):
+                attributes = self.sqs.get_queue_attributes(
+                    QueueUrl=self.queue_url,
+                    AttributeNames=[
+                        "ApproximateNumberOfMessages",
+                        "ApproximateNumberOfMessagesNotVisible",
+                    ],
+                )["Attributes"]
+                waiting = int(attributes["ApproximateNumberOfMessages"]) + int(
+                    attributes["ApproximateNumberOfMessagesNotVisible"]
+                )
+                if waiting >= self.depth:
+                    time.sleep(0.05)
+                    continue
+                chunk = self.messages[self.sent : self.sent + self.depth - waiting]
+                send(self.sqs, self.queue_url, chunk)
+                self.sent += len(chunk)
+        except Exception as e:  # noqa: BLE001 - reported by the test, never lost
+            self.error = e
 
 
 def conflicts(db: psycopg.Connection[Any]) -> int:
@@ -111,13 +150,14 @@ def test_sixteen_consumers_and_eight_workers_never_wait_out_the_pool(
     messages: list[tuple[str, object]] = [(op, {"n": 1}) for op in ops]
     messages += [(op, {"n": 1}) for op in ops[-DUPLICATES:]]  # replays
     messages += [(op, {"n": 2}) for op in conflicted]  # same operation, another payload
-    send(sqs, queue_url, messages)
+    feeder = Feeder(sqs, queue_url, messages, depth=QUEUE_DEPTH)
 
     bridge = open_bridge(config, db_url, HASHER)
     cut = threading.Event()
     try:
         with caplog.at_level(logging.WARNING):
             bridge.start()
+            feeder.start()
             eventually(lambda: succeeded(db) >= OPERATIONS // 2, "half the operations")
             using = [t.name for t in threading.enumerate() if t.name.startswith(DATABASE_THREADS)]
             # The fault: the server terminates every connection the bridge holds.
@@ -135,6 +175,9 @@ def test_sixteen_consumers_and_eight_workers_never_wait_out_the_pool(
         bridge.stop(deadline=10)
         bridge.store.close()
 
+    feeder.join(timeout=5)
+    assert feeder.error is None, feeder.error
+    assert feeder.sent == len(messages)
     assert cut.is_set()
     assert len(using) == WORKERS + CONSUMERS + 3, using
     assert bridge.store.pool.max_size == pool_size(config)
