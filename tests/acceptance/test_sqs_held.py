@@ -249,6 +249,8 @@ def drain(
             poll=1.0,
         )
         for bridge in (first, second):
+            # the stream's counters (extended, let_go, broker_lease_lost, ...), for a failure
+            logs.append(json.dumps(bridge.probe("/readyz")[1].get("checks", {})))
             assert bridge.terminate() == 0, bridge.logs()
             logs.append(bridge.logs())
     return queue_url, logs
@@ -259,7 +261,7 @@ def test_held_deliveries_settle_once_with_few_redeliveries(
 ) -> None:
     work = backlog(PER_TENANT, WORK_SECONDS)
     assert len(work.operations) >= 1000
-    queue_url, _ = drain(moto, proxy, tmp_path, db_url, work)
+    queue_url, logs = drain(moto, proxy, tmp_path, db_url, work)
 
     assert_settled_once(db_url, work, conflicts_exactly=False)
     received = proxy.receives(queue_url)
@@ -273,6 +275,8 @@ def test_held_deliveries_settle_once_with_few_redeliveries(
     redelivered = redeliveries(proxy, queue_url)
     early = proxy.counts["redelivered_in_flight"]
     assert redelivered - early < 0.02 * len(work.messages), (
+        logs[0],
+        logs[2],
         proxy.counts,
         timings(proxy),
         f"refused extensions came up to {max(proxy.late, default=0):.2f}s late",

@@ -82,6 +82,9 @@ class _Message:
     deadline: float
     receives: int = 1
     deleted: bool = False
+    #: extensions forwarded within its deadline whose answer has not come back yet: SQS would
+    #: have applied them on arrival, moto applies them when it gets to them
+    extending: int = 0
     #: its string message attributes, as the receive returned them
     attributes: dict[str, str] = field(default_factory=dict)
 
@@ -124,7 +127,8 @@ class SqsProxy:
         #: what happened: ``forwarded.<Action>``, ``fault.<kind>.<Action>``, ``stale_delete``,
         #: ``refused.<code>``, ``released`` (messages made visible at once by visibility 0),
         #: ``redelivered_in_flight`` (received again before its deadline as the proxy counts it:
-        #: moto starts the clock when it picks a message, not when its late answer arrives),
+        #: moto starts the clock when it picks a message, not when its late answer arrives, and
+        #: applies an extension forwarded in time only when it gets to it),
         #: ``proxy_error`` (a bug here: tests assert there is none)
         self.counts: Counter[str] = Counter()
         #: seconds moto took to answer each forwarded call, by action (for diagnostics)
@@ -348,7 +352,7 @@ class SqsProxy:
                 else:
                     # Redelivered while the proxy still counted it in flight: moto's clock,
                     # started when it picked the message, ran out before the answer's.
-                    if not known.deleted and known.deadline > now:
+                    if not known.deleted and (known.deadline > now or known.extending):
                         self.counts["redelivered_in_flight"] += 1
                     known.handle = m["ReceiptHandle"]
                     known.deadline = deadline
@@ -399,8 +403,12 @@ class SqsProxy:
                 )
         if passed:
             sent = time.monotonic()
+            extending = self._extending(action, passed, +1)
             body = json.dumps({**params, "Entries": passed}).encode()
-            answer = self._forward(request, body)
+            try:
+                answer = self._forward(request, body)
+            finally:
+                self._extending(action, extending, -1)
             if answer.status != 200:
                 return answer  # the whole call failed: as SQS would report it
             found = answer.json()
@@ -412,6 +420,19 @@ class SqsProxy:
             with self._lock:
                 self.counts[f"answered.{action}"] += 1
         return _ok({"Successful": successful, "Failed": failed})
+
+    def _extending(
+        self, action: str, entries: list[dict[str, Any]], step: int
+    ) -> list[dict[str, Any]]:
+        """Count the extensions among ``entries`` as forwarded (+1) or answered (-1)."""
+        if action not in (CHANGE, CHANGE_BATCH):
+            return []
+        with self._lock:
+            for entry in entries:
+                known = self._handles.get(str(entry.get("ReceiptHandle", "")))
+                if known is not None:
+                    known.extending += step
+        return entries
 
     def _applied(
         self, action: str, queue: str, entries: Sequence[dict[str, Any]], sent: float
@@ -426,6 +447,8 @@ class SqsProxy:
                 if action in (DELETE, DELETE_BATCH):
                     known.deleted = True
                     continue
+                if known.handle != entry.get("ReceiptHandle"):
+                    continue  # received again meanwhile: the new copy's deadline stands
                 seconds = int(entry.get("VisibilityTimeout", 0))
                 known.deadline = sent + seconds
                 if seconds == 0:
