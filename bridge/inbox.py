@@ -55,8 +55,9 @@ class Written:
 
     @property
     def awaits_outcome(self) -> bool:
-        """A work row exists whose outcome an ``after_outcome`` consumer waits for."""
-        return self.result.decision in (Decision.NEW, Decision.REPLAY)
+        """A work row exists whose outcome an ``after_outcome`` consumer waits for (an erased
+        operation's replay has none: its outcome is the tombstone's)."""
+        return self.result.decision in (Decision.NEW, Decision.REPLAY) and not self.result.erased
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,12 @@ from bridge.service import (
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
     Limits,
 )
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, PRIORITY_AGING_DEFAULT, ConcurrencyLimit
+from bridge.store.work import (
+    ATTEMPT_HISTORY_DEFAULT,
+    PRIORITY_AGING_DEFAULT,
+    TOMBSTONE_DAYS_DEFAULT,
+    ConcurrencyLimit,
+)
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -790,6 +795,21 @@ class RetentionConfig(Table):
             role): the owner of `fencebridge erase --tenant` and of this plan.
             """
         )
+    )
+    tombstone_days: StrictInt = Field(
+        default=TOMBSTONE_DAYS_DEFAULT,
+        ge=1,
+        le=36500,
+        description=_doc(
+            """
+            Age (since the erasure) after which `fencebridge purge` removes an erased
+            operation's tombstone (keyed hashes, payload hash, state: no identifier, no
+            payload). Until then a redelivery of the operation is a replay or a conflict, never
+            new work, so this must be longer than the broker can redeliver (SQS keeps messages
+            up to 14 days, Pub/Sub up to 31); `fencebridge check` reports a shorter horizon as
+            no-go.
+            """
+        ),
     )
 
 

@@ -134,11 +134,13 @@ DECLARE
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
-                                    'rate_wait'];
+                                    'rate_wait', 'erased_operation'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
-                                       'fencebridge_concurrency_room(jsonb)'];
+                                       'fencebridge_concurrency_room(jsonb)',
+                                       'fencebridge_erase(text, text, text, text, smallint, '
+                                       'text[], bytea[], text, text)'];
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -189,6 +191,16 @@ BEGIN
                        prefix || '_operator', prefix || '_console', prefix || '_tenant');
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
     END IF;
+    -- Erasure with tombstones (migration 0014): the same rule, the one way to write a
+    -- tombstone.
+    fn := to_regprocedure(format('%I.%s', target_schema,
+                                 'fencebridge_erase(text, text, text, text, smallint, text[], '
+                                 'bytea[], text, text)'));
+    IF fn IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+    END IF;
     -- The claims' concurrency room (migration 0011): it takes the limited job types' claim
     -- locks, so only the bridge, which claims, may call it.
     fn := to_regprocedure(format('%I.%s', target_schema, 'fencebridge_concurrency_room(jsonb)'));
@@ -212,6 +224,9 @@ BEGIN
                        ('work_attempt', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        -- rate limit waits: upserted and cleaned by rate_limited, read by claims
                        ('rate_wait', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       -- tombstones: read by the inbox, purged past the horizon; written
+                       -- only by fencebridge_erase
+                       ('erased_operation', 'bridge', 'SELECT, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -222,6 +237,7 @@ BEGIN
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
                        ('rate_wait', 'operator', 'SELECT'),
+                       ('erased_operation', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
@@ -234,6 +250,7 @@ BEGIN
                        ('identity_key', 'console', 'SELECT, INSERT'),
                        ('work_attempt', 'console', 'SELECT, INSERT'),
                        ('rate_wait', 'console', 'SELECT'),
+                       ('erased_operation', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),

@@ -204,6 +204,8 @@ def test_check_probe_runs_the_evidence_of_controls_3_4_and_8(
     assert "Charge.lookup by idempotency key" in rows[("charge", 6)][1]
     assert "max_attempts = 1" in rows[("sms", 6)][1]
     assert "erasure owner privacy-office" in rows[("ledger", 9)][1]
+    assert "tombstones kept 35 d" in rows[("ledger", 9)][1]  # the default horizon
+    assert "audited by keyed hashes, tombstones kept" in rows[("ledger", 9)][1]
 
 
 def test_a_class_c_handler_without_a_lookup_is_no_go(check: Any) -> None:
@@ -262,6 +264,20 @@ def test_purging_within_the_redelivery_window_is_no_go(check: Any) -> None:
     assert code == 1
     assert no_go(rows) == {("charge", 9), ("ledger", 9), ("sms", 9)}
     assert "within orders's redelivery window (sqs: up to 14 d)" in rows[("sms", 9)][1]
+
+
+def test_a_tombstone_horizon_within_the_redelivery_window_is_no_go(check: Any) -> None:
+    code, rows, _ = check(config(retention=RETENTION + "\ntombstone_days = 14"))
+    assert code == 1
+    assert no_go(rows) == {("charge", 9), ("ledger", 9), ("sms", 9)}
+    assert rows[("sms", 9)][1] == (
+        "tombstones kept 14 d, within orders's redelivery window (sqs: up to 14 d): a "
+        "redelivery of an erased operation would run it again"
+    )
+
+    code, rows, _ = check(config(retention=RETENTION + "\ntombstone_days = 15"))
+    assert code == 0
+    assert "tombstones kept 15 d" in rows[("sms", 9)][1]
 
 
 def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:

@@ -567,6 +567,12 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
             ]
         )
     cli("redrive", "--config", str(config_file), "--reason", "r", "--state", "unknown")
+    queued = cli("erase", "--tenant", "acme", "--reason", "GDPR-1", check=False)
+    assert queued.returncode == 1
+    assert "1 operation(s) in scope are queued or claimed" in queued.stderr
+    assert "nothing was erased" in queued.stderr
+    for claim in store.claim("w", 10, LEASE):  # the redriven rows run
+        store.complete(claim.ticket)
 
     dry = cli("erase", "--tenant", "acme", "--reason", "GDPR-1", "--dry-run").stdout
     assert dry.startswith(f"would erase tenant {HASHER.tenant('acme')}: 1 work row(s)")
@@ -576,7 +582,7 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
 
     assert out.splitlines()[0] == (
         f"erased tenant {HASHER.tenant('acme')}: 1 work row(s), 2 payload(s), "
-        "2 rejected deliveries, 1 redrive audit row(s)"
+        "2 rejected deliveries, 1 redrive audit row(s); 1 tombstone(s) kept"
     )
     for table in ("work_item", "payload", "rejected_delivery", "redrive_audit"):
         tenants = db.execute(f"SELECT DISTINCT tenant_id FROM {table}").fetchall()

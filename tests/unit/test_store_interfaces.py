@@ -13,7 +13,7 @@ from bridge.store import KeyedStore, OperatorStore, PostgresStore, WorkStore
 OPERATOR_QUERIES = frozenset(
     {
         "close_rejected",
-        "erase_tenant",
+        "erase",
         "erasures",
         "figures",
         "group_counts",
