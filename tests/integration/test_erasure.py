@@ -15,8 +15,10 @@ import psycopg
 import pytest
 
 from bridge import keyring
+from bridge.decode import RawDelivery
 from bridge.errors import ConfigError, ErasureRefused, StoreUnavailable
 from bridge.identity import IdentityHasher
+from bridge.inbox import Inbox
 from bridge.records import ErasureCounts
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
@@ -179,6 +181,19 @@ def test_a_changed_payload_of_an_erased_operation_is_a_conflict_recorded_by_hash
     assert HASHER.tenant("t1") in reason
     assert "erased operation" in reason
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
+
+
+def test_an_after_outcome_consumer_acks_an_erased_replay_at_once(keyed: PostgresStore) -> None:
+    """A replay of an existing row is held until the row settles; an erased one has no row to
+    wait for, so it must not be held (it would be let go and redelivered forever)."""
+    raw = RawDelivery(subscription="refunds", message_id="m-1", body=b"{}", attributes={})
+    keyed.ingest([traced("a")])
+    (live,) = Inbox(keyed, lambda r: traced("a")).write([raw])
+    assert (live.decision, live.awaits_outcome) == (Decision.REPLAY, True)
+    settle_all(keyed)
+    erase(keyed, "t1")
+    (gone,) = Inbox(keyed, lambda r: traced("a")).write([raw])
+    assert (gone.decision, gone.awaits_outcome) == (Decision.REPLAY, False)
 
 
 def test_a_new_operation_of_an_erased_tenant_is_new_work(keyed: PostgresStore) -> None:
