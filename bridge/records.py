@@ -223,3 +223,12 @@ class ErasureCounts:
     rejected_deliveries: int
     redrive_audits: int
     tombstones: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeenOperation:
+    """An operation a shadow subscription recorded: its job type and first payload hash."""
+
+    key: Key
+    job_type: str
+    payload_hash: bytes

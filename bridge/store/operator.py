@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from bridge.records import (
     ErasureCounts,
@@ -22,6 +22,7 @@ from bridge.records import (
     QuarantinedDelivery,
     RejectedStatus,
     ResolvedDelivery,
+    SeenOperation,
 )
 from bridge.store.listing import (
     FigurePoint,
@@ -178,6 +179,22 @@ class OperatorStore(KeyedStore, Protocol):
         """Erase one tenant (or one operation): rows, payloads, rejected deliveries and audit
         rows go, one tombstone per operation stays; recorded by hashes. Refuses while a row in
         scope is queued or claimed."""
+        ...
+
+    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
+        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
+        ...
+
+    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
+        """The operations these shadow subscriptions recorded, with their first payload hash."""
+        ...
+
+    def effect_table(self, name: str) -> list[dict[str, Any]]:
+        """Every row of an effect log kept as a table or view of this database."""
+        ...
+
+    def shadow_clear(self, subscription: str) -> tuple[int, int]:
+        """Forget one shadow subscription's record: (operations, deliveries) removed."""
         ...
 
     def group_counts(self) -> list[GroupCount]:

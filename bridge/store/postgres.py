@@ -44,6 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -63,6 +64,7 @@ from bridge.records import (
     RejectedRecord,
     RejectedStatus,
     ResolvedDelivery,
+    SeenOperation,
     WorkRecord,
 )
 from bridge.store.listing import (
@@ -375,6 +377,58 @@ class PostgresStore:
                 rejected.append(item)
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
+        return results
+
+    def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Record one batch of a shadow subscription in one transaction, deciding each delivery
+        as :meth:`ingest` does (new, replay, conflict, quarantined), in shadow_operation and
+        shadow_delivery: no work row, no payload, nothing any claim reads. One result per
+        delivery, in order; after this returns the batch may be acknowledged."""
+        if not batch:
+            return []
+        subscription = batch[0].subscription
+        if any(item.subscription != subscription for item in batch):
+            raise ValueError("a shadow batch comes from one subscription")
+        firsts = _firsts(batch)
+        now = self._now()
+        with self._connection("shadow ingest") as conn, conn.transaction():
+            inserted: set[Key] = set()
+            if firsts:
+                rows = conn.execute(
+                    sql.statement("shadow_insert"),
+                    {
+                        "subscription": [d.subscription for d in firsts.values()],
+                        "tenant_id": [d.tenant_id for d in firsts.values()],
+                        "operation_id": [d.operation_id for d in firsts.values()],
+                        "job_type": [d.job_type for d in firsts.values()],
+                        "payload_hash": [d.payload_hash for d in firsts.values()],
+                        "now": now,
+                    },
+                ).fetchall()
+                inserted = {Key(t, o) for t, o in rows}
+            stored = {k: d.payload_hash for k, d in firsts.items() if k in inserted}
+            others = [k for k in firsts if k not in inserted]
+            if others:
+                rows = conn.execute(
+                    sql.statement("shadow_existing"),
+                    {**_keys_params(others), "subscription": subscription},
+                ).fetchall()
+                stored.update({Key(t, o): bytes(h) for t, o, h in rows})
+            if len(stored) < len(firsts):
+                raise StoreUnavailable(
+                    "shadow ingest: an operation vanished mid-batch (erased); retry"
+                )
+            results: list[IngestResult] = []
+            for item in batch:
+                if isinstance(item, Rejection):
+                    results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
+                elif item is firsts[item.key] and item.key in inserted:
+                    results.append(IngestResult(Decision.NEW, item.key))
+                elif item.payload_hash == stored[item.key]:
+                    results.append(IngestResult(Decision.REPLAY, item.key))
+                else:
+                    results.append(IngestResult(Decision.CONFLICT, item.key))
+            conn.execute(sql.statement("shadow_record"), _shadow_params(batch, results, now))
         return results
 
     def _erased(self, conn: Connection, inserted: Sequence[Key]) -> dict[Key, _Tombstone]:
@@ -1115,6 +1169,49 @@ class PostgresStore:
         assert row is not None
         return ErasureCounts(*(int(n) for n in row))
 
+    # -- shadow subscriptions ----------------------------------------------------------------
+
+    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
+        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
+        with self._connection("shadow report") as conn:
+            rows = conn.execute(
+                sql.statement("shadow_decisions"), {"subscription": list(subscriptions)}
+            ).fetchall()
+        return [(j, d, int(n)) for j, d, n in rows]
+
+    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
+        """The operations these shadow subscriptions recorded, with their first payload hash."""
+        with self._connection("shadow report") as conn:
+            rows = conn.execute(
+                sql.statement("shadow_operations"), {"subscription": list(subscriptions)}
+            ).fetchall()
+        return [SeenOperation(Key(t, o), j, bytes(h)) for t, o, j, h in rows]
+
+    def effect_table(self, name: str) -> list[dict[str, Any]]:
+        """Every row of the table or view ``name`` (``schema.table`` or ``table``) as a dict:
+        an effect log the existing system keeps in this database."""
+        parts = name.split(".")
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise ValueError(f"an effect table is named table or schema.table, not {name!r}")
+        query = psycopg.sql.SQL(sql.statement("shadow_effects_table")).format(
+            effects=psycopg.sql.Identifier(*parts)
+        )
+        with self._connection("shadow report") as conn:
+            try:
+                rows = conn.execute(query).fetchall()
+            except psycopg.errors.UndefinedTable as exc:
+                raise ConfigError(f"shadow report: no table or view {name!r}") from exc
+        return [dict(r[0]) for r in rows]
+
+    def shadow_clear(self, subscription: str) -> tuple[int, int]:
+        """Forget one shadow subscription's record: (operations, deliveries) removed."""
+        with self._connection("shadow clear") as conn, conn.transaction():
+            row = conn.execute(
+                sql.statement("shadow_clear"), {"subscription": subscription}
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
     # -- console lists -----------------------------------------------------------------------
 
     def group_counts(self) -> list[GroupCount]:
@@ -1543,6 +1640,51 @@ def _rejection_key(item: Rejection) -> Key | None:
     if item.tenant_id and item.operation_id:
         return Key(item.tenant_id, item.operation_id)
     return None
+
+
+def _shadow_params(
+    batch: Sequence[Delivery | Rejection], results: Sequence[IngestResult], now: datetime | None
+) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "subscription",
+            "decision",
+            "tenant_id",
+            "operation_id",
+            "job_type",
+            "payload_hash",
+            "reason",
+            "broker_message_id",
+        )
+    }
+    for item, result in zip(batch, results, strict=True):
+        row: tuple[Any, ...]
+        if isinstance(item, Rejection):
+            row = (
+                item.subscription,
+                result.decision.value,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                None,
+                item.reason,
+                item.broker_message_id,
+            )
+        else:
+            row = (
+                item.subscription,
+                result.decision.value,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                item.payload_hash,
+                None,
+                item.broker_message_id,
+            )
+        for name, value in zip(cols, row, strict=True):
+            cols[name].append(value)
+    return {**cols, "now": now}
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,6 +281,11 @@ class WorkStore(KeyedStore, Protocol):
         long (the limit is the target's, not the row's)."""
         ...
 
+    def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Record a shadow subscription's batch apart from the work rows, each delivery decided
+        as :meth:`ingest` would decide it; nothing it writes can be claimed."""
+        ...
+
     def ingest_within_quota(
         self, batch: Sequence[Delivery | Rejection], quota: int
     ) -> list[IngestResult | QuotaDeferred]:

@@ -134,7 +134,8 @@ DECLARE
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
-                                    'rate_wait', 'erased_operation'];
+                                    'rate_wait', 'erased_operation', 'shadow_operation',
+                                    'shadow_delivery'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
@@ -227,6 +228,9 @@ BEGIN
                        -- tombstones: read by the inbox, purged past the horizon; written
                        -- only by fencebridge_erase
                        ('erased_operation', 'bridge', 'SELECT, DELETE'),
+                       -- shadow subscriptions: written by their inbox, cleared by `shadow clear`
+                       ('shadow_operation', 'bridge', 'SELECT, INSERT, DELETE'),
+                       ('shadow_delivery', 'bridge', 'SELECT, INSERT, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -237,6 +241,8 @@ BEGIN
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
                        ('rate_wait', 'operator', 'SELECT'),
+                       ('shadow_operation', 'operator', 'SELECT'),
+                       ('shadow_delivery', 'operator', 'SELECT'),
                        ('erased_operation', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
@@ -250,6 +256,8 @@ BEGIN
                        ('identity_key', 'console', 'SELECT, INSERT'),
                        ('work_attempt', 'console', 'SELECT, INSERT'),
                        ('rate_wait', 'console', 'SELECT'),
+                       ('shadow_operation', 'console', 'SELECT'),
+                       ('shadow_delivery', 'console', 'SELECT'),
                        ('erased_operation', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
@@ -257,6 +265,8 @@ BEGIN
                        ('redrive_audit', 'tenant', 'SELECT'),
                        ('work_attempt', 'tenant', 'SELECT'),
                        ('rate_wait', 'tenant', 'SELECT'),
+                       ('shadow_operation', 'tenant', 'SELECT'),
+                       ('shadow_delivery', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));

@@ -13,6 +13,7 @@ from bridge.store import KeyedStore, OperatorStore, PostgresStore, WorkStore
 OPERATOR_QUERIES = frozenset(
     {
         "close_rejected",
+        "effect_table",
         "erase",
         "erasures",
         "figures",
@@ -29,6 +30,9 @@ OPERATOR_QUERIES = frozenset(
         "rejected_status",
         "resolve_rejected",
         "rows_page",
+        "shadow_clear",
+        "shadow_decisions",
+        "shadow_operations",
         "view_payload",
         "waiting",
     }

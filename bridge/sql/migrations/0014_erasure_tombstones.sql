@@ -8,7 +8,7 @@
 -- the approved payload's sha256, the state and outcome code the row had, and when it was
 -- erased. `fencebridge purge` removes tombstones past [retention] tombstone_days.
 --
--- Expand only: a new table, two nullable columns on erasure_audit and a new function. The
+-- Expand only: new tables, two nullable columns on erasure_audit and a new function. The
 -- running release knows none of them: its inbox does not consult tombstones, so erasures are
 -- run with this release's `fencebridge erase` once its bridges run (docs/operations.md).
 CREATE TABLE erased_operation (
@@ -29,6 +29,43 @@ CREATE TABLE erased_operation (
 -- bridge and the operator bypass row security.
 ALTER TABLE erased_operation ENABLE ROW LEVEL SECURITY;
 
+-- Shadow subscriptions ([subscriptions.<name>] mode = "shadow"): a copy of the stream decoded
+-- and decided as the inbox decides it (new, replay, conflict, quarantined), written apart from
+-- work_item, so that nothing can ever claim it: the claims read work_item only. One row per
+-- operation a shadow subscription saw (its first payload hash), one per delivery with what the
+-- inbox would have made of it. No payload is kept: only hashes. Read by `fencebridge shadow
+-- report`; erasure reaches both tables; their indexes come in 0015.
+CREATE TABLE shadow_operation (
+    subscription  text        NOT NULL,
+    tenant_id     text        NOT NULL CHECK (tenant_id <> ''),
+    operation_id  text        NOT NULL CHECK (operation_id <> ''),
+    job_type      text        NOT NULL,
+    payload_hash  bytea       NOT NULL CHECK (octet_length(payload_hash) = 32),
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, operation_id, subscription)
+);
+CREATE TABLE shadow_delivery (
+    id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subscription      text        NOT NULL,
+    decision          text        NOT NULL
+        CHECK (decision IN ('new', 'replay', 'conflict', 'quarantined')),
+    -- what the rules could read; an undecodable delivery may have none of them
+    tenant_id         text,
+    operation_id      text,
+    job_type          text,
+    payload_hash      bytea,
+    -- why a delivery would have been quarantined
+    reason            text,
+    broker_message_id text,
+    received_at       timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE shadow_operation ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON shadow_operation
+    USING (tenant_id IN (SELECT t.tenant_id FROM tenant_role t WHERE t.role_name = current_user));
+ALTER TABLE shadow_delivery ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON shadow_delivery
+    USING (tenant_id IN (SELECT t.tenant_id FROM tenant_role t WHERE t.role_name = current_user));
+
 -- An erasure of one operation (erase --operation) names it by its keyed hash; both kinds count
 -- the tombstones they left.
 ALTER TABLE erasure_audit
@@ -45,7 +82,8 @@ ALTER TABLE erasure_audit
 --   the caller under identity key p_key_id), payload hash, state, outcome code;
 -- * then, as fencebridge_erase_tenant does for a tenant: the rows (attempt history cascades),
 --   their payloads, the rejected deliveries (bodies included) and redrive audit of the scope,
---   and for a whole tenant its rate waits; the erasure recorded by hashes only.
+--   and for a whole tenant its rate waits; what shadow subscriptions recorded of the scope; the
+--   erasure recorded by hashes only.
 --
 -- SECURITY DEFINER, search path pinned, like fencebridge_erase_tenant (0002): the one way to
 -- write tombstones and remove audit rows, and it always leaves an erasure record.
@@ -151,6 +189,13 @@ BEGIN
     IF p_operation_id IS NULL THEN
         DELETE FROM rate_wait q WHERE q.tenant_id = p_tenant_id;
     END IF;
+    -- what shadow subscriptions recorded of the scope (identifiers and hashes, no payload)
+    DELETE FROM shadow_operation s
+     WHERE s.tenant_id = p_tenant_id
+       AND (p_operation_id IS NULL OR s.operation_id = p_operation_id);
+    DELETE FROM shadow_delivery d
+     WHERE d.tenant_id = p_tenant_id
+       AND (p_operation_id IS NULL OR d.operation_id = p_operation_id);
 
     UPDATE erasure_audit e
        SET work_rows = fencebridge_erase.work_rows,

@@ -1,0 +1,115 @@
+"""Shadow subscriptions on PostgreSQL: a copy of the stream recorded and decided as the inbox
+decides, apart from the work rows, so that nothing can claim it; erasure reaches it."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from bridge import keyring
+from bridge.decode import RawDelivery
+from bridge.identity import IdentityHasher
+from bridge.inbox import Inbox
+from bridge.shadow import ShadowWrites
+from bridge.store import PostgresStore
+from bridge.types import Decision, Delivery, Key, Rejection
+from tests.support.deliveries import delivery
+
+Db = psycopg.Connection[tuple[Any, ...]]
+LEASE = timedelta(seconds=30)
+
+
+def shadowed(op: str, tenant: str = "t1", payload: bytes | None = None) -> Delivery:
+    return dataclasses.replace(
+        delivery(op, tenant=tenant, payload=payload, subscription="orders-shadow"),
+        broker_message_id=f"m-{op}",
+    )
+
+
+def test_a_shadow_batch_is_decided_as_the_inbox_decides_and_nothing_is_claimable(
+    store: PostgresStore, db: Db
+) -> None:
+    batch: list[Delivery | Rejection] = [
+        shadowed("a"),
+        shadowed("a"),
+        shadowed("b"),
+        shadowed("a", payload=b'{"other": 1}'),
+        shadowed("a", tenant="t2"),  # the same operation id, another tenant
+        Rejection(subscription="orders-shadow", reason="missing operation_id", job_type="refund"),
+    ]
+    results = store.ingest_shadow(batch)
+    again = store.ingest_shadow([shadowed("b"), shadowed("b", payload=b"{}")])
+
+    assert [(r.decision, r.key) for r in results] == [
+        (Decision.NEW, Key("t1", "a")),
+        (Decision.REPLAY, Key("t1", "a")),
+        (Decision.NEW, Key("t1", "b")),
+        (Decision.CONFLICT, Key("t1", "a")),
+        (Decision.NEW, Key("t2", "a")),
+        (Decision.QUARANTINED, None),
+    ]
+    assert [r.decision for r in again] == [Decision.REPLAY, Decision.CONFLICT]
+    assert store.claim("w1", 100, LEASE) == []
+    for table in ("work_item", "payload", "rejected_delivery"):
+        assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    assert sorted(
+        db.execute("SELECT decision, count(*) FROM shadow_delivery GROUP BY 1").fetchall()
+    ) == [("conflict", 2), ("new", 3), ("quarantined", 1), ("replay", 2)]
+    assert db.execute("SELECT count(*) FROM shadow_operation").fetchone() == (3,)
+    decisions = store.shadow_decisions(["orders-shadow"])
+    assert sorted(decisions, key=str) == sorted(
+        [("refund", "new", 3), ("refund", "replay", 2), ("refund", "conflict", 2),
+         ("refund", "quarantined", 1)],
+        key=str,
+    )  # fmt: skip
+    seen = store.shadow_operations(["orders-shadow"])
+    assert {(s.key, s.payload_hash) for s in seen} == {
+        (Key("t1", "a"), shadowed("a").payload_hash),
+        (Key("t1", "b"), shadowed("b").payload_hash),
+        (Key("t2", "a"), shadowed("a").payload_hash),
+    }
+
+
+def test_a_shadow_inbox_ignores_the_backlog_quota_and_writes_nothing_claimable(
+    store: PostgresStore,
+) -> None:
+    inbox = Inbox(ShadowWrites(store), lambda r: shadowed(r.message_id or ""))
+    raws = [
+        RawDelivery(subscription="orders-shadow", message_id=op, body=b"{}", attributes={})
+        for op in ("a", "b", "a")
+    ]
+    outcomes = inbox.admit(raws, quota=1)
+    assert [getattr(o, "decision", None) for o in outcomes] == [
+        Decision.NEW,
+        Decision.NEW,
+        Decision.REPLAY,
+    ]
+    # a shadow NEW is not work: not even a targeted claim finds a row
+    assert store.claim_keys("w1", [Key("t1", "a"), Key("t1", "b")], LEASE) == []
+
+
+def test_a_live_row_and_a_shadow_record_of_the_same_operation_stay_apart(
+    store: PostgresStore, db: Db
+) -> None:
+    store.ingest([delivery("a")])
+    (shadow,) = store.ingest_shadow([shadowed("a", payload=b'{"other": 1}')])
+    assert shadow.decision is Decision.NEW  # its own record: the live row is not consulted
+    (claim,) = store.claim("w1", 10, LEASE)
+    assert claim.key == Key("t1", "a")
+    assert claim.payload == delivery("a").payload
+
+
+def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
+    store: PostgresStore, db: Db
+) -> None:
+    hasher = IdentityHasher(b"shadow-test-identity-key-01234567")
+    keyring.attach(store, hasher, used_by="test")
+    store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("a", tenant="t2")])
+    store.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
+    assert db.execute("SELECT DISTINCT tenant_id FROM shadow_operation").fetchall() == [("t2",)]
+    assert db.execute("SELECT DISTINCT tenant_id FROM shadow_delivery").fetchall() == [("t2",)]
+    assert store.shadow_clear("orders-shadow") == (1, 1)
+    assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (0,)
