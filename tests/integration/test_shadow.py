@@ -4,14 +4,18 @@ decides, apart from the work rows, so that nothing can claim it; erasure reaches
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from bridge import keyring
+from bridge.cli import main
 from bridge.decode import RawDelivery
-from bridge.identity import IdentityHasher
+from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.inbox import Inbox
 from bridge.shadow import ShadowWrites
 from bridge.store import PostgresStore
@@ -113,3 +117,72 @@ def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_delivery").fetchall() == [("t2",)]
     assert store.shadow_clear("orders-shadow") == (1, 1)
     assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (0,)
+
+
+def test_the_report_reads_an_effect_log_kept_as_a_view_of_the_database(
+    store: PostgresStore,
+    db: Db,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A view without the optional payload_hash column: applied twice and never applied are
+    still found; a payload difference cannot be told, and the report says for how many."""
+    store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("c"), shadowed("a")])
+    db.execute("CREATE SCHEMA legacy")
+    db.execute(
+        "CREATE TABLE legacy.refunds_applied (tenant_id text, refund_id text, at timestamptz)"
+    )
+    db.execute(
+        "INSERT INTO legacy.refunds_applied VALUES ('t1', 'a', now()), ('t1', 'a', now()),"
+        " ('t1', 'b', now())"
+    )
+    db.execute(
+        "CREATE VIEW legacy.effects AS SELECT tenant_id AS tenant, refund_id AS operation,"
+        " at AS applied_at FROM legacy.refunds_applied"
+    )
+    config = tmp_path / "bridge.toml"
+    config.write_text(SHADOW_CONFIG, encoding="utf-8")
+    monkeypatch.setenv(IDENTITY_KEY_ENV, "shadow-report-test-identity-key-0123")
+    db_url = db.info.dsn
+    base = ["shadow", "report", "--config", str(config), "--database-url", db_url]
+
+    assert main([*base, "--effects-table", "legacy.effects", "--json", "--reveal"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    refund = document["job_types"]["refund"]
+    assert (refund["deliveries"], refund["operations"], refund["replays"]) == (4, 3, 1)
+    assert refund["applied_more_than_once"] == [{"tenant": "t1", "operation": "a", "times": 2}]
+    assert refund["never_applied"] == [{"tenant": "t1", "operation": "c"}]
+    assert refund["applied_with_other_payload"] == []
+    assert document["effects_without_hash"] == 3
+
+    assert main([*base, "--effects-table", "legacy.effects"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == [
+        "job", "type", "deliveries", "operations", "replays", "conflicts", "undecodable",
+        "applied", ">1", "other", "payload", "never", "applied",
+    ]  # fmt: skip
+    assert out.splitlines()[2].split() == ["refund", "4", "3", "1", "0", "0", "1", "0", "1"]
+    assert "refund: never applied: tenant t_" in out
+    assert " c " not in out
+
+    assert main([*base, "--effects-table", "legacy.missing"]) == 1
+    assert "no table or view 'legacy.missing'" in capsys.readouterr().err
+
+
+SHADOW_CONFIG = """\
+[jobs.refund]
+handler = "tests.support.handlers:RecordEffect"
+target_class = "A"
+
+[subscriptions.orders-shadow]
+source = "sqs"
+mode = "shadow"
+queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-shadow"
+job_types = ["refund"]
+
+[subscriptions.orders-shadow.decode]
+tenant_id = "attribute:tenant_id"
+operation_id = "attribute:operation_id"
+job_type = "value:refund"
+"""
