@@ -516,13 +516,22 @@ CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
 )
 
 
-def evaluate(config: BridgeConfig, db: DatabaseFacts, probe: ProbeReport | None = None) -> Report:
-    """Every control for every job type of the configuration; controls 3, 4 and 8 from the
-    probe's executed evidence when there is one."""
+def evaluate(
+    config: BridgeConfig,
+    db: DatabaseFacts,
+    probe: ProbeReport | None = None,
+    *,
+    job_types: Sequence[str] | None = None,
+) -> Report:
+    """Every control for every job type of the configuration (or those of ``job_types``: the
+    gate of one job type's cut-over from shadow to live); controls 3, 4 and 8 from the probe's
+    executed evidence when there is one."""
     installed = frozenset(sources.names())
     findings: list[Finding] = []
     registry = Registry()
     for name, job in sorted(config.jobs.items()):
+        if job_types is not None and name not in job_types:
+            continue
         evidence = JobEvidence(
             job=job,
             handler=build_handler(config, name, registry),

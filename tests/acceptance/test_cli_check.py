@@ -280,6 +280,33 @@ def test_a_tombstone_horizon_within_the_redelivery_window_is_no_go(check: Any) -
     assert "tombstones kept 15 d" in rows[("sms", 9)][1]
 
 
+def test_a_cut_over_is_gated_on_its_own_job_type(check: Any, db_url: str) -> None:
+    """One job type moves from a shadow subscription to a live one: its controls alone decide,
+    and another job type's no-go does not hold it back (nor does its go hide one)."""
+    moved = config(
+        jobs={"charge": JOBS["charge"].replace(":Charge", ":ChargeWithoutLookup")}
+    ).replace('source = "sqs"', 'source = "sqs"\nmode = "shadow"')
+    moved += (
+        '\n[subscriptions.ledger_live]\nsource = "sqs"\n'
+        'queue_url = "http://127.0.0.1:9/queue/ledger"\njob_types = ["ledger"]\n'
+        '[subscriptions.ledger_live.decode]\ntenant_id = "attribute:tenant"\n'
+        'operation_id = "body:/id"\njob_type = "value:ledger"\npayload = "body:/data"\n'
+    )
+    code, rows, out = check(moved)
+    assert code == 1
+    assert "shadow only (recorded, never run): charge, sms" in out
+
+    code, rows, out = check(moved, db_url, "--job-type", "ledger")
+    assert code == 0, out
+    assert {job for job, _ in rows} == {"ledger"}
+    assert out.splitlines()[-1] == "GO: all 9 controls hold for 1 job type(s)"
+
+    code, rows, out = check(moved, db_url, "--job-type", "charge")
+    assert code == 1
+    assert no_go(rows) == {("charge", 5), ("charge", 6)}
+    assert out.splitlines()[-1] == "shadow only (recorded, never run): charge"
+
+
 def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:
     name = unique_name("fbt_check")
     url = create_database(pg_admin_url, name)
