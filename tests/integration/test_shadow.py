@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import threading
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,10 @@ import pytest
 from bridge import keyring
 from bridge.cli import main
 from bridge.decode import RawDelivery
+from bridge.errors import StoreError
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.inbox import Inbox
-from bridge.shadow import ShadowWrites
+from bridge.shadow import Effect, ShadowWrites, compare
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, Rejection
 from tests.support.deliveries import delivery
@@ -186,3 +190,91 @@ tenant_id = "attribute:tenant_id"
 operation_id = "attribute:operation_id"
 job_type = "value:refund"
 """
+
+
+def test_a_shadow_backlog_written_by_two_consumers_at_once_decides_each_operation_once(
+    store: PostgresStore, db: Db
+) -> None:
+    """1,200 operations over three tenants (colliding ids), 300 published twice, 40 again with
+    another payload and 12 undecodable, split between two consumers writing at once in
+    overlapping batches (a redelivery reaches the other consumer), one batch of which fails and
+    is delivered again: every operation is new exactly once, and the report's comparison names
+    what an existing system that applied every copy did."""
+    rng = random.Random(1200)
+    keys = [Key(t, f"op-{i}") for t in ("t1", "t2", "t3") for i in range(400)]
+    twice = set(rng.sample(keys, 300))
+    changed = set(rng.sample(sorted(twice, key=str), 40))
+    copies: list[Delivery | Rejection] = [shadowed(k.operation_id, k.tenant_id) for k in keys]
+    copies += [
+        shadowed(k.operation_id, k.tenant_id, payload=b'{"changed": 1}' if k in changed else None)
+        for k in twice
+    ]
+    copies += [
+        Rejection(subscription="orders-shadow", reason="missing operation_id", job_type="refund")
+        for _ in range(12)
+    ]
+    rng.shuffle(copies)
+    batches = [copies[i : i + 10] for i in range(0, len(copies), 10)]
+
+    decided: list[tuple[Delivery | Rejection, Decision]] = []
+    failed_once: list[int] = []
+    lock = threading.Lock()
+
+    failures: list[BaseException] = []
+
+    def consumer(mine: list[list[Delivery | Rejection]]) -> None:
+        try:
+            consume(mine)
+        except BaseException as exc:  # noqa: BLE001  (reported below, never lost)
+            failures.append(exc)
+
+    def consume(mine: list[list[Delivery | Rejection]]) -> None:
+        for n, batch in enumerate(mine):
+            if n == 3 and not failed_once:
+                failed_once.append(n)
+                broken = [*batch, shadowed("x", payload=b"1"), shadowed("x", payload=b"1")]
+                # a batch whose transaction fails (a key the statement cannot write): not acked
+                with pytest.raises(StoreError, match="shadow_operation_tenant_id_check"):
+                    store.ingest_shadow([*broken, dataclasses.replace(shadowed("y"), tenant_id="")])
+            results = store.ingest_shadow(batch)  # the broker hands it over again
+            with lock:
+                decided.extend((c, r.decision) for c, r in zip(batch, results, strict=True))
+
+    halves = [batches[0::2], batches[1::2]]
+    threads = [threading.Thread(target=consumer, args=(h,)) for h in halves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
+    assert failed_once
+
+    assert len(decided) == len(copies) == 1512
+    new = Counter(c.key for c, d in decided if isinstance(c, Delivery) and d is Decision.NEW)
+    assert set(new) == set(keys)
+    assert set(new.values()) == {1}
+    counts = Counter(d for _, d in decided)
+    assert counts == {
+        Decision.NEW: 1200,
+        Decision.REPLAY: 260,
+        Decision.CONFLICT: 40,
+        Decision.QUARANTINED: 12,
+    }
+    assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (1512,)
+    assert store.claim("w1", 10, LEASE) == []
+
+    # an existing system that applied every decodable copy
+    effects = [Effect(c.key, "t", c.payload_hash) for c in copies if isinstance(c, Delivery)]
+    result = compare(
+        store.shadow_decisions(["orders-shadow"]), store.shadow_operations(["orders-shadow"]),
+        effects,
+    )  # fmt: skip
+    refund = result.job_types["refund"]
+    assert (refund.operations, refund.replays, refund.conflicts, refund.undecodable) == (
+        1200, 260, 40, 12,
+    )  # fmt: skip
+    assert set(refund.applied_more_than_once) == twice
+    # the first payload seen decides which copy counts as the other one
+    assert len(refund.applied_with_other_payload) == 40
+    assert refund.never_applied == []
