@@ -1192,7 +1192,7 @@ class PostgresStore:
         an effect log the existing system keeps in this database."""
         parts = name.split(".")
         if not 1 <= len(parts) <= 2 or not all(parts):
-            raise ValueError(f"an effect table is named table or schema.table, not {name!r}")
+            raise ConfigError(f"an effect table is named table or schema.table, not {name!r}")
         query = psycopg.sql.SQL(sql.statement("shadow_effects_table")).format(
             effects=psycopg.sql.Identifier(*parts)
         )

@@ -172,6 +172,8 @@ def test_the_report_reads_an_effect_log_kept_as_a_view_of_the_database(
 
     assert main([*base, "--effects-table", "legacy.missing"]) == 1
     assert "no table or view 'legacy.missing'" in capsys.readouterr().err
+    assert main([*base, "--effects-table", "a.b.c"]) == 1
+    assert "named table or schema.table, not 'a.b.c'" in capsys.readouterr().err
 
 
 SHADOW_CONFIG = """\
