@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import psycopg.sql
@@ -324,18 +324,25 @@ class PostgresStore:
         fresh = list(firsts.values())
         refs = [f"pg:{uuid.uuid4().hex}" for _ in fresh]
         inserted: set[Key] = set()
+        erased: dict[Key, _Tombstone] = {}
         if fresh:
-            rows = conn.execute(
-                sql.statement("ingest_insert"),
-                {
-                    **_insert_params(fresh, refs),
-                    "identity_key_id": self._identity_key,
-                    "aging": self._aging,
-                    "now": self._now(),
-                },
-            ).fetchall()
-            inserted = {Key(t, o) for t, o in rows}
-        erased = self._erased(conn, [k for k in firsts if k in inserted])
+            lookup = self._erased_lookup(list(firsts))
+            # One round trip: the tombstone lookup is sent with the insert and runs after it,
+            # on a snapshot of its own (see ingest_erased.sql for why it must come after).
+            with conn.pipeline():
+                rows_cursor = conn.execute(
+                    sql.statement("ingest_insert"),
+                    {
+                        **_insert_params(fresh, refs),
+                        "identity_key_id": self._identity_key,
+                        "aging": self._aging,
+                        "now": self._now(),
+                    },
+                )
+                hits_cursor = conn.execute(*lookup)
+                inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
+                hits = hits_cursor.fetchall()
+            erased = self._erased(conn, inserted, hits)
         inserted -= erased.keys()
         others = [k for k in firsts if k not in inserted and k not in erased]
         stored: dict[Key, tuple[bytes, State]] = {}
@@ -431,37 +438,47 @@ class PostgresStore:
             conn.execute(sql.statement("shadow_record"), _shadow_params(batch, results, now))
         return results
 
-    def _erased(self, conn: Connection, inserted: Sequence[Key]) -> dict[Key, _Tombstone]:
-        """The tombstones of the keys just inserted; their rows are deleted again (see
-        ingest_erased.sql for why this runs after the insert)."""
-        if not inserted:
-            return {}
+    def _erased_lookup(self, keys: Sequence[Key]) -> tuple[LiteralString, dict[str, Any]]:
+        """The statement that finds these keys' tombstones: by their keyed hashes under every
+        identity key held; with no keys bound, whether any tombstone exists at all."""
         derive = self._erased_hashes
         if derive is None:
-            row = conn.execute(sql.statement("erased_any")).fetchone()
-            if row is not None and row[0]:
-                raise ConfigError(
-                    "ingest: erased operations exist and this store was not given the identity "
-                    "keys to recognise them (bridge.keyring.attach); nothing was written"
-                )
-            return {}
+            return sql.statement("erased_any"), {}
         params: dict[str, list[Any]] = {
             "tenant_id": [],
             "operation_id": [],
             "key_id": [],
             "operation_hash": [],
         }
-        for key in inserted:
+        for key in keys:
             for key_id, digest in derive(key.tenant_id, key.operation_id):
                 params["tenant_id"].append(key.tenant_id)
                 params["operation_id"].append(key.operation_id)
                 params["key_id"].append(key_id)
                 params["operation_hash"].append(digest)
-        rows = conn.execute(sql.statement("ingest_erased"), params).fetchall()
-        return {
+        return sql.statement("ingest_erased"), params
+
+    def _erased(
+        self, conn: Connection, inserted: set[Key], hits: Sequence[tuple[Any, ...]]
+    ) -> dict[Key, _Tombstone]:
+        """The tombstones of the keys just inserted; their rows are taken back out. A tombstone
+        of a key that was not inserted (a row an earlier release wrote after the erasure) is
+        left to that row."""
+        if self._erased_hashes is None:
+            if hits and hits[0][0] and inserted:
+                raise ConfigError(
+                    "ingest: erased operations exist and this store was not given the identity "
+                    "keys to recognise them (bridge.keyring.attach); nothing was written"
+                )
+            return {}
+        found = {
             Key(t, o): _Tombstone(bytes(h), State(st), th, bytes(oh).hex())
-            for t, o, h, st, th, oh in rows
+            for t, o, h, st, th, oh in hits
+            if Key(t, o) in inserted
         }
+        if found:
+            conn.execute(sql.statement("ingest_erased_undo"), _keys_params(list(found)))
+        return found
 
     def ingest_within_quota(
         self, batch: Sequence[Delivery | Rejection], quota: int
