@@ -472,9 +472,9 @@ def retention(e: JobEvidence) -> Verdict:
     else:
         seen.append("payloads by reference (payload table)")
     if not (db.erasure_function and db.erasure_audit):
-        problems.append("no audited erasure in the schema")
+        problems.append("no audited erasure that keeps tombstones in the schema")
     else:
-        seen.append("erase --tenant audited by tenant hash")
+        seen.append("erase --tenant/--operation audited by keyed hashes, tombstones kept")
     plan = e.config.retention
     if plan is None:
         problems.append("no [retention] table: purge age and erasure owner unset")
@@ -488,7 +488,18 @@ def retention(e: JobEvidence) -> Verdict:
                 f"purge after {plan.purge_after_days} d is within {sub.name}'s redelivery window "
                 f"({sub.source}: up to {window} d): a redelivery would run it again"
             )
-    seen.append(f"purge after {plan.purge_after_days} d; erasure owner {plan.erasure_owner}")
+        # past the horizon an erased operation's tombstone is gone, and a redelivery of it
+        # would be new work
+        if plan.tombstone_days <= window:
+            problems.append(
+                f"tombstones kept {plan.tombstone_days} d, within {sub.name}'s redelivery "
+                f"window ({sub.source}: up to {window} d): a redelivery of an erased operation "
+                "would run it again"
+            )
+    seen.append(
+        f"purge after {plan.purge_after_days} d; tombstones kept {plan.tombstone_days} d; "
+        f"erasure owner {plan.erasure_owner}"
+    )
     return _verdict(problems, seen)
 
 
@@ -505,13 +516,22 @@ CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
 )
 
 
-def evaluate(config: BridgeConfig, db: DatabaseFacts, probe: ProbeReport | None = None) -> Report:
-    """Every control for every job type of the configuration; controls 3, 4 and 8 from the
-    probe's executed evidence when there is one."""
+def evaluate(
+    config: BridgeConfig,
+    db: DatabaseFacts,
+    probe: ProbeReport | None = None,
+    *,
+    job_types: Sequence[str] | None = None,
+) -> Report:
+    """Every control for every job type of the configuration (or those of ``job_types``: the
+    gate of one job type's cut-over from shadow to live); controls 3, 4 and 8 from the probe's
+    executed evidence when there is one."""
     installed = frozenset(sources.names())
     findings: list[Finding] = []
     registry = Registry()
     for name, job in sorted(config.jobs.items()):
+        if job_types is not None and name not in job_types:
+            continue
         evidence = JobEvidence(
             job=job,
             handler=build_handler(config, name, registry),

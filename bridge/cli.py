@@ -35,6 +35,7 @@ from bridge.commands import (
     redrive,
     resolve,
     run,
+    shadow,
     status,
     sweep,
 )
@@ -60,6 +61,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     sweep.register,
     purge.register,
     erase.register,
+    shadow.register,
     check.register,
     identity.register,
     config.register,

@@ -86,3 +86,8 @@ class MigrationError(StoreError):
 
 class BrokerError(FenceBridgeError):
     """The broker refused a request for a reason that retrying will not fix."""
+
+
+class ErasureRefused(StoreError):  # noqa: N818  (a condition, named for what happened)
+    """An erasure changed nothing: rows in its scope are still running or waiting to run, or
+    were written while it ran."""

@@ -189,6 +189,27 @@ class IdentityHasher:
         """Short hash of an operation (tenant-scoped) for logs and spans."""
         return "op_" + self._mac(self._secret, "operation", tenant_id, operation_id)[:10].hex()
 
+    # -- tombstones ----------------------------------------------------------------------------
+
+    def erased_operation(self, tenant_id: str, operation_id: str) -> bytes:
+        """The full-length keyed hash an erased operation's tombstone is stored under (current
+        key). Full length, unlike the log hashes: a collision would make a new operation a
+        replay."""
+        return self._mac(self._secret, "erased-operation", tenant_id, operation_id)
+
+    def erased_operation_candidates(
+        self, tenant_id: str, operation_id: str
+    ) -> list[tuple[int, bytes]]:
+        """The operation's tombstone hash under every key this process holds, by key id: a
+        tombstone written before a rotation is found under the key it was written with.
+        Unbound (no database consulted): the current key only, as key 1."""
+        if self._by_id is None:
+            return [(FIRST_KEY_ID, self.erased_operation(tenant_id, operation_id))]
+        return [
+            (key_id, self._mac(secret, "erased-operation", tenant_id, operation_id))
+            for key_id, secret in sorted(self._by_id.items())
+        ]
+
 
 def _idempotency_key(secret: bytes, tenant_id: str, operation_id: str) -> str:
     digest = IdentityHasher._mac(secret, "idempotency-key", tenant_id, operation_id)[:30]

@@ -27,17 +27,30 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bridge.decode import RawDelivery, undecodable
 from bridge.service import Limits, Supervised
-from bridge.store.work import QuotaDeferred, WorkStore
+from bridge.store.work import QuotaDeferred
 from bridge.telemetry import Telemetry
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
 
 log = logging.getLogger(__name__)
 
 Decoder = Callable[[RawDelivery], Delivery | Rejection]
+
+
+class InboxStore(Protocol):
+    """What the inbox writes through: the work store, or a shadow subscription's record
+    (:class:`bridge.shadow.ShadowWrites`)."""
+
+    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]: ...
+
+    def ingest_within_quota(
+        self, batch: Sequence[Delivery | Rejection], quota: int
+    ) -> list[IngestResult | QuotaDeferred]: ...
+
+
 HandOff = Callable[[Sequence[tuple[Key, str]]], None]
 
 
@@ -55,8 +68,9 @@ class Written:
 
     @property
     def awaits_outcome(self) -> bool:
-        """A work row exists whose outcome an ``after_outcome`` consumer waits for."""
-        return self.result.decision in (Decision.NEW, Decision.REPLAY)
+        """A work row exists whose outcome an ``after_outcome`` consumer waits for (an erased
+        operation's replay has none: its outcome is the tombstone's)."""
+        return self.result.decision in (Decision.NEW, Decision.REPLAY) and not self.result.erased
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +90,7 @@ class Deferred:
 class Inbox:
     def __init__(
         self,
-        store: WorkStore,
+        store: InboxStore,
         decoder: Decoder,
         *,
         hand_off: HandOff | None = None,

@@ -186,6 +186,9 @@ def rotate(
         missing = _open_rows(conn, held)
         if missing:
             raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was changed")
+        erased = _tombstone_keys(conn, [*held, current.key_id])
+        if erased:
+            raise IdentityKeyMismatch(_tombstone_message(erased, keys) + "; nothing was changed")
         row = conn.execute(
             sql.statement("identity_rotate"),
             {
@@ -241,6 +244,9 @@ def _check(conn: Connection, keys: list[RecordedKey], hasher: IdentityHasher) ->
     missing = _open_rows(conn, held)
     if missing:
         raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was done")
+    erased = _tombstone_keys(conn, held)
+    if erased:
+        raise IdentityKeyMismatch(_tombstone_message(erased, keys) + "; nothing was done")
 
 
 def _check_previous(by_fingerprint: dict[str, RecordedKey], hasher: IdentityHasher) -> None:
@@ -257,6 +263,25 @@ def _check_previous(by_fingerprint: dict[str, RecordedKey], hasher: IdentityHash
 def _open_rows(conn: Connection, held: list[int]) -> dict[int, int]:
     rows = conn.execute(sql.statement("identity_open_rows"), {"held": held}).fetchall()
     return {int(k): int(n) for k, n in rows}
+
+
+def _tombstone_keys(conn: Connection, held: list[int]) -> dict[int, int]:
+    rows = conn.execute(sql.statement("identity_tombstone_keys"), {"held": held}).fetchall()
+    return {int(k): int(n) for k, n in rows}
+
+
+def _tombstone_message(missing: dict[int, int], keys: list[RecordedKey]) -> str:
+    by_id = {k.key_id: k for k in keys}
+    parts = [
+        f"{n} erased operation(s) whose tombstones are under "
+        + (by_id[i].describe() if i in by_id else f"key {i} (never recorded)")
+        for i, n in sorted(missing.items())
+    ]
+    return (
+        f"{'; '.join(parts)}, which this process does not hold: a redelivery of them would "
+        f"not be recognised, so add it to {IDENTITY_PREVIOUS_KEYS_ENV} until `fencebridge "
+        "purge` has removed them ([retention] tombstone_days)"
+    )
 
 
 def _missing_message(missing: dict[int, int], keys: list[RecordedKey]) -> str:
@@ -297,4 +322,4 @@ def _bind(store: KeyedStore, hasher: IdentityHasher, keys: list[RecordedKey]) ->
     key_id, held = hasher.key_id, hasher.held_key_ids
     assert key_id is not None
     assert held is not None
-    store.use_identity_keys(key_id, held)
+    store.use_identity_keys(key_id, held, hasher.erased_operation_candidates)

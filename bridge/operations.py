@@ -53,6 +53,7 @@ from bridge.records import (
 )
 from bridge.registry import load_handler
 from bridge.store.operator import OperatorStore
+from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 
 PURGE_BATCH_DEFAULT = 500
@@ -408,18 +409,27 @@ class PurgeReport:
 
 
 def purge(
-    store: OperatorStore, older_than: timedelta, *, batch_size: int = PURGE_BATCH_DEFAULT
+    store: OperatorStore,
+    older_than: timedelta,
+    *,
+    batch_size: int = PURGE_BATCH_DEFAULT,
+    tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
 ) -> PurgeReport:
-    """Remove finished work older than ``older_than`` in bounded batches, one purger at a time.
+    """Remove finished work older than ``older_than``, and erased operations' tombstones older
+    than ``tombstone_horizon``, in bounded batches, one purger at a time.
 
     Each batch is its own short transaction holding the purge lock, so a purge never holds
     locks on many rows for long and the bridge keeps running beside it.
     """
     total, batches = PurgeCounts(), 0
     while True:
-        removed = store.purge_batch(older_than, batch_size)
+        removed = store.purge_batch(older_than, batch_size, tombstone_horizon=tombstone_horizon)
         if removed is None:
             return PurgeReport(total, batches, locked_out=True)
         total, batches = total + removed, batches + 1
-        if removed.work_rows < batch_size and removed.rejected_deliveries < batch_size:
+        if (
+            removed.work_rows < batch_size
+            and removed.rejected_deliveries < batch_size
+            and removed.tombstones < batch_size
+        ):
             return PurgeReport(total, batches, locked_out=False)

@@ -111,11 +111,14 @@ class RejectedRecord:
 
 @dataclass(frozen=True, slots=True)
 class ErasureRecord:
-    """One recorded erasure of a tenant (the record names the tenant only by its hash)."""
+    """One recorded erasure of a tenant or of one operation (the record names them only by
+    their keyed hashes)."""
 
     at: datetime
     actor: str
     reason: str
+    #: the erasure named this one operation (erase --operation), not its whole tenant
+    one_operation: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,20 +202,33 @@ class PurgeCounts:
     work_rows: int = 0
     rejected_deliveries: int = 0
     payloads: int = 0
+    #: erased operations' tombstones past the horizon
+    tombstones: int = 0
 
     def __add__(self, other: PurgeCounts) -> PurgeCounts:
         return PurgeCounts(
             self.work_rows + other.work_rows,
             self.rejected_deliveries + other.rejected_deliveries,
             self.payloads + other.payloads,
+            self.tombstones + other.tombstones,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ErasureCounts:
-    """What erasing one tenant removed."""
+    """What erasing one tenant (or one operation) removed, and the tombstones it left."""
 
     work_rows: int
     payloads: int
     rejected_deliveries: int
     redrive_audits: int
+    tombstones: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeenOperation:
+    """An operation a shadow subscription recorded: its job type and first payload hash."""
+
+    key: Key
+    job_type: str
+    payload_hash: bytes

@@ -36,6 +36,7 @@ from bridge.migrate import require_current
 from bridge.registry import Registry
 from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
 from bridge.service import Deadline, Limits, Service, describe
+from bridge.shadow import ShadowWrites
 from bridge.store import PostgresStore
 from bridge.store.work import WorkStore
 from bridge.sweeper import Sweeper
@@ -90,10 +91,12 @@ class Bridge:
         )
         self.consumers: list[sources.Consumer] = []
         for name, sub in config.subscriptions.items():
+            # A shadow subscription writes to the shadow record, which no claim reads, and
+            # hands nothing to the pool: fixed here, at construction, for the process's life.
             inbox = Inbox(
-                store,
+                ShadowWrites(store) if sub.shadow else store,
                 partial(decode, config.decode_rules(name)),
-                hand_off=self.pool.hand_off,
+                hand_off=None if sub.shadow else self.pool.hand_off,
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
@@ -142,6 +145,9 @@ class Bridge:
             len(self.registry.job_types),
             self.config.bridge.worker_threads,
         )
+        for name, sub in self.config.subscriptions.items():
+            if sub.shadow:
+                log.info("subscription %s is a shadow: recorded for comparison, never run", name)
 
     def stop(self, deadline: float | Deadline | None = None) -> StopReport:
         """Drain within one deadline: consumers (all at once), then the pool, then the rest."""

@@ -121,6 +121,8 @@ class IngestResult:
     key: Key | None
     #: the state of the existing row for a replay or conflict; ``queued`` for a new row
     state: State | None = None
+    #: the replay or conflict is with an erased operation's tombstone: no row exists
+    erased: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -949,6 +949,9 @@ class PubSubSettings(SourceSettings):
     def receivers(self) -> int:
         return self.consumers
 
+    def address(self) -> str | None:
+        return str(self.subscription)
+
 
 def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> PubSubConsumer:
     """The ``fencebridge.sources`` factory for ``source = "pubsub"``.

@@ -671,6 +671,9 @@ class SqsSettings(SourceSettings):
     def receivers(self) -> int:
         return self.consumers
 
+    def address(self) -> str | None:
+        return str(self.queue_url)
+
 
 def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsConsumer:
     """The ``sqs`` source: a boto3 client for the queue's region (and endpoint, if local)."""

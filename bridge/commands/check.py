@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from bridge.commands.arguments import add_database_flag
+from bridge.commands.arguments import add_database_flag, usage
 from bridge.commands.session import table
 from bridge.database import connect, database_url
 
@@ -33,6 +33,12 @@ def register(commands: Subcommands) -> None:
         "a failed inbox commit per adapter) in a scratch schema it creates and drops; needs "
         "CREATE on the database",
     )
+    p.add_argument(
+        "--job-type",
+        action="append",
+        help="evaluate only this job type (repeatable): the gate of a cut-over, one job type "
+        "moved from a shadow subscription to a live one",
+    )
     add_database_flag(p)
     p.set_defaults(run=run)
 
@@ -50,12 +56,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"NO-GO: the configuration is refused ({len(problems)} problem(s)):")
         print("\n".join(f"  {line}" for line in problems))
         return 1
+    wanted: list[str] | None = args.job_type
+    unknown = [j for j in wanted or () if j not in config.jobs]
+    if unknown:
+        raise usage(f"no job type {', '.join(map(repr, unknown))} in {args.config}")
     url = database_url(args.database_url)
     with connect(url) as conn:
         facts = read_database(conn)
     probed = probe.run(url, config) if args.probe else None
-    report = evaluate(config, facts, probed)
+    report = evaluate(config, facts, probed, job_types=wanted)
     print("\n".join(_check_lines(report)))
+    shadow_only = sorted(
+        job
+        for job in wanted or config.jobs
+        if not any(job in s.job_types for s in config.subscriptions.values() if not s.shadow)
+        and any(job in s.job_types for s in config.subscriptions.values() if s.shadow)
+    )
+    if shadow_only:
+        print(f"shadow only (recorded, never run): {', '.join(shadow_only)}")
     return 0 if report.go else 1
 
 

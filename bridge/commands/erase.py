@@ -1,5 +1,5 @@
-"""``fencebridge erase``: one tenant's rows, payloads, rejected deliveries and audit rows,
-erased and recorded by the tenant's keyed hash."""
+"""``fencebridge erase``: one tenant (or one of its operations) erased, a tombstone kept per
+operation so a later redelivery is a replay, never new work; recorded by keyed hashes."""
 
 from __future__ import annotations
 
@@ -16,10 +16,22 @@ if TYPE_CHECKING:
 def register(commands: Subcommands) -> None:
     p = commands.add_parser(
         "erase",
-        help="erase one tenant: work rows, payloads, rejected deliveries, audit rows (audited)",
-        description=f"The erasure is recorded with the tenant's keyed hash. {KEY_NOTE}",
+        help="erase one tenant or one operation: payloads, rejected deliveries, audit rows and "
+        "identifiers go, a tombstone per operation stays (audited)",
+        description=(
+            "Each erased operation leaves a tombstone (keyed hashes, payload hash, state, "
+            "outcome code, time of erasure) so a redelivery is a replay or a conflict, never "
+            "new work; tombstones are purged after [retention] tombstone_days. Refused while an "
+            "operation in scope is queued or claimed. The erasure is recorded with the "
+            f"tenant's (and operation's) keyed hash. {KEY_NOTE}"
+        ),
     )
     p.add_argument("--tenant", type=stored_text, required=True, help="the tenant id to erase")
+    p.add_argument(
+        "--operation",
+        type=stored_text,
+        help="erase only this operation of the tenant (a request that names one order)",
+    )
     p.add_argument(
         "--reason", type=stored_text, required=True, help="why (the request reference): recorded"
     )
@@ -32,20 +44,33 @@ def register(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     hasher = identity_hasher()
     with open_store(args) as store:
-        keyed(store, hasher, record=None if args.dry_run else "erase")
+        if args.dry_run:
+            # compares the keys and records nothing; with no key recorded yet, this one will be
+            # key 1 (the first use records it so)
+            keyed(store, hasher)
+            if hasher.key_id is None:
+                store.use_identity_keys(1, [1], hasher.erased_operation_candidates)
+        else:
+            keyed(store, hasher, record="erase")
         tenant_hash = hasher.tenant(args.tenant)
-        counts = store.erase_tenant(
+        operation_hash = (
+            None if args.operation is None else hasher.operation(args.tenant, args.operation)
+        )
+        counts = store.erase(
             args.tenant,
+            operation_id=args.operation,
             tenant_hash=tenant_hash,
+            operation_hash=operation_hash,
             actor=args.actor or os_user(),
             reason=args.reason,
             dry_run=args.dry_run,
         )
     verb = "would erase" if args.dry_run else "erased"
+    scope = f"tenant {tenant_hash}" + (f" operation {operation_hash}" if operation_hash else "")
     print(
-        f"{verb} tenant {tenant_hash}: {counts.work_rows} work row(s), {counts.payloads} "
-        f"payload(s), {counts.rejected_deliveries} rejected deliveries, "
-        f"{counts.redrive_audits} redrive audit row(s)"
+        f"{verb} {scope}: {counts.work_rows} work row(s), {counts.payloads} payload(s), "
+        f"{counts.rejected_deliveries} rejected deliveries, {counts.redrive_audits} redrive "
+        f"audit row(s); {counts.tombstones} tombstone(s) kept"
     )
     print("dry run: nothing was written" if args.dry_run else "recorded in erasure_audit")
     return 0

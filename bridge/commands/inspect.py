@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
         hasher = optional_hasher(store)
         history = store.history(key)
         erasures = (
-            store.erasures(hasher.tenant(key.tenant_id))
+            store.erasures(
+                hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
+            )
             if hasher is not None and history.row is None
             else []
         )
@@ -59,7 +61,13 @@ def run(args: argparse.Namespace) -> int:
         document["work_row_absent"] = {
             "explanation": absence,
             "tenant_erasures": [
-                {"at": iso_time(e.at), "actor": e.actor, "reason": e.reason} for e in erasures
+                {
+                    "at": iso_time(e.at),
+                    "actor": e.actor,
+                    "reason": e.reason,
+                    "one_operation": e.one_operation,
+                }
+                for e in erasures
             ],
         }
     if args.json:
@@ -78,9 +86,11 @@ def _absence(history: OperationHistory, erasures: Sequence[ErasureRecord], *, ch
         return ""
     if erasures:
         last = erasures[0]
+        what = "it was erased" if last.one_operation else "its tenant was erased"
         return (
-            f"erased: its tenant was erased at {moment(last.at)} by {last.actor} ({last.reason}); "
-            "an erasure keeps no record of which operations it removed"
+            f"erased: {what} at {moment(last.at)} by {last.actor} ({last.reason}); a tombstone "
+            "(keyed hashes, payload hash, state) makes a redelivery of it a replay until "
+            "[retention] tombstone_days have passed"
         )
     ingested = bool(history.redrives) or any(
         r.kind == "conflict" or r.redrive_outcome is not None for r in history.rejected

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from bridge.commands.arguments import add_database_flag, duration, positive, usage
 from bridge.commands.session import open_store
+from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
@@ -24,6 +25,12 @@ def register(commands: Subcommands) -> None:
     age = p.add_mutually_exclusive_group(required=True)
     age.add_argument("--older-than", type=duration, help="age since settlement: 90d, 36h, 30m")
     age.add_argument("--config", help="take the age from [retention] purge_after_days")
+    p.add_argument(
+        "--tombstone-days",
+        type=positive,
+        help="age (since erasure) past which erased operations' tombstones go (default: "
+        f"[retention] tombstone_days with --config, else {TOMBSTONE_DAYS_DEFAULT})",
+    )
     p.add_argument("--batch-size", type=positive, default=500, help="rows per batch transaction")
     p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
     add_database_flag(p)
@@ -34,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge.operations import purge  # noqa: PLC0415
 
     older_than: timedelta | None = args.older_than
+    tombstone_days: int = args.tombstone_days or TOMBSTONE_DAYS_DEFAULT
     if older_than is None:
         from bridge.config import load_config  # noqa: PLC0415
 
@@ -41,20 +49,24 @@ def run(args: argparse.Namespace) -> int:
         if plan is None:
             raise usage(f"{args.config} has no [retention] table; pass --older-than")
         older_than = timedelta(days=plan.purge_after_days)
+        tombstone_days = args.tombstone_days or plan.tombstone_days
+    horizon = timedelta(days=tombstone_days)
     with open_store(args) as store:
         if args.dry_run:
-            counts = store.purge_preview(older_than)
+            counts = store.purge_preview(older_than, tombstone_horizon=horizon)
             print(
                 f"would purge {counts.work_rows} work row(s), {counts.rejected_deliveries} "
                 f"rejected deliveries and {counts.payloads} payload(s) older than "
-                f"{_span(older_than)}"
+                f"{_span(older_than)}, and {counts.tombstones} tombstone(s) older than "
+                f"{tombstone_days}d"
             )
             return 0
-        report = purge(store, older_than, batch_size=args.batch_size)
+        report = purge(store, older_than, batch_size=args.batch_size, tombstone_horizon=horizon)
     removed = report.removed
     print(
         f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
-        f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)} in "
+        f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)}, and "
+        f"{removed.tombstones} tombstone(s) older than {tombstone_days}d in "
         f"{report.batches} batch(es)"
     )
     if report.locked_out:

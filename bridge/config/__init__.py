@@ -48,6 +48,7 @@ from bridge.config.model import (
     JobConfig,
     RetentionConfig,
     SubscriptionConfig,
+    SubscriptionMode,
     default_worker_id,
 )
 from bridge.config.reference import reference_markdown
@@ -75,6 +76,7 @@ __all__ = [
     "JobConfig",
     "RetentionConfig",
     "SubscriptionConfig",
+    "SubscriptionMode",
     "config_schema",
     "default_worker_id",
     "load_config",

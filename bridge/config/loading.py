@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -87,6 +87,7 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
         sub = _subscription(name, table, at, declared, report)
         if sub is not None:
             subscriptions[name] = sub
+    _shadows_read_copies(subscriptions, where, report)
     retention = None
     if "retention" in document:
         retention = _table(RetentionConfig, document["retention"], where.child("retention"), report)
@@ -105,6 +106,31 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
 
 
 Report = Callable[[list[str]], None]
+
+
+def _shadows_read_copies(
+    subscriptions: Mapping[str, SubscriptionConfig], where: Where, report: Report
+) -> None:
+    """A shadow subscription reading a live one's queue would take its messages away."""
+    live = {
+        (s.source, s.settings.address()): name
+        for name, s in subscriptions.items()
+        if not s.shadow and s.settings.address() is not None
+    }
+    for name, sub in subscriptions.items():
+        other = live.get((sub.source, sub.settings.address())) if sub.shadow else None
+        if other is not None:
+            report(
+                [
+                    where.child("subscriptions")
+                    .child(name)
+                    .message(
+                        f"a shadow subscription reads {sub.settings.address()}, which the live "
+                        f"subscription {other!r} reads: shadow a copy of the stream (an SNS "
+                        "fan-out to its own queue, a second Pub/Sub subscription)"
+                    )
+                ]
+            )
 
 
 def _table(

@@ -62,7 +62,12 @@ from bridge.service import (
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
     Limits,
 )
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, PRIORITY_AGING_DEFAULT, ConcurrencyLimit
+from bridge.store.work import (
+    ATTEMPT_HISTORY_DEFAULT,
+    PRIORITY_AGING_DEFAULT,
+    TOMBSTONE_DAYS_DEFAULT,
+    ConcurrencyLimit,
+)
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
@@ -98,6 +103,13 @@ class AckMode(enum.StrEnum):
 
 
 ACK_MODE_DEFAULT: Final = AckMode.AFTER_INBOX
+
+
+class SubscriptionMode(enum.StrEnum):
+    """Whether a subscription's deliveries become work, or are only recorded for comparison."""
+
+    LIVE = "live"  #: work rows, claimed and run
+    SHADOW = "shadow"  #: recorded apart (shadow tables), never claimable, no handler called
 
 
 def default_worker_id() -> str:
@@ -579,6 +591,11 @@ class SourceSettings(Table):
         """Threads of the consumer that may hold a database connection at once (pool sizing)."""
         return 1
 
+    def address(self) -> str | None:
+        """What the consumer reads from (a queue URL, a subscription path), when the adapter
+        can name it: a shadow subscription must not read what a live one reads."""
+        return None
+
     @classmethod
     def of(cls, sub: SubscriptionConfig) -> Self:
         """The subscription's settings, if they are this adapter's (guards direct use)."""
@@ -615,6 +632,23 @@ class SubscriptionConfig(Table):
             delivery, extend its visibility timeout (SQS) or ack deadline (Pub/Sub) while its
             work row makes progress, and acknowledge once the row is terminal or parked. In
             both modes nothing is acknowledged before the row has committed.
+            """
+        ),
+    )
+    mode: SubscriptionMode = Field(
+        default=SubscriptionMode.LIVE,
+        description=_doc(
+            """
+            `live`: deliveries become work rows and run. `shadow`: the subscription reads a
+            copy of a stream another system still consumes (an SNS fan-out to a second SQS
+            queue, a second Pub/Sub subscription on the topic), decodes and decides every
+            delivery as the inbox does (new, replay, conflict, quarantined) and records it
+            apart from the work rows: nothing is ever claimed, no handler is called, no target
+            sees a request. `fencebridge shadow report` compares the record with the existing
+            system's effect log. Read at start only: going live is a configuration change and
+            a restart. A shadow subscription acknowledges after its record commits
+            (`ack_mode = "after_inbox"`) and must not read the queue or subscription of a live
+            one.
             """
         ),
     )
@@ -677,6 +711,10 @@ class SubscriptionConfig(Table):
     _bridge_quota: int | None = PrivateAttr(default=None)
 
     @property
+    def shadow(self) -> bool:
+        return self.mode is SubscriptionMode.SHADOW
+
+    @property
     def backlog_quota(self) -> int | None:
         """The tenant backlog quota of this subscription's deliveries: its own, or the
         bridge's (``None``: no quota)."""
@@ -704,6 +742,13 @@ class SubscriptionConfig(Table):
     @model_validator(mode="after")
     def _across_keys(self, info: ValidationInfo) -> Self:
         found: list[tuple[tuple[str | int, ...], str]] = []
+        if self.mode is SubscriptionMode.SHADOW and self.ack_mode is not AckMode.AFTER_INBOX:
+            found.append(
+                (
+                    ("ack_mode",),
+                    "a shadow subscription has no outcome to wait for: only 'after_inbox'",
+                )
+            )
         declared = (info.context or {}).get(DECLARED_JOBS)
         for position, job_type in enumerate(self.job_types):
             if declared is not None and job_type not in declared:
@@ -790,6 +835,21 @@ class RetentionConfig(Table):
             role): the owner of `fencebridge erase --tenant` and of this plan.
             """
         )
+    )
+    tombstone_days: StrictInt = Field(
+        default=TOMBSTONE_DAYS_DEFAULT,
+        ge=1,
+        le=36500,
+        description=_doc(
+            """
+            Age (since the erasure) after which `fencebridge purge` removes an erased
+            operation's tombstone (keyed hashes, payload hash, state: no identifier, no
+            payload). Until then a redelivery of the operation is a replay or a conflict, never
+            new work, so this must be longer than the broker can redeliver (SQS keeps messages
+            up to 14 days, Pub/Sub up to 31); `fencebridge check` reports a shorter horizon as
+            no-go.
+            """
+        ),
     )
 
 

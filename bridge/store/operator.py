@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from bridge.records import (
     ErasureCounts,
@@ -22,6 +22,7 @@ from bridge.records import (
     QuarantinedDelivery,
     RejectedStatus,
     ResolvedDelivery,
+    SeenOperation,
 )
 from bridge.store.listing import (
     FigurePoint,
@@ -69,8 +70,9 @@ class OperatorStore(KeyedStore, Protocol):
         """The work row, its redrives and its rejected deliveries, in one snapshot."""
         ...
 
-    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
-        """The recorded erasures of the tenant with this keyed hash, newest first."""
+    def erasures(self, tenant_hash: str, operation_hash: str | None = None) -> list[ErasureRecord]:
+        """The recorded erasures of the tenant with this keyed hash (and of the operation with
+        this one), newest first."""
         ...
 
     def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
@@ -150,18 +152,49 @@ class OperatorStore(KeyedStore, Protocol):
         """Where the named rejected deliveries stand."""
         ...
 
-    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
-        """Remove one bounded batch of finished work; None when another purge holds the lock."""
+    def purge_batch(
+        self, older_than: timedelta, limit: int, *, tombstone_horizon: timedelta = ...
+    ) -> PurgeCounts | None:
+        """Remove one bounded batch of finished work, and of tombstones past the horizon;
+        None when another purge holds the lock."""
         ...
 
-    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
-        """What a purge with this age would remove right now."""
+    def purge_preview(
+        self, older_than: timedelta, *, tombstone_horizon: timedelta = ...
+    ) -> PurgeCounts:
+        """What a purge with this age (and tombstone horizon) would remove right now."""
         ...
 
-    def erase_tenant(
-        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
+    def erase(
+        self,
+        tenant_id: str,
+        *,
+        operation_id: str | None = None,
+        tenant_hash: str,
+        operation_hash: str | None = None,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
     ) -> ErasureCounts:
-        """Delete one tenant's rows, payloads, rejected deliveries and audit rows; record it."""
+        """Erase one tenant (or one operation): rows, payloads, rejected deliveries and audit
+        rows go, one tombstone per operation stays; recorded by hashes. Refuses while a row in
+        scope is queued or claimed."""
+        ...
+
+    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
+        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
+        ...
+
+    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
+        """The operations these shadow subscriptions recorded, with their first payload hash."""
+        ...
+
+    def effect_table(self, name: str) -> list[dict[str, Any]]:
+        """Every row of an effect log kept as a table or view of this database."""
+        ...
+
+    def shadow_clear(self, subscription: str) -> tuple[int, int]:
+        """Forget one shadow subscription's record: (operations, deliveries) removed."""
         ...
 
     def group_counts(self) -> list[GroupCount]:

@@ -39,17 +39,19 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+import psycopg.sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
 from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
-from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.errors import ConfigError, ErasureRefused, LeaseLost, StoreUnavailable
 from bridge.records import (
     AttemptRecord,
     ErasureCounts,
@@ -62,6 +64,7 @@ from bridge.records import (
     RejectedRecord,
     RejectedStatus,
     ResolvedDelivery,
+    SeenOperation,
     WorkRecord,
 )
 from bridge.store.listing import (
@@ -75,6 +78,7 @@ from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     PRIORITY_AGING_DEFAULT,
     SWEEP_LIMIT_DEFAULT,
+    TOMBSTONE_DAYS_DEFAULT,
     ConcurrencyLimit,
     QuotaDeferred,
     Settlement,
@@ -99,6 +103,11 @@ from bridge.types import (
 Clock = Callable[[], datetime | None]
 
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
+#: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
+ERASED_CONFLICT_REASON = "payload hash differs from the erased operation's payload"
+
+#: an operation's tombstone hash under every identity key held, by key id (:mod:`bridge.identity`)
+ErasedHashes = Callable[[str, str], list[tuple[int, bytes]]]
 
 
 def _database_clock() -> datetime | None:
@@ -175,6 +184,8 @@ class PostgresStore:
         #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
         self._identity_key: int | None = None
         self._identity_keys: list[int] | None = None
+        #: set with the keys: how the inbox finds an inserted operation's tombstone
+        self._erased_hashes: ErasedHashes | None = None
         #: set by :meth:`use_concurrency_limits`: the limited job types, read by the claims
         self._concurrency: dict[str, ConcurrencyLimit] = {}
         #: set by :meth:`use_tenant_fairness`: claims take tenants in turn (claim_fair.sql)
@@ -214,12 +225,17 @@ class PostgresStore:
     def close(self) -> None:
         self._pool.close()
 
-    def use_identity_keys(self, current: int, held: Sequence[int]) -> None:
+    def use_identity_keys(
+        self, current: int, held: Sequence[int], erased: ErasedHashes | None = None
+    ) -> None:
         """Write new rows under identity key ``current``; claim only rows written under a key
-        in ``held`` (a row under another key needs a process that holds it). Until called, new
-        rows take the database's current key and claims take any row."""
+        in ``held`` (a row under another key needs a process that holds it); ``erased`` derives
+        the tombstone hashes the inbox looks erased operations up by. Until called, new rows
+        take the database's current key, claims take any row, and an ingest that would write
+        new work refuses while any tombstone exists (it cannot tell whether one matches)."""
         self._identity_key = current
         self._identity_keys = list(held)
+        self._erased_hashes = erased
 
     def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
         """Claim rows of these job types only within their concurrency limits. Every process
@@ -308,18 +324,27 @@ class PostgresStore:
         fresh = list(firsts.values())
         refs = [f"pg:{uuid.uuid4().hex}" for _ in fresh]
         inserted: set[Key] = set()
+        erased: dict[Key, _Tombstone] = {}
         if fresh:
-            rows = conn.execute(
-                sql.statement("ingest_insert"),
-                {
-                    **_insert_params(fresh, refs),
-                    "identity_key_id": self._identity_key,
-                    "aging": self._aging,
-                    "now": self._now(),
-                },
-            ).fetchall()
-            inserted = {Key(t, o) for t, o in rows}
-        others = [k for k in firsts if k not in inserted]
+            lookup = self._erased_lookup(list(firsts))
+            # One round trip: the tombstone lookup is sent with the insert and runs after it,
+            # on a snapshot of its own (see ingest_erased.sql for why it must come after).
+            with conn.pipeline():
+                rows_cursor = conn.execute(
+                    sql.statement("ingest_insert"),
+                    {
+                        **_insert_params(fresh, refs),
+                        "identity_key_id": self._identity_key,
+                        "aging": self._aging,
+                        "now": self._now(),
+                    },
+                )
+                hits_cursor = conn.execute(*lookup)
+                inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
+                hits = hits_cursor.fetchall()
+            erased = self._erased(conn, inserted, hits)
+        inserted -= erased.keys()
+        others = [k for k in firsts if k not in inserted and k not in erased]
         stored: dict[Key, tuple[bytes, State]] = {}
         if others:
             rows = conn.execute(sql.statement("ingest_existing"), _keys_params(others)).fetchall()
@@ -335,11 +360,19 @@ class PostgresStore:
             stored[key] = (firsts[key].payload_hash, State.QUEUED)
 
         results: list[IngestResult] = []
-        rejected: list[Rejection | Delivery] = []
+        rejected: list[Rejection | Delivery | _ErasedConflict] = []
         for item in batch:
             if isinstance(item, Rejection):
                 results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
                 rejected.append(item)
+                continue
+            tombstone = erased.get(item.key)
+            if tombstone is not None:
+                same = item.payload_hash == tombstone.payload_hash
+                decision = Decision.REPLAY if same else Decision.CONFLICT
+                results.append(IngestResult(decision, item.key, tombstone.state, erased=True))
+                if not same:
+                    rejected.append(_ErasedConflict(item, tombstone))
                 continue
             stored_hash, state = stored[item.key]
             if item is firsts[item.key] and item.key in inserted:
@@ -352,6 +385,100 @@ class PostgresStore:
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
         return results
+
+    def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Record one batch of a shadow subscription in one transaction, deciding each delivery
+        as :meth:`ingest` does (new, replay, conflict, quarantined), in shadow_operation and
+        shadow_delivery: no work row, no payload, nothing any claim reads. One result per
+        delivery, in order; after this returns the batch may be acknowledged."""
+        if not batch:
+            return []
+        subscription = batch[0].subscription
+        if any(item.subscription != subscription for item in batch):
+            raise ValueError("a shadow batch comes from one subscription")
+        firsts = _firsts(batch)
+        now = self._now()
+        with self._connection("shadow ingest") as conn, conn.transaction():
+            inserted: set[Key] = set()
+            if firsts:
+                rows = conn.execute(
+                    sql.statement("shadow_insert"),
+                    {
+                        "subscription": [d.subscription for d in firsts.values()],
+                        "tenant_id": [d.tenant_id for d in firsts.values()],
+                        "operation_id": [d.operation_id for d in firsts.values()],
+                        "job_type": [d.job_type for d in firsts.values()],
+                        "payload_hash": [d.payload_hash for d in firsts.values()],
+                        "now": now,
+                    },
+                ).fetchall()
+                inserted = {Key(t, o) for t, o in rows}
+            stored = {k: d.payload_hash for k, d in firsts.items() if k in inserted}
+            others = [k for k in firsts if k not in inserted]
+            if others:
+                rows = conn.execute(
+                    sql.statement("shadow_existing"),
+                    {**_keys_params(others), "subscription": subscription},
+                ).fetchall()
+                stored.update({Key(t, o): bytes(h) for t, o, h in rows})
+            if len(stored) < len(firsts):
+                raise StoreUnavailable(
+                    "shadow ingest: an operation vanished mid-batch (erased); retry"
+                )
+            results: list[IngestResult] = []
+            for item in batch:
+                if isinstance(item, Rejection):
+                    results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
+                elif item is firsts[item.key] and item.key in inserted:
+                    results.append(IngestResult(Decision.NEW, item.key))
+                elif item.payload_hash == stored[item.key]:
+                    results.append(IngestResult(Decision.REPLAY, item.key))
+                else:
+                    results.append(IngestResult(Decision.CONFLICT, item.key))
+            conn.execute(sql.statement("shadow_record"), _shadow_params(batch, results, now))
+        return results
+
+    def _erased_lookup(self, keys: Sequence[Key]) -> tuple[LiteralString, dict[str, Any]]:
+        """The statement that finds these keys' tombstones: by their keyed hashes under every
+        identity key held; with no keys bound, whether any tombstone exists at all."""
+        derive = self._erased_hashes
+        if derive is None:
+            return sql.statement("erased_any"), {}
+        params: dict[str, list[Any]] = {
+            "tenant_id": [],
+            "operation_id": [],
+            "key_id": [],
+            "operation_hash": [],
+        }
+        for key in keys:
+            for key_id, digest in derive(key.tenant_id, key.operation_id):
+                params["tenant_id"].append(key.tenant_id)
+                params["operation_id"].append(key.operation_id)
+                params["key_id"].append(key_id)
+                params["operation_hash"].append(digest)
+        return sql.statement("ingest_erased"), params
+
+    def _erased(
+        self, conn: Connection, inserted: set[Key], hits: Sequence[tuple[Any, ...]]
+    ) -> dict[Key, _Tombstone]:
+        """The tombstones of the keys just inserted; their rows are taken back out. A tombstone
+        of a key that was not inserted (a row an earlier release wrote after the erasure) is
+        left to that row."""
+        if self._erased_hashes is None:
+            if hits and hits[0][0] and inserted:
+                raise ConfigError(
+                    "ingest: erased operations exist and this store was not given the identity "
+                    "keys to recognise them (bridge.keyring.attach); nothing was written"
+                )
+            return {}
+        found = {
+            Key(t, o): _Tombstone(bytes(h), State(st), th, bytes(oh).hex())
+            for t, o, h, st, th, oh in hits
+            if Key(t, o) in inserted
+        }
+        if found:
+            conn.execute(sql.statement("ingest_erased_undo"), _keys_params(list(found)))
+        return found
 
     def ingest_within_quota(
         self, batch: Sequence[Delivery | Rejection], quota: int
@@ -803,13 +930,15 @@ class PostgresStore:
             attempts=tuple(_attempt_record(r) for r in attempts),
         )
 
-    def erasures(self, tenant_hash: str) -> list[ErasureRecord]:
-        """The recorded erasures of the tenant with this keyed hash, newest first."""
+    def erasures(self, tenant_hash: str, operation_hash: str | None = None) -> list[ErasureRecord]:
+        """The recorded erasures of the tenant with this keyed hash (and of the operation with
+        this one), newest first."""
         with self._connection("inspect") as conn:
             rows = conn.execute(
-                sql.statement("inspect_erasures"), {"tenant_hash": tenant_hash}
+                sql.statement("inspect_erasures"),
+                {"tenant_hash": tenant_hash, "operation_hash": operation_hash},
             ).fetchall()
-        return [ErasureRecord(at, actor, reason) for at, actor, reason in rows]
+        return [ErasureRecord(at, actor, reason, bool(one)) for at, actor, reason, one in rows]
 
     def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
         """The parked rows a redrive with this selection would consider, oldest first."""
@@ -949,8 +1078,15 @@ class PostgresStore:
             rows = conn.execute(sql.statement("rejected_status"), {"ids": list(ids)}).fetchall()
         return [RejectedStatus(int(i), *rest) for i, *rest in rows]
 
-    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
-        """Remove one bounded batch of finished work older than ``older_than``.
+    def purge_batch(
+        self,
+        older_than: timedelta,
+        limit: int,
+        *,
+        tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
+    ) -> PurgeCounts | None:
+        """Remove one bounded batch of finished work older than ``older_than``, and of
+        tombstones older than ``tombstone_horizon``.
 
         Returns None, having removed nothing, when another purge holds the purge lock.
         """
@@ -962,41 +1098,136 @@ class PostgresStore:
             if not got or not got[0]:
                 return None
             row = conn.execute(sql.statement("purge"), params).fetchone()
+            gone = conn.execute(
+                sql.statement("purge_tombstones"), {**params, "horizon": tombstone_horizon}
+            ).fetchone()
         assert row is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+        assert gone is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
 
-    def purge_preview(self, older_than: timedelta) -> PurgeCounts:
-        """What a purge with this age would remove right now."""
+    def purge_preview(
+        self,
+        older_than: timedelta,
+        *,
+        tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
+    ) -> PurgeCounts:
+        """What a purge with this age (and tombstone horizon) would remove right now."""
         with self._connection("purge") as conn:
             row = conn.execute(
                 sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
             ).fetchone()
+            gone = conn.execute(
+                sql.statement("purge_tombstones_count"),
+                {"horizon": tombstone_horizon, "now": self._now()},
+            ).fetchone()
         assert row is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]))
+        assert gone is not None
+        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
 
-    def erase_tenant(
-        self, tenant_id: str, *, tenant_hash: str, actor: str, reason: str, dry_run: bool = False
+    def erase(
+        self,
+        tenant_id: str,
+        *,
+        operation_id: str | None = None,
+        tenant_hash: str,
+        operation_hash: str | None = None,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
     ) -> ErasureCounts:
-        """Delete every row, payload, rejected delivery and audit row of one tenant and record
-        the erasure by the tenant's hash, in one transaction (rolled back on a dry run)."""
+        """Erase one tenant (or one of its operations): rows, payloads, rejected deliveries
+        and audit rows go, a tombstone per operation stays (keyed hash under the current
+        identity key, payload hash, state, outcome code), recorded by hashes only, in one
+        transaction (rolled back on a dry run).
+
+        Refuses, changing nothing (:class:`~bridge.errors.ErasureRefused`), while a row in scope
+        is queued or claimed. Needs the identity keys bound (:func:`bridge.keyring.attach`):
+        the tombstones are keyed hashes.
+        """
         if not tenant_id or not tenant_hash or not actor or not reason:
             raise ValueError("an erasure needs a tenant, its hash, an actor and a reason")
-        params = {
-            "tenant_id": tenant_id,
-            "tenant_hash": tenant_hash,
-            "actor": actor,
-            "reason": reason,
-        }
+        if operation_id is not None and not (operation_id and operation_hash):
+            raise ValueError("an erasure of one operation needs its id and its hash")
+        derive, key_id = self._erased_hashes, self._identity_key
+        if derive is None or key_id is None:
+            raise ConfigError(
+                "erase: the identity keys are not bound (bridge.keyring.attach): tombstones "
+                "are keyed hashes"
+            )
+        scope = {"tenant_id": tenant_id, "operation_id": operation_id}
         with self._connection("erase") as conn, conn.transaction(force_rollback=dry_run):
-            # One statement that may touch every row of a large tenant: it must finish, so
-            # it runs without the session's statement limit (lock waits stay bounded).
+            # It may touch every row of a large tenant: it must finish, so it runs without the
+            # session's statement limit (lock waits stay bounded).
             conn.execute(
                 sql.statement("transaction_limits"),
                 {"statement_timeout": "0", "idle_timeout": None},
             )
-            row = conn.execute(sql.statement("erase_tenant"), params).fetchone()
+            ids = [o for (o,) in conn.execute(sql.statement("erase_scope"), scope).fetchall()]
+            hashes = [dict(derive(tenant_id, o))[key_id] for o in ids]
+            try:
+                row = conn.execute(
+                    sql.statement("erase"),
+                    {
+                        **scope,
+                        "tenant_hash": tenant_hash,
+                        "operation_hash": operation_hash,
+                        "key_id": key_id,
+                        "operation_ids": ids,
+                        "operation_hashes": hashes,
+                        "actor": actor,
+                        "reason": reason,
+                    },
+                ).fetchone()
+            except (psycopg.errors.ObjectInUse, psycopg.errors.SerializationFailure) as exc:
+                hint = exc.diag.message_hint
+                raise ErasureRefused(
+                    f"{exc.diag.message_primary}" + (f"; {hint}" if hint else "")
+                ) from exc
         assert row is not None
         return ErasureCounts(*(int(n) for n in row))
+
+    # -- shadow subscriptions ----------------------------------------------------------------
+
+    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
+        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
+        with self._connection("shadow report") as conn:
+            rows = conn.execute(
+                sql.statement("shadow_decisions"), {"subscription": list(subscriptions)}
+            ).fetchall()
+        return [(j, d, int(n)) for j, d, n in rows]
+
+    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
+        """The operations these shadow subscriptions recorded, with their first payload hash."""
+        with self._connection("shadow report") as conn:
+            rows = conn.execute(
+                sql.statement("shadow_operations"), {"subscription": list(subscriptions)}
+            ).fetchall()
+        return [SeenOperation(Key(t, o), j, bytes(h)) for t, o, j, h in rows]
+
+    def effect_table(self, name: str) -> list[dict[str, Any]]:
+        """Every row of the table or view ``name`` (``schema.table`` or ``table``) as a dict:
+        an effect log the existing system keeps in this database."""
+        parts = name.split(".")
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise ConfigError(f"an effect table is named table or schema.table, not {name!r}")
+        query = psycopg.sql.SQL(sql.statement("shadow_effects_table")).format(
+            effects=psycopg.sql.Identifier(*parts)
+        )
+        with self._connection("shadow report") as conn:
+            try:
+                rows = conn.execute(query).fetchall()
+            except psycopg.errors.UndefinedTable as exc:
+                raise ConfigError(f"shadow report: no table or view {name!r}") from exc
+        return [dict(r[0]) for r in rows]
+
+    def shadow_clear(self, subscription: str) -> tuple[int, int]:
+        """Forget one shadow subscription's record: (operations, deliveries) removed."""
+        with self._connection("shadow clear") as conn, conn.transaction():
+            row = conn.execute(
+                sql.statement("shadow_clear"), {"subscription": subscription}
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
 
     # -- console lists -----------------------------------------------------------------------
 
@@ -1428,7 +1659,70 @@ def _rejection_key(item: Rejection) -> Key | None:
     return None
 
 
-def _reject_params(items: Sequence[Rejection | Delivery]) -> dict[str, Any]:
+def _shadow_params(
+    batch: Sequence[Delivery | Rejection], results: Sequence[IngestResult], now: datetime | None
+) -> dict[str, Any]:
+    cols: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "subscription",
+            "decision",
+            "tenant_id",
+            "operation_id",
+            "job_type",
+            "payload_hash",
+            "reason",
+            "broker_message_id",
+        )
+    }
+    for item, result in zip(batch, results, strict=True):
+        row: tuple[Any, ...]
+        if isinstance(item, Rejection):
+            row = (
+                item.subscription,
+                result.decision.value,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                None,
+                item.reason,
+                item.broker_message_id,
+            )
+        else:
+            row = (
+                item.subscription,
+                result.decision.value,
+                item.tenant_id,
+                item.operation_id,
+                item.job_type,
+                item.payload_hash,
+                None,
+                item.broker_message_id,
+            )
+        for name, value in zip(cols, row, strict=True):
+            cols[name].append(value)
+    return {**cols, "now": now}
+
+
+@dataclass(frozen=True, slots=True)
+class _Tombstone:
+    """What an erased operation left (migration 0014), as the inbox compares with it."""
+
+    payload_hash: bytes
+    state: State
+    tenant_hash: str
+    operation_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ErasedConflict:
+    """A delivery whose payload differs from its erased operation's: recorded by hashes."""
+
+    delivery: Delivery
+    tombstone: _Tombstone
+
+
+def _reject_params(items: Sequence[Rejection | Delivery | _ErasedConflict]) -> dict[str, Any]:
     cols: dict[str, list[Any]] = {
         name: []
         for name in (
@@ -1446,7 +1740,22 @@ def _reject_params(items: Sequence[Rejection | Delivery]) -> dict[str, Any]:
     }
     for item in items:
         row: tuple[Any, ...]
-        if isinstance(item, Delivery):
+        if isinstance(item, _ErasedConflict):
+            d, t = item.delivery, item.tombstone
+            row = (
+                "conflict",
+                f"{ERASED_CONFLICT_REASON} (tenant {t.tenant_hash}, erased operation "
+                f"{t.operation_hash[:16]}, state {t.state.value})",
+                d.subscription,
+                d.broker_message_id,
+                None,  # the erasure removed the identifiers; the hashes above name it
+                None,
+                d.job_type,
+                d.payload_hash,
+                None,
+                None,
+            )
+        elif isinstance(item, Delivery):
             row = (
                 "conflict",
                 CONFLICT_REASON,

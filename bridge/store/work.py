@@ -10,7 +10,7 @@ test implements only the methods its code calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +31,9 @@ ATTEMPT_HISTORY_DEFAULT = 20
 #: (``[bridge] priority_aging_seconds``): a row of priority p overtakes p times this much of the
 #: queue, and no more, so a waiting row of low priority is overtaken for a bounded time only
 PRIORITY_AGING_DEFAULT = timedelta(seconds=60)
+#: how long an erased operation's tombstone is kept: longer than any broker keeps a message
+#: (SQS up to 14 days, Pub/Sub up to 31), so a redelivery of it is always recognised
+TOMBSTONE_DAYS_DEFAULT = 35
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +109,14 @@ class KeyedStore(Protocol):
     @property
     def pool(self) -> ConnectionPool[Connection]: ...
 
-    def use_identity_keys(self, current: int, held: Sequence[int]) -> None:
+    def use_identity_keys(
+        self,
+        current: int,
+        held: Sequence[int],
+        erased: Callable[[str, str], list[tuple[int, bytes]]] | None = None,
+    ) -> None:
         """Write new rows under key ``current``; claim only rows written under a key in
-        ``held``."""
+        ``held``; find erased operations' tombstones by the hashes ``erased`` derives."""
         ...
 
     def close(self) -> None: ...
@@ -271,6 +279,11 @@ class WorkStore(KeyedStore, Protocol):
         """The target refused the call before acting: back to the queue after ``retry_after``
         with the attempt given back, and every row of the same job type and tenant waits as
         long (the limit is the target's, not the row's)."""
+        ...
+
+    def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+        """Record a shadow subscription's batch apart from the work rows, each delivery decided
+        as :meth:`ingest` would decide it; nothing it writes can be claimed."""
         ...
 
     def ingest_within_quota(

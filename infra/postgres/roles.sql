@@ -134,11 +134,14 @@ DECLARE
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
-                                    'rate_wait'];
+                                    'rate_wait', 'erased_operation', 'shadow_operation',
+                                    'shadow_delivery'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
-                                       'fencebridge_concurrency_room(jsonb)'];
+                                       'fencebridge_concurrency_room(jsonb)',
+                                       'fencebridge_erase(text, text, text, text, smallint, '
+                                       'text[], bytea[], text, text)'];
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -189,6 +192,16 @@ BEGIN
                        prefix || '_operator', prefix || '_console', prefix || '_tenant');
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
     END IF;
+    -- Erasure with tombstones (migration 0014): the same rule, the one way to write a
+    -- tombstone.
+    fn := to_regprocedure(format('%I.%s', target_schema,
+                                 'fencebridge_erase(text, text, text, text, smallint, text[], '
+                                 'bytea[], text, text)'));
+    IF fn IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+    END IF;
     -- The claims' concurrency room (migration 0011): it takes the limited job types' claim
     -- locks, so only the bridge, which claims, may call it.
     fn := to_regprocedure(format('%I.%s', target_schema, 'fencebridge_concurrency_room(jsonb)'));
@@ -212,6 +225,12 @@ BEGIN
                        ('work_attempt', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        -- rate limit waits: upserted and cleaned by rate_limited, read by claims
                        ('rate_wait', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       -- tombstones: read by the inbox, purged past the horizon; written
+                       -- only by fencebridge_erase
+                       ('erased_operation', 'bridge', 'SELECT, DELETE'),
+                       -- shadow subscriptions: written by their inbox, cleared by `shadow clear`
+                       ('shadow_operation', 'bridge', 'SELECT, INSERT, DELETE'),
+                       ('shadow_delivery', 'bridge', 'SELECT, INSERT, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -222,6 +241,9 @@ BEGIN
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
                        ('rate_wait', 'operator', 'SELECT'),
+                       ('shadow_operation', 'operator', 'SELECT'),
+                       ('shadow_delivery', 'operator', 'SELECT'),
+                       ('erased_operation', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
@@ -234,12 +256,17 @@ BEGIN
                        ('identity_key', 'console', 'SELECT, INSERT'),
                        ('work_attempt', 'console', 'SELECT, INSERT'),
                        ('rate_wait', 'console', 'SELECT'),
+                       ('shadow_operation', 'console', 'SELECT'),
+                       ('shadow_delivery', 'console', 'SELECT'),
+                       ('erased_operation', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
                        ('redrive_audit', 'tenant', 'SELECT'),
                        ('work_attempt', 'tenant', 'SELECT'),
                        ('rate_wait', 'tenant', 'SELECT'),
+                       ('shadow_operation', 'tenant', 'SELECT'),
+                       ('shadow_delivery', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));

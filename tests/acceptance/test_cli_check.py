@@ -204,6 +204,8 @@ def test_check_probe_runs_the_evidence_of_controls_3_4_and_8(
     assert "Charge.lookup by idempotency key" in rows[("charge", 6)][1]
     assert "max_attempts = 1" in rows[("sms", 6)][1]
     assert "erasure owner privacy-office" in rows[("ledger", 9)][1]
+    assert "tombstones kept 35 d" in rows[("ledger", 9)][1]  # the default horizon
+    assert "audited by keyed hashes, tombstones kept" in rows[("ledger", 9)][1]
 
 
 def test_a_class_c_handler_without_a_lookup_is_no_go(check: Any) -> None:
@@ -262,6 +264,47 @@ def test_purging_within_the_redelivery_window_is_no_go(check: Any) -> None:
     assert code == 1
     assert no_go(rows) == {("charge", 9), ("ledger", 9), ("sms", 9)}
     assert "within orders's redelivery window (sqs: up to 14 d)" in rows[("sms", 9)][1]
+
+
+def test_a_tombstone_horizon_within_the_redelivery_window_is_no_go(check: Any) -> None:
+    code, rows, _ = check(config(retention=RETENTION + "\ntombstone_days = 14"))
+    assert code == 1
+    assert no_go(rows) == {("charge", 9), ("ledger", 9), ("sms", 9)}
+    assert rows[("sms", 9)][1] == (
+        "tombstones kept 14 d, within orders's redelivery window (sqs: up to 14 d): a "
+        "redelivery of an erased operation would run it again"
+    )
+
+    code, rows, _ = check(config(retention=RETENTION + "\ntombstone_days = 15"))
+    assert code == 0
+    assert "tombstones kept 15 d" in rows[("sms", 9)][1]
+
+
+def test_a_cut_over_is_gated_on_its_own_job_type(check: Any, db_url: str) -> None:
+    """One job type moves from a shadow subscription to a live one: its controls alone decide,
+    and another job type's no-go does not hold it back (nor does its go hide one)."""
+    moved = config(
+        jobs={"charge": JOBS["charge"].replace(":Charge", ":ChargeWithoutLookup")}
+    ).replace('source = "sqs"', 'source = "sqs"\nmode = "shadow"')
+    moved += (
+        '\n[subscriptions.ledger_live]\nsource = "sqs"\n'
+        'queue_url = "http://127.0.0.1:9/queue/ledger"\njob_types = ["ledger"]\n'
+        '[subscriptions.ledger_live.decode]\ntenant_id = "attribute:tenant"\n'
+        'operation_id = "body:/id"\njob_type = "value:ledger"\npayload = "body:/data"\n'
+    )
+    code, rows, out = check(moved)
+    assert code == 1
+    assert "shadow only (recorded, never run): charge, sms" in out
+
+    code, rows, out = check(moved, db_url, "--job-type", "ledger")
+    assert code == 0, out
+    assert {job for job, _ in rows} == {"ledger"}
+    assert out.splitlines()[-1] == "GO: all 9 controls hold for 1 job type(s)"
+
+    code, rows, out = check(moved, db_url, "--job-type", "charge")
+    assert code == 1
+    assert no_go(rows) == {("charge", 5), ("charge", 6)}
+    assert out.splitlines()[-1] == "shadow only (recorded, never run): charge"
 
 
 def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:

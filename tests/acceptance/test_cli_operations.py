@@ -567,6 +567,12 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
             ]
         )
     cli("redrive", "--config", str(config_file), "--reason", "r", "--state", "unknown")
+    queued = cli("erase", "--tenant", "acme", "--reason", "GDPR-1", check=False)
+    assert queued.returncode == 1
+    assert "1 operation(s) in scope are queued or claimed" in queued.stderr
+    assert "nothing was erased" in queued.stderr
+    for claim in store.claim("w", 10, LEASE):  # the redriven rows run
+        store.complete(claim.ticket)
 
     dry = cli("erase", "--tenant", "acme", "--reason", "GDPR-1", "--dry-run").stdout
     assert dry.startswith(f"would erase tenant {HASHER.tenant('acme')}: 1 work row(s)")
@@ -576,7 +582,7 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
 
     assert out.splitlines()[0] == (
         f"erased tenant {HASHER.tenant('acme')}: 1 work row(s), 2 payload(s), "
-        "2 rejected deliveries, 1 redrive audit row(s)"
+        "2 rejected deliveries, 1 redrive audit row(s); 1 tombstone(s) kept"
     )
     for table in ("work_item", "payload", "rejected_delivery", "redrive_audit"):
         tenants = db.execute(f"SELECT DISTINCT tenant_id FROM {table}").fetchall()
@@ -587,6 +593,32 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
     ).fetchall()
     assert audit == [("dpo", "GDPR-1", HASHER.tenant("acme"), 1, 2, 2, 1)]
     assert "acme" not in out
+
+
+def test_erase_operation_erases_one_order_and_inspect_says_so(
+    cli: Any, store: PostgresStore, db: Db
+) -> None:
+    parked(store, "acme", "order-1", "ledger")
+    parked(store, "acme", "order-2", "ledger")
+
+    out = cli("erase", "--tenant", "acme", "--operation", "order-1", "--reason", "DSR-7").stdout
+
+    op_hash = HASHER.operation("acme", "order-1")
+    assert out.splitlines()[0] == (
+        f"erased tenant {HASHER.tenant('acme')} operation {op_hash}: 1 work row(s), "
+        "1 payload(s), 0 rejected deliveries, 0 redrive audit row(s); 1 tombstone(s) kept"
+    )
+    assert "order-1" not in out
+    assert db.execute("SELECT operation_id, state FROM work_item").fetchall() == [
+        ("order-2", "unknown")
+    ]
+    assert db.execute("SELECT state FROM erased_operation").fetchall() == [("unknown",)]
+    gone = cli("inspect", "acme", "order-1", check=False).stdout
+    assert "work row: none (erased: it was erased at " in gone
+    assert "a tombstone (keyed hashes, payload hash, state) makes a redelivery" in gone
+    # the other order is not reached by that erasure record
+    kept = cli("inspect", "acme", "order-2").stdout
+    assert "erased" not in kept
 
 
 # -- resolve -------------------------------------------------------------------------------------

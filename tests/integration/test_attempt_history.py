@@ -9,7 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from bridge import keyring
 from bridge.errors import LeaseLost
+from bridge.identity import IdentityHasher
 from bridge.records import AttemptRecord
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Key, RedriveFilter, State
@@ -176,8 +178,9 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
     assert counts.work_rows == 1
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (1,)
 
-    clocked.erase_tenant("t2", tenant_hash="h2", actor="dpo", reason="request 7")
-    clocked.erase_tenant("t1", tenant_hash="h1", actor="dpo", reason="request 8")
+    keyring.attach(clocked, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test")
+    clocked.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
+    clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
 
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from bridge import sql
+from bridge import keyring, sql
 from bridge.check import (
     build_handler,
     evaluate,
@@ -355,7 +355,10 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
         ):
             conn.execute("DELETE FROM redrive_audit")
 
-        counts = bridge.erase_tenant(
+        for claim in bridge.claim("w", 10, LEASE):  # the redriven rows run first
+            bridge.complete(claim.ticket)
+        keyring.attach(bridge, HASHER, used_by="test")
+        counts = bridge.erase(
             "acme", tenant_hash=HASHER.tenant("acme"), actor="dpo", reason="request-1"
         )
     finally:
@@ -369,12 +372,28 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
     ]
     with roles.connect_as(roles.operator) as conn:
         assert conn.execute("SELECT count(*) FROM erasure_audit").fetchone() == (1,)
-        with pytest.raises(errors.InsufficientPrivilege, match="fencebridge_erase_tenant"):
-            conn.execute("SELECT fencebridge_erase_tenant('globex', 'h', 'x', 'y')")
+        with pytest.raises(errors.InsufficientPrivilege, match="fencebridge_erase"):
+            conn.execute(
+                "SELECT fencebridge_erase('globex', NULL, 'h', NULL, 1::smallint, '{}', '{}',"
+                " 'x', 'y')"
+            )
+        with pytest.raises(errors.InsufficientPrivilege, match="table erased_operation"):
+            conn.execute("DELETE FROM erased_operation")
+    # tombstones are written only by the erasure function
+    with (
+        roles.connect_as(roles.bridge) as conn,
+        pytest.raises(errors.InsufficientPrivilege, match="table erased_operation"),
+    ):
+        conn.execute(
+            "INSERT INTO erased_operation (key_id, operation_hash, tenant_hash, payload_hash,"
+            " state, erasure_id) VALUES (1, %s, 't_x', %s, 'succeeded', 1)",
+            (b"0" * 32, b"0" * 32),
+        )
 
 
 def test_erasing_nothing_still_leaves_a_record(store: PostgresStore, db: Db) -> None:
-    counts = store.erase_tenant("nobody", tenant_hash="t_0", actor="dpo", reason="request-2")
+    keyring.attach(store, HASHER, used_by="test")
+    counts = store.erase("nobody", tenant_hash="t_0", actor="dpo", reason="request-2")
     assert (counts.work_rows, counts.payloads) == (0, 0)
     assert db.execute("SELECT count(*) FROM erasure_audit").fetchone() == (1,)
 

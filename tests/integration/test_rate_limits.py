@@ -15,7 +15,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from bridge import keyring
 from bridge.errors import LeaseLost
+from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
 from tests.support.clock import EPOCH as START
@@ -199,10 +201,13 @@ def test_a_tenant_role_sees_only_its_own_waits(clocked: PostgresStore, db: Db) -
         db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, db: Db) -> None:
+def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, clock: Clock, db: Db) -> None:
     clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
     clocked.rate_limited(claim_one(clocked, "a").ticket, timedelta(seconds=60))
     clocked.rate_limited(claim_one(clocked, "b", "t2").ticket, timedelta(seconds=60))
-    counts = clocked.erase_tenant("t1", tenant_hash="h1", actor="dpo", reason="request 9")
+    clock.advance(timedelta(seconds=61))
+    clocked.complete(claim_one(clocked, "a").ticket)  # an erasure waits for a settled row
+    keyring.attach(clocked, IdentityHasher(b"rate-limits-test-identity-key"), used_by="test")
+    counts = clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 9")
     assert counts.work_rows == 1
     assert set(waits(db)) == {("refund", "t2")}

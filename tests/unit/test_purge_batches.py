@@ -21,7 +21,9 @@ class Batches:
         self._batches = iter(batches)
         self.asked: list[tuple[timedelta, int]] = []
 
-    def purge_batch(self, older_than: timedelta, limit: int) -> PurgeCounts | None:
+    def purge_batch(
+        self, older_than: timedelta, limit: int, *, tombstone_horizon: timedelta
+    ) -> PurgeCounts | None:
         self.asked.append((older_than, limit))
         return next(self._batches)
 

@@ -13,7 +13,8 @@ from bridge.store import KeyedStore, OperatorStore, PostgresStore, WorkStore
 OPERATOR_QUERIES = frozenset(
     {
         "close_rejected",
-        "erase_tenant",
+        "effect_table",
+        "erase",
         "erasures",
         "figures",
         "group_counts",
@@ -29,6 +30,9 @@ OPERATOR_QUERIES = frozenset(
         "rejected_status",
         "resolve_rejected",
         "rows_page",
+        "shadow_clear",
+        "shadow_decisions",
+        "shadow_operations",
         "view_payload",
         "waiting",
     }

@@ -1,0 +1,177 @@
+"""``fencebridge shadow``: what shadow subscriptions recorded, set against the existing system's
+effect log (``report``), and forgetting a finished comparison (``clear``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bridge.commands.arguments import KEY_NOTE, add_database_flag, usage
+from bridge.commands.session import identity_hasher, keyed, open_store, print_json, table
+
+if TYPE_CHECKING:
+    from bridge.commands.arguments import Subcommands
+    from bridge.identity import IdentityHasher
+    from bridge.shadow import Comparison
+    from bridge.types import Key
+
+_COLUMNS = (
+    "job type",
+    "deliveries",
+    "operations",
+    "replays",
+    "conflicts",
+    "undecodable",
+    "applied >1",
+    "other payload",
+    "never applied",
+)
+
+
+def register(commands: Subcommands) -> None:
+    p = commands.add_parser(
+        "shadow",
+        help="compare shadow subscriptions with the existing system's effect log: report, clear",
+    )
+    shadow = p.add_subparsers(dest="shadow_command", required=True, metavar="ACTION")
+    q = shadow.add_parser(
+        "report",
+        help="per job type: what the inbox saw and caught, and what the existing system applied "
+        "twice, with another payload, or never",
+        description=(
+            "The effect log holds one entry per effect the existing system applied, with the "
+            "columns tenant, operation, applied_at and optionally payload_hash (hex sha256 of "
+            "the payload bytes the subscription hashes): a .csv file with a header, a .jsonl "
+            "file, or a table or view of the bridge's database. Operations are shown as keyed "
+            f"hashes. {KEY_NOTE}"
+        ),
+    )
+    q.add_argument("--config", required=True, help="the bridge's TOML configuration")
+    source = q.add_mutually_exclusive_group(required=True)
+    source.add_argument("--effects", type=Path, help="the effect log: a .csv or .jsonl file")
+    source.add_argument(
+        "--effects-table", help="the effect log as a table or view: table or schema.table"
+    )
+    q.add_argument(
+        "--subscription",
+        action="append",
+        help="a shadow subscription to report (repeatable; default: every shadow subscription "
+        "of the configuration)",
+    )
+    q.add_argument("--json", action="store_true", help="print a JSON document instead")
+    q.add_argument(
+        "--reveal",
+        action="store_true",
+        help="print raw tenant and operation ids instead of keyed hashes (to stdout only; for "
+        "an operator who holds the key)",
+    )
+    add_database_flag(q)
+    q.set_defaults(run=report)
+    q = shadow.add_parser(
+        "clear", help="forget what one shadow subscription recorded (a comparison that is over)"
+    )
+    q.add_argument("--subscription", required=True, help="the shadow subscription's name")
+    add_database_flag(q)
+    q.set_defaults(run=clear)
+
+
+def report(args: argparse.Namespace) -> int:
+    from bridge.config import load_config  # noqa: PLC0415
+    from bridge.shadow import compare, effect, read_effect_file  # noqa: PLC0415
+
+    config = load_config(args.config)
+    shadows = [n for n, s in config.subscriptions.items() if s.shadow]
+    names: list[str] = args.subscription or shadows
+    if not names:
+        raise usage(f'{args.config} has no subscription with mode = "shadow"')
+    unknown = [n for n in names if n not in shadows]
+    if unknown:
+        raise usage(f"not a shadow subscription of {args.config}: {', '.join(unknown)}")
+    hasher = identity_hasher()
+    effects = read_effect_file(args.effects) if args.effects is not None else None
+    with open_store(args) as store:
+        keyed(store, hasher)
+        if effects is None:
+            rows = store.effect_table(args.effects_table)
+            effects = [effect(r, f"{args.effects_table} row {n}") for n, r in enumerate(rows, 1)]
+        result = compare(store.shadow_decisions(names), store.shadow_operations(names), effects)
+    document = _document(result, names, hasher, reveal=args.reveal)
+    if args.json:
+        print_json(document)
+        return 0
+    rows_out = [
+        [
+            name,
+            j["deliveries"],
+            j["operations"],
+            j["replays"],
+            j["conflicts"],
+            j["undecodable"],
+            len(j["applied_more_than_once"]),
+            len(j["applied_with_other_payload"]),
+            len(j["never_applied"]),
+        ]
+        for name, j in document["job_types"].items()
+    ]
+    print(f"shadow subscriptions: {', '.join(names)}")
+    print("\n".join(table(_COLUMNS, rows_out)))
+    for name, j in document["job_types"].items():
+        for title, field in (
+            ("applied more than once", "applied_more_than_once"),
+            ("applied with another payload", "applied_with_other_payload"),
+            ("never applied", "never_applied"),
+        ):
+            for op in j[field]:
+                times = f" ({op['times']} times)" if "times" in op else ""
+                print(f"{name}: {title}: tenant {op['tenant']} operation {op['operation']}{times}")
+    print(
+        f"effects of operations no shadow subscription saw: {document['effects_not_seen']}; "
+        f"effects without a payload hash (payload not compared): "
+        f"{document['effects_without_hash']}"
+    )
+    return 0
+
+
+def _document(
+    result: Comparison, names: list[str], hasher: IdentityHasher, *, reveal: bool
+) -> dict[str, Any]:
+    def ident(key: Key) -> dict[str, str]:
+        if reveal:
+            return {"tenant": key.tenant_id, "operation": key.operation_id}
+        return {
+            "tenant": hasher.tenant(key.tenant_id),
+            "operation": hasher.operation(key.tenant_id, key.operation_id),
+        }
+
+    return {
+        "subscriptions": names,
+        "identifiers": "raw" if reveal else "keyed hashes",
+        "job_types": {
+            name: {
+                "deliveries": j.deliveries,
+                "operations": j.operations,
+                "replays": j.replays,
+                "conflicts": j.conflicts,
+                "undecodable": j.undecodable,
+                "applied_more_than_once": [
+                    {**ident(k), "times": n} for k, n in j.applied_more_than_once.items()
+                ],
+                "applied_with_other_payload": [ident(k) for k in j.applied_with_other_payload],
+                "never_applied": [ident(k) for k in j.never_applied],
+            }
+            for name, j in result.job_types.items()
+        },
+        "effects_not_seen": result.effects_not_seen,
+        "effects_without_hash": result.effects_without_hash,
+    }
+
+
+def clear(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        operations, deliveries = store.shadow_clear(args.subscription)
+    print(
+        f"cleared shadow subscription {args.subscription}: {operations} operation(s), "
+        f"{deliveries} deliveries"
+    )
+    return 0

@@ -1,0 +1,4 @@
+-- The existing system's effect log kept in this database (a table or view named by the
+-- operator, quoted as an identifier): each row as JSON, so its optional payload_hash column may
+-- be absent. Columns: tenant, operation, applied_at, payload_hash (optional, hex sha256).
+SELECT to_jsonb(e) FROM {effects} AS e
