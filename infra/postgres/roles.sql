@@ -134,7 +134,7 @@ DECLARE
     tables constant text[] := ARRAY['work_item', 'payload', 'rejected_delivery',
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
-                                    'rate_wait'];
+                                    'rate_wait', 'outbox_message', 'outbox_relay'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
@@ -212,6 +212,10 @@ BEGIN
                        ('work_attempt', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        -- rate limit waits: upserted and cleaned by rate_limited, read by claims
                        ('rate_wait', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       -- the outbox: written in class A transactions, marked by the relay,
+                       -- purged by retention; the relay's lease and fence per destination
+                       ('outbox_message', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       ('outbox_relay', 'bridge', 'SELECT, INSERT, UPDATE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -222,6 +226,8 @@ BEGIN
                        ('identity_key', 'operator', 'SELECT'),
                        ('work_attempt', 'operator', 'SELECT'),
                        ('rate_wait', 'operator', 'SELECT'),
+                       ('outbox_message', 'operator', 'SELECT'),
+                       ('outbox_relay', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
@@ -234,12 +240,15 @@ BEGIN
                        ('identity_key', 'console', 'SELECT, INSERT'),
                        ('work_attempt', 'console', 'SELECT, INSERT'),
                        ('rate_wait', 'console', 'SELECT'),
+                       ('outbox_message', 'console', 'SELECT'),
+                       ('outbox_relay', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
                        ('redrive_audit', 'tenant', 'SELECT'),
                        ('work_attempt', 'tenant', 'SELECT'),
                        ('rate_wait', 'tenant', 'SELECT'),
+                       ('outbox_message', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));
