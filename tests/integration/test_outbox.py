@@ -1,0 +1,453 @@
+"""The class A outbox and its relay, against PostgreSQL and moto's SQS over HTTP.
+
+A handler's messages commit with its business write or not at all; a retried run writes the
+same message ids; the relay sends a backlog of more than a thousand operations through a proxy
+that cuts its connections and refuses its calls, and every message arrives, by its id, with
+nothing left pending; a relay whose lease was taken over has its marks refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import boto3
+import psycopg
+import pytest
+
+from bridge.config.model import DestinationConfig
+from bridge.database import Connection
+from bridge.demo import invoices
+from bridge.events import EventCounter
+from bridge.executors import execute
+from bridge.executors.settlement import Run
+from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
+from bridge.identity import IdentityHasher
+from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxError
+from bridge.registry import Registry
+from bridge.relay import DestinationRelay, OutboxStore, RelayLost
+from bridge.store import PostgresStore
+from bridge.types import Key, State
+from consumers.sqs_sink import SqsSink
+from tests.support.deliveries import for_job
+from tests.support.sqs_proxy import Fault, sqs_proxy
+from tests.support.sqs_server import REGION, SqsServer, sqs_server
+from tests.support.waiting import eventually
+
+Db = psycopg.Connection[Any]
+LEASE = timedelta(seconds=30)
+JOB = "refund_invoice"
+DESTINATION = "refunds"
+
+
+class RefundAndAnnounce(SameDatabaseHandler):
+    """Refunds the invoice and announces it twice (the refund, then a receipt), in one
+    transaction; raises what ``fail`` holds for an operation after publishing."""
+
+    def __init__(self) -> None:
+        self._refund = invoices.RefundInvoice()
+        self.fail: dict[str, BaseException] = {}
+        self.published: dict[str, list[str]] = {}
+
+    def handle(self, ctx: Context, tx: Connection) -> Success:
+        result = self._refund.handle(ctx, tx)
+        body = json.dumps({"operation": ctx.operation_id, "fence": ctx.fence})
+        ids = [
+            ctx.outbox.publish(
+                DESTINATION,
+                body,
+                attributes={"tenant": ctx.tenant_id, "operation": ctx.operation_id},
+                ordering_key=ctx.operation_id,
+            ),
+            ctx.outbox.publish(DESTINATION, b"receipt", ordering_key=ctx.operation_id),
+        ]
+        self.published.setdefault(ctx.operation_id, []).extend(ids)
+        failure = self.fail.pop(ctx.operation_id, None)
+        if failure is not None:
+            raise failure
+        return result
+
+
+class Bench:
+    def __init__(self, store: PostgresStore, db: Db) -> None:
+        self.store = store
+        self.db = db
+        self.hasher = IdentityHasher(b"outbox-tests-identity-secret")
+        self.registry = Registry()
+        self.handler = RefundAndAnnounce()
+        self.registry.register(JOB, self.handler, outbox_destinations=frozenset({DESTINATION}))
+
+    def add(self, operations: list[str], tenant: str = "t1") -> list[Key]:
+        with self.db.transaction():
+            for op in operations:
+                invoices.add_invoice(self.db, tenant, f"inv-{op}", amount=100)
+        self.store.ingest(
+            [
+                for_job(self.registry, JOB, op, {"invoice_id": f"inv-{op}"}, tenant=tenant)
+                for op in operations
+            ]
+        )
+        return [Key(tenant, op) for op in operations]
+
+    def run(self, key: Key) -> None:
+        (claim,) = self.store.claim_keys("worker", [key], LEASE)
+        spec = self.registry[JOB]
+        ctx = Context.for_claim(claim, self.hasher)
+        execute(Run(self.store, claim, spec, ctx, EventCounter()))
+
+    def state(self, key: Key) -> State:
+        row = self.db.execute(
+            "SELECT state FROM work_item WHERE tenant_id = %s AND operation_id = %s",
+            (key.tenant_id, key.operation_id),
+        ).fetchone()
+        assert row is not None
+        return State(row[0])
+
+    def messages(self) -> list[tuple[str, str, int, str]]:
+        rows = self.db.execute(
+            "SELECT message_id, operation_id, fence, state FROM outbox_message ORDER BY seq"
+        ).fetchall()
+        return [(str(a), str(b), int(c), str(d)) for a, b, c, d in rows]
+
+
+@pytest.fixture
+def bench(store: PostgresStore, db: Db) -> Bench:
+    invoices.install(db)
+    return Bench(store, db)
+
+
+@pytest.fixture
+def sqs() -> Iterator[SqsServer]:
+    with sqs_server() as server:
+        yield server
+
+
+def test_messages_commit_with_the_business_write_and_a_retry_writes_the_same_ids(
+    bench: Bench,
+) -> None:
+    (key,) = bench.add(["op-1"])
+    bench.handler.fail["op-1"] = RetryLater("not_yet")
+    bench.run(key)
+    # the run published two messages, then its transaction rolled back: none is left
+    assert bench.state(key) is State.QUEUED
+    assert bench.messages() == []
+    first_attempt = list(bench.handler.published["op-1"])
+    assert len(first_attempt) == 2
+
+    bench.db.execute("UPDATE work_item SET next_attempt_at = now() WHERE operation_id = 'op-1'")
+    bench.run(key)
+    assert bench.state(key) is State.SUCCEEDED
+    second_attempt = bench.handler.published["op-1"][2:]
+    assert second_attempt == first_attempt, "a retry writes the same message ids"
+    stored = bench.messages()
+    assert [m[0] for m in stored] == first_attempt
+    assert {(m[1], m[2], m[3]) for m in stored} == {("op-1", 2, "pending")}
+    # the ids carry no raw identifier
+    assert all("op-1" not in m[0] and "t1" not in m[0] for m in stored)
+
+
+def test_ids_differ_between_operations_and_tenants_with_colliding_operation_ids(
+    bench: Bench,
+) -> None:
+    keys = bench.add(["op-1"], tenant="acme") + bench.add(["op-1"], tenant="globex")
+    for key in keys:
+        bench.run(key)
+    ids = [m[0] for m in bench.messages()]
+    assert len(ids) == 4
+    assert len(set(ids)) == 4
+
+
+def test_a_run_past_its_deadline_leaves_no_message(bench: Bench) -> None:
+    (key,) = bench.add(["op-slow"])
+
+    def slow() -> None:
+        time.sleep(1.5)
+
+    class Slow(RefundAndAnnounce):
+        deadline = timedelta(seconds=0.5)
+
+        def handle(self, ctx: Context, tx: Connection) -> Success:
+            result = super().handle(ctx, tx)
+            slow()
+            return result
+
+    bench.registry = Registry()
+    bench.handler = Slow()
+    bench.registry.register(JOB, bench.handler, outbox_destinations=frozenset({DESTINATION}))
+    bench.run(key)
+    assert bench.handler.published["op-slow"], "the handler did publish"
+    assert bench.state(key) is State.QUEUED
+    assert bench.messages() == []
+
+
+def test_an_unknown_destination_or_a_reserved_attribute_fails_the_run_with_nothing_written(
+    bench: Bench,
+) -> None:
+    class Wrong(SameDatabaseHandler):
+        def __init__(self, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+            self.raised: list[BaseException] = []
+
+        def handle(self, ctx: Context, tx: Connection) -> None:
+            try:
+                ctx.outbox.publish(**self.kwargs)
+            except OutboxError as exc:
+                self.raised.append(exc)
+                raise
+
+    for op, kwargs in {
+        "op-a": {"destination": "nowhere", "body": "x"},
+        "op-b": {
+            "destination": DESTINATION,
+            "body": "x",
+            "attributes": {MESSAGE_ID_ATTRIBUTE: "forged"},
+        },
+        "op-c": {"destination": DESTINATION, "body": b""},
+    }.items():
+        bench.registry = Registry()
+        handler = Wrong(**kwargs)
+        bench.registry.register(JOB, handler, outbox_destinations=frozenset({DESTINATION}))
+        (key,) = bench.add([op])
+        bench.run(key)
+        assert bench.state(key) is State.FAILED_TERMINAL
+        assert len(handler.raised) == 1
+    assert bench.messages() == []
+
+
+def test_publishing_outside_a_class_a_transaction_is_refused() -> None:
+    ctx = Context(
+        tenant_id="t1",
+        operation_id="op-1",
+        job_type=JOB,
+        subscription="s",
+        attempt=1,
+        max_attempts=5,
+        fence=1,
+        payload=b"{}",
+    )
+    with pytest.raises(OutboxError, match="only inside a class A handler"):
+        ctx.outbox.publish(DESTINATION, "x")
+
+
+# -- the relay -----------------------------------------------------------------------------------
+
+
+def destination(url: str, **overrides: Any) -> DestinationConfig:
+    table: dict[str, Any] = {
+        "sink": "sqs",
+        "address": url,
+        "region": REGION,
+        "batch": 50,
+        "lease_seconds": 5.0,
+        "poll_interval_seconds": 0.05,
+        "send_tries": 5,
+        "retry_initial_seconds": 0.01,
+        "retry_max_seconds": 0.2,
+        **overrides,
+    }
+    return DestinationConfig.read(table, name=DESTINATION)
+
+
+def sqs_sink(endpoint: str, queue_url: str) -> SqsSink:
+    client = boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    return SqsSink(client, queue_url)
+
+
+def drain(server: SqsServer, queue_url: str, expected: int) -> list[dict[str, Any]]:
+    """Receive and delete until ``expected`` messages came and the queue stays empty."""
+    client = server.client()
+    got: list[dict[str, Any]] = []
+    empty = 0
+    while empty < 3 or len(got) < expected:
+        response = client.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=10,
+            MessageAttributeNames=["All"],
+            WaitTimeSeconds=1 if len(got) >= expected else 0,
+        )
+        batch = response.get("Messages", [])
+        if not batch:
+            empty += 1
+            if len(got) < expected and empty > 60:
+                break
+            continue
+        empty = 0
+        got.extend(batch)
+        client.delete_message_batch(
+            QueueUrl=queue_url,
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(batch)
+            ],
+        )
+    return got
+
+
+#: the backlog's destinations, one queue each: moto's SQS slows down with every message a queue
+#: holds, so the backlog is spread over a few queues (and relays)
+SPREAD = [f"announce-{n}" for n in range(4)]
+
+
+class AnnounceOnce(SameDatabaseHandler):
+    """Refunds the invoice and publishes one announcement, to the destination its number picks."""
+
+    def __init__(self) -> None:
+        self._refund = invoices.RefundInvoice()
+
+    def handle(self, ctx: Context, tx: Connection) -> Success:
+        result = self._refund.handle(ctx, tx)
+        number = int(ctx.operation_id.rpartition("-")[2])
+        ctx.outbox.publish(
+            SPREAD[number % len(SPREAD)],
+            json.dumps({"operation": ctx.operation_id, "fence": ctx.fence}),
+            ordering_key=ctx.operation_id,
+        )
+        return result
+
+
+@pytest.mark.slow
+def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_by_id(
+    bench: Bench, store: PostgresStore, sqs: SqsServer
+) -> None:
+    bench.registry = Registry()
+    bench.registry.register(JOB, AnnounceOnce(), outbox_destinations=frozenset(SPREAD))
+    operations = [f"op-{i:05d}" for i in range(1000)]
+    # a few operations are delivered twice: a replay, never a second run or message
+    keys = bench.add(operations)
+    replays = bench.store.ingest(
+        [for_job(bench.registry, JOB, op, {"invoice_id": f"inv-{op}"}) for op in operations[:50]]
+    )
+    assert {r.decision.value for r in replays} == {"replay"}
+    for key in keys:
+        bench.run(key)
+    written = {m[0] for m in bench.messages()}
+    assert len(written) == 1000
+    queues = {name: sqs.create_queue(name) for name in SPREAD}
+
+    with sqs_proxy(sqs.endpoint, seed=7) as proxy:
+        # one call in five fails: a 500, a throttle, or applied and then the connection cut
+        proxy.set_faults(
+            0.2,
+            kinds=(Fault.ERROR, Fault.THROTTLE, Fault.RESET),
+            actions=frozenset({"SendMessageBatch"}),
+        )
+        relays = [
+            DestinationRelay(
+                name,
+                destination(url),
+                OutboxStore(store.pool),
+                sqs_sink(proxy.url, url),
+                owner="relay-1",
+            )
+            for name, url in queues.items()
+        ]
+        for relay in relays:
+            relay.service.start()
+        try:
+            eventually(
+                lambda: (
+                    bench.db.execute(
+                        "SELECT count(*) FROM outbox_message WHERE state = 'pending'"
+                    ).fetchone()
+                    == (0,)
+                ),
+                "every message marked sent",
+                timeout=200,
+            )
+        finally:
+            for relay in relays:
+                relay.service.stop(10)
+        assert proxy.faults() > 0, "the fault was injected"
+        assert proxy.counts["proxy_error"] == 0
+
+    assert bench.db.execute(
+        "SELECT state, count(*) FROM outbox_message GROUP BY state"
+    ).fetchall() == [("sent", 1000)]
+    received: list[dict[str, Any]] = []
+    for name, url in queues.items():
+        expected = bench.db.execute(
+            "SELECT count(*) FROM outbox_message WHERE destination = %s", (name,)
+        ).fetchone()
+        assert expected is not None
+        received.extend(drain(sqs, url, int(expected[0])))
+    ids = Counter(m["MessageAttributes"][MESSAGE_ID_ATTRIBUTE]["StringValue"] for m in received)
+    assert set(ids) == written, "every message arrived, and nothing else"
+    # a connection cut after the send applied makes a copy: the same id, never a new message
+    duplicates = sum(n - 1 for n in ids.values())
+    assert len(received) == 1000 + duplicates
+    announced = {json.loads(m["Body"])["operation"] for m in received}
+    assert announced == set(operations)
+    # each operation's announcement carries the fence of the run that committed it
+    assert {json.loads(m["Body"])["fence"] for m in received} == {1}
+
+
+def test_a_relay_taken_over_has_its_marks_refused_and_the_new_one_sends(
+    bench: Bench, store: PostgresStore, sqs: SqsServer
+) -> None:
+    keys = bench.add(["op-1", "op-2"])
+    for key in keys:
+        bench.run(key)
+    queue_url = sqs.create_queue("outbox")
+    outbox = OutboxStore(store.pool)
+    old = outbox.take(DESTINATION, "old", timedelta(seconds=30))
+    assert old == 1
+    assert outbox.take(DESTINATION, "new", timedelta(seconds=30)) is None, "held by old"
+    # the old relay's lease runs out (as for a paused process), and another takes over
+    bench.db.execute("UPDATE outbox_relay SET lease_expires_at = now() - interval '1 second'")
+    new = outbox.take(DESTINATION, "new", timedelta(seconds=30))
+    assert new == 2
+    pending = outbox.pending(DESTINATION, 10)
+    with pytest.raises(RelayLost):
+        outbox.mark(DESTINATION, old, sent=[m.message_id for m in pending], max_attempts=3)
+    assert outbox.renew(DESTINATION, old, timedelta(seconds=30)) is False
+    assert {m[3] for m in bench.messages()} == {"pending"}
+
+    sink = sqs_sink(sqs.endpoint, queue_url)
+    refused = sink.send(pending)
+    assert refused == {}
+    done, parked = outbox.mark(
+        DESTINATION, new, sent=[m.message_id for m in pending], max_attempts=3
+    )
+    assert (done, parked) == (4, 0)
+    assert {m[3] for m in bench.messages()} == {"sent"}
+
+
+def test_a_message_the_queue_refuses_is_parked_with_the_reason_and_others_are_sent(
+    bench: Bench, store: PostgresStore, sqs: SqsServer
+) -> None:
+    (key,) = bench.add(["op-1"])
+    bench.run(key)
+    bench.db.execute(
+        "UPDATE outbox_message SET body = %s WHERE message_id = %s",
+        (b"\xff\xfe not text", bench.messages()[0][0]),
+    )
+    queue_url = sqs.create_queue("outbox")
+    relay = DestinationRelay(
+        DESTINATION,
+        destination(queue_url),
+        OutboxStore(store.pool),
+        sqs_sink(sqs.endpoint, queue_url),
+        owner="relay-1",
+    )
+    relay.round()  # takes the lease, sends, marks
+    rows = bench.db.execute("SELECT state, park_reason FROM outbox_message ORDER BY seq").fetchall()
+    assert rows[0][0] == "parked"
+    assert "not UTF-8" in rows[0][1]
+    # the receipt is of the same ordering key, behind a parked message: it is sent (a parked
+    # message no longer holds its key), in a later round
+    relay.round()
+    assert [
+        r[0] for r in bench.db.execute("SELECT state FROM outbox_message ORDER BY seq").fetchall()
+    ] == ["parked", "sent"]
+    assert relay.parked_total == 1
+    received = drain(sqs, queue_url, 1)
+    assert [m["Body"] for m in received] == ["receipt"]
