@@ -138,6 +138,22 @@ class OutboxStore:
             for d, p, age, k in rows
         ]
 
+    def purge_preview(self, older_than: timedelta) -> int:
+        """How many sent messages a purge with this age would remove right now."""
+        params = {"older_than": older_than, "now": None}
+        with self._connection("outbox purge") as conn:
+            row = conn.execute(sql.statement("outbox_purge_count"), params).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def purge(self, older_than: timedelta, batch_size: int) -> int:
+        """Remove every message sent before ``older_than``, one bounded batch at a time."""
+        removed = 0
+        while True:
+            gone = self.purge_batch(older_than, batch_size)
+            removed += gone
+            if gone < batch_size:
+                return removed
+
     def purge_batch(self, older_than: timedelta, limit: int) -> int:
         """Remove one bounded batch of messages sent before ``older_than``; how many."""
         params = {"older_than": older_than, "limit": limit, "now": None}

@@ -1,5 +1,6 @@
 """``fencebridge purge``: finished work older than an age, removed in bounded batches (never
-unknown or quarantined rows)."""
+unknown or quarantined rows), and outbox messages sent before that age (never pending or
+parked ones)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bridge.commands.session import open_store
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
+    from bridge.relay import OutboxStore
 
 
 def register(commands: Subcommands) -> None:
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             raise usage(f"{args.config} has no [retention] table; pass --older-than")
         older_than = timedelta(days=plan.purge_after_days)
     with open_store(args) as store:
+        outbox = _outbox(store)
         if args.dry_run:
             counts = store.purge_preview(older_than)
             print(
@@ -49,18 +52,31 @@ def run(args: argparse.Namespace) -> int:
                 f"rejected deliveries and {counts.payloads} payload(s) older than "
                 f"{_span(older_than)}"
             )
+            if outbox is not None:
+                print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
             return 0
         report = purge(store, older_than, batch_size=args.batch_size)
+        sent = outbox.purge(older_than, args.batch_size) if outbox is not None else None
     removed = report.removed
     print(
         f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
         f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)} in "
         f"{report.batches} batch(es)"
     )
+    if sent is not None:
+        print(f"purged {sent} sent outbox message(s) older than {_span(older_than)}")
     if report.locked_out:
         print("fencebridge purge: another purge is running; this one stopped", file=sys.stderr)
         return 1
     return 0
+
+
+def _outbox(store: object) -> OutboxStore | None:
+    """The outbox's statements on the command's store (the PostgreSQL store has them)."""
+    from bridge.relay import OutboxStore  # noqa: PLC0415
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    return OutboxStore(store.pool) if isinstance(store, PostgresStore) else None
 
 
 def _span(age: timedelta) -> str:

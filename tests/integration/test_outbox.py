@@ -9,28 +9,36 @@ nothing left pending; a relay whose lease was taken over has its marks refused.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import boto3
 import psycopg
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from bridge.config.model import DestinationConfig
-from bridge.database import Connection
+from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.demo import invoices
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
-from bridge.identity import IdentityHasher
+from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxError
 from bridge.registry import Registry
 from bridge.relay import DestinationRelay, OutboxStore, RelayLost
 from bridge.store import PostgresStore
+from bridge.telemetry import Telemetry
+from bridge.telemetry import names as n
 from bridge.types import Key, State
 from consumers.sqs_sink import SqsSink
 from tests.support.deliveries import for_job
@@ -451,3 +459,111 @@ def test_a_message_the_queue_refuses_is_parked_with_the_reason_and_others_are_se
     assert relay.parked_total == 1
     received = drain(sqs, queue_url, 1)
     assert [m["Body"] for m in received] == ["receipt"]
+
+
+# -- status, metrics, retention --------------------------------------------------------------------
+
+
+def backlog(bench: Bench, store: PostgresStore) -> list[str]:
+    """Three operations' messages: op-1's sent an hour ago, op-2's parked, op-3's pending."""
+    keys = bench.add(["op-1", "op-2", "op-3"])
+    for key in keys:
+        bench.run(key)
+    outbox = OutboxStore(store.pool)
+    fence = outbox.take(DESTINATION, "r", LEASE)
+    assert fence is not None
+    ids = {op: [m[0] for m in bench.messages() if m[1] == op] for op in ("op-1", "op-2")}
+    outbox.mark(
+        DESTINATION,
+        fence,
+        sent=ids["op-1"],
+        invalid={"InvalidParameterValue": ids["op-2"]},
+        max_attempts=3,
+    )
+    bench.db.execute(
+        "UPDATE outbox_message SET sent_at = now() - interval '1 hour',"
+        "       created_at = now() - interval '2 hours' WHERE state = 'sent'"
+    )
+    bench.db.execute(
+        "UPDATE outbox_message SET created_at = now() - interval '10 minutes'"
+        " WHERE state = 'pending'"
+    )
+    return ids["op-1"]
+
+
+def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
+    env[DATABASE_URL_ENV] = db_url
+    env[IDENTITY_KEY_ENV] = "outbox-tests-identity-key-0123456789"
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_status_shows_each_destinations_backlog_and_purge_removes_only_sent_messages(
+    bench: Bench, store: PostgresStore, db_url: str
+) -> None:
+    sent = backlog(bench, store)
+    document = json.loads(cli(db_url, "status", "--json").stdout)
+    ((row),) = document["outbox"]
+    assert row["destination"] == DESTINATION
+    assert (row["pending"], row["parked"]) == (2, 2)
+    assert row["oldest_pending_seconds"] >= 600
+    text = cli(db_url, "status").stdout
+    assert "outbox (messages committed by class A handlers" in text
+    assert "op-" not in text, "no raw identifier in the status"
+    assert "t1" not in text
+
+    assert (
+        "would purge 2 sent outbox message(s)"
+        in cli(db_url, "purge", "--older-than", "30m", "--dry-run").stdout
+    )
+    assert "purged 0 sent outbox message(s)" in cli(db_url, "purge", "--older-than", "2h").stdout
+    out = cli(db_url, "purge", "--older-than", "30m", "--batch-size", "1").stdout
+    assert "purged 2 sent outbox message(s)" in out
+    left = bench.db.execute("SELECT message_id, state FROM outbox_message").fetchall()
+    assert sorted(state for _, state in left) == ["parked", "parked", "pending", "pending"]
+    assert not {m for m, _ in left} & set(sent)
+
+
+def test_the_outbox_gauges_report_every_destination_by_name(
+    bench: Bench, store: PostgresStore
+) -> None:
+    backlog(bench, store)
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    outbox = OutboxStore(store.pool)
+    try:
+        Telemetry(bench.hasher, meter_provider=meters).observe(
+            store, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
+        )
+
+        def points() -> dict[str, dict[str, float]]:
+            found: dict[str, dict[str, float]] = {}
+            data = reader.get_metrics_data()
+            for resource in data.resource_metrics if data else ():
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        if not metric.name.startswith("fencebridge.outbox."):
+                            continue
+                        for point in metric.data.data_points:
+                            label = str((point.attributes or {})[n.LABEL_DESTINATION])
+                            found.setdefault(metric.name, {})[label] = float(point.value)
+            return found
+
+        eventually(lambda: n.METRIC_OUTBOX_PENDING in points(), "the outbox gauges' reading")
+        found = points()
+    finally:
+        meters.shutdown()
+    assert found[n.METRIC_OUTBOX_PENDING] == {DESTINATION: 2, "quiet": 0}
+    assert found[n.METRIC_OUTBOX_PARKED] == {DESTINATION: 2, "quiet": 0}
+    assert found[n.METRIC_OUTBOX_OLDEST]["quiet"] == 0
+    assert found[n.METRIC_OUTBOX_OLDEST][DESTINATION] >= 600
