@@ -567,3 +567,51 @@ def test_the_outbox_gauges_report_every_destination_by_name(
     assert found[n.METRIC_OUTBOX_PARKED] == {DESTINATION: 2, "quiet": 0}
     assert found[n.METRIC_OUTBOX_OLDEST]["quiet"] == 0
     assert found[n.METRIC_OUTBOX_OLDEST][DESTINATION] >= 600
+
+
+# -- the demo's class A example ------------------------------------------------------------------
+
+
+def test_the_demos_refund_announces_once_and_a_stale_claim_announces_nothing(
+    store: PostgresStore, db: Db
+) -> None:
+    invoices.install(db)
+    invoices.add_invoice(db, "acme", "inv-1042", amount=1200)
+    registry = Registry()
+    registry.register(
+        invoices.JOB_TYPE,
+        invoices.RefundAndAnnounce(),
+        outbox_destinations=frozenset({invoices.EVENTS}),
+    )
+    hasher = IdentityHasher(b"outbox-tests-identity-secret")
+    (delivery,) = [
+        for_job(registry, invoices.JOB_TYPE, "refund-1", {"invoice_id": "inv-1042"}, tenant="acme")
+    ]
+    store.ingest([delivery])
+    key = Key("acme", "refund-1")
+    (stale,) = store.claim_keys("stale", [key], LEASE)
+    # the stale worker pauses past its lease; another takes the row over and refunds
+    db.execute("UPDATE work_item SET lease_expires_at = now() - interval '1 second'")
+    (current,) = store.claim_keys("current", [key], LEASE)
+    assert (stale.fence, current.fence) == (1, 2)
+    spec = registry[invoices.JOB_TYPE]
+    execute(Run(store, current, spec, Context.for_claim(current, hasher), EventCounter()))
+    stale_events = EventCounter()
+    execute(Run(store, stale, spec, Context.for_claim(stale, hasher), stale_events))
+    assert stale_events["lease_lost"] == 1
+
+    rows = db.execute("SELECT fence, body, attributes, ordering_key FROM outbox_message").fetchall()
+    assert len(rows) == 1, "the stale claim was refused at the lock: no second event"
+    fence, body, attributes, ordering_key = rows[0]
+    assert fence == 2
+    assert json.loads(bytes(body)) == {
+        "event": "refund_issued",
+        "invoice_id": "inv-1042",
+        "amount": 1200,
+        "currency": "eur",
+    }
+    assert attributes == {"event": "refund_issued", "tenant_id": "acme"}
+    assert ordering_key == "inv-1042"
+    refunded = invoices.find_invoice(db, "acme", "inv-1042")
+    assert refunded is not None
+    assert refunded.refunded_fence == 2
