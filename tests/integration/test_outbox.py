@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,9 @@ import psycopg
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bridge.config.model import DestinationConfig
 from bridge.database import DATABASE_URL_ENV, Connection
@@ -33,9 +36,10 @@ from bridge.executors import execute
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxError
+from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
 from bridge.registry import Registry
 from bridge.relay import DestinationRelay, OutboxStore, RelayLost
+from bridge.sinks import Refusal, Refused
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -615,3 +619,92 @@ def test_the_demos_refund_announces_once_and_a_stale_claim_announces_nothing(
     refunded = invoices.find_invoice(db, "acme", "inv-1042")
     assert refunded is not None
     assert refunded.refunded_fence == 2
+
+
+# -- the relay's bookkeeping, behind the sink seam -------------------------------------------------
+
+
+class ScriptedSink:
+    """A sink that refuses what it is told to (the relay's marks are what is under test; the
+    real sinks' answers are tested against moto and the emulator above)."""
+
+    def __init__(self) -> None:
+        self.refuse: dict[str, Refused | None] = {}
+        self.sent: list[str] = []
+
+    def send(self, messages: Sequence[OutboxMessage]) -> Mapping[str, Refused]:
+        refused: dict[str, Refused] = {}
+        for m in messages:
+            refusal = self.refuse.get(m.message_id)
+            if refusal is not None:
+                refused[m.message_id] = refusal
+        self.sent += [m.message_id for m in messages if m.message_id not in refused]
+        return refused
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def test_a_message_refused_for_now_is_counted_and_parked_after_max_attempts(
+    bench: Bench, store: PostgresStore
+) -> None:
+    (key,) = bench.add(["op-1"])
+    bench.run(key)
+    first, second = (m[0] for m in bench.messages())
+    sink = ScriptedSink()
+    sink.refuse[first] = Refused(Refusal.RETRY, "ThrottlingException")
+    sink.refuse[second] = Refused(Refusal.HELD, "an earlier message of its key")
+    relay = DestinationRelay(
+        DESTINATION,
+        destination("https://unused.example", max_attempts=3),
+        OutboxStore(store.pool),
+        sink,
+        owner="relay-1",
+    )
+    for _ in range(2):
+        relay.round()
+    rows = bench.db.execute(
+        "SELECT state, attempts, last_error FROM outbox_message ORDER BY seq"
+    ).fetchall()
+    # refused twice: counted with its reason; the held one is untouched
+    assert rows == [("pending", 2, "ThrottlingException"), ("pending", 0, None)]
+    relay.round()
+    state, reason = bench.db.execute(
+        "SELECT state, park_reason FROM outbox_message ORDER BY seq LIMIT 1"
+    ).fetchone() or ("", "")
+    assert state == "parked"
+    assert reason == "gave up after 3 attempts: ThrottlingException"
+    sink.refuse[second] = None
+    relay.round()
+    assert [m[3] for m in bench.messages()] == ["parked", "sent"]
+    assert sink.sent == [second]
+
+
+def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
+    bench: Bench, store: PostgresStore
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(bench.hasher, tracer_provider=provider)
+    (key,) = bench.add(["op-1"])
+    (claim,) = bench.store.claim_keys("worker", [key], LEASE)
+    with telemetry.process(claim):
+        execute(
+            Run(
+                store,
+                claim,
+                bench.registry[JOB],
+                Context.for_claim(claim, bench.hasher),
+                EventCounter(),
+            )
+        )
+    (span,) = exporter.get_finished_spans()
+    context = span.get_span_context()
+    assert context is not None
+    flags = int(context.trace_flags)
+    expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+    stored = {r[0] for r in bench.db.execute("SELECT trace_context FROM outbox_message")}
+    assert stored == {expected}
+    (message, _) = OutboxStore(store.pool).pending(DESTINATION, 10)
+    assert message.sent_attributes()["traceparent"] == expected
