@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -44,6 +45,7 @@ from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.types import Key, State
+from consumers import sns_sink
 from consumers.sqs_sink import SqsSink
 from tests.support.deliveries import for_job
 from tests.support.sqs_proxy import Fault, sqs_proxy
@@ -285,6 +287,7 @@ def drain(server: SqsServer, queue_url: str, expected: int) -> list[dict[str, An
             QueueUrl=queue_url,
             MaxNumberOfMessages=10,
             MessageAttributeNames=["All"],
+            AttributeNames=["MessageGroupId"],
             WaitTimeSeconds=1 if len(got) >= expected else 0,
         )
         batch = response.get("Messages", [])
@@ -708,3 +711,82 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
     assert stored == {expected}
     (message, _) = OutboxStore(store.pool).pending(DESTINATION, 10)
     assert message.sent_attributes()["traceparent"] == expected
+
+
+# -- FIFO queues and SNS topics ---------------------------------------------------------------
+
+
+def test_a_fifo_queue_drops_a_copy_by_message_id_and_keeps_each_keys_order(
+    bench: Bench, store: PostgresStore, sqs: SqsServer
+) -> None:
+    keys = bench.add([f"op-{i}" for i in range(6)])
+    for key in keys:
+        bench.run(key)
+    name = f"outbox-{uuid.uuid4().hex[:8]}.fifo"
+    queue_url = sqs.client().create_queue(QueueName=name, Attributes={"FifoQueue": "true"})[
+        "QueueUrl"
+    ]
+    outbox = OutboxStore(store.pool)
+    pending = outbox.pending(DESTINATION, 100)
+    sink = sqs_sink(sqs.endpoint, queue_url)
+    assert sink.fifo
+    # sent twice, as by a relay that lost its lease while sending: SQS drops the copies
+    assert sink.send(pending) == {}
+    assert sink.send(pending) == {}
+    received = drain(sqs, queue_url, len(pending))
+    ids = [m["MessageAttributes"][MESSAGE_ID_ATTRIBUTE]["StringValue"] for m in received]
+    assert sorted(ids) == sorted(m.message_id for m in pending)
+    by_key: dict[str, list[str]] = {}
+    for m in received:
+        by_key.setdefault(m["Attributes"]["MessageGroupId"], []).append(m["Body"])
+    # each operation's key: its announcement, then its receipt
+    assert set(by_key) == {f"op-{i}" for i in range(6)}
+    assert all(bodies[1] == "receipt" for bodies in by_key.values())
+
+
+def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
+    bench: Bench, store: PostgresStore, sqs: SqsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the sink's client takes its credentials from the environment, as in production
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    keys = bench.add(["op-1", "op-2"])
+    for key in keys:
+        bench.run(key)
+    sns = boto3.client(
+        "sns",
+        endpoint_url=sqs.endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    topic = sns.create_topic(Name=f"outbox-{uuid.uuid4().hex[:8]}")["TopicArn"]
+    queue_url = sqs.create_queue("sns-copy")
+    queue_arn = sqs.client().get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    sns.subscribe(
+        TopicArn=topic,
+        Protocol="sqs",
+        Endpoint=queue_arn,
+        Attributes={"RawMessageDelivery": "true"},
+    )
+    config = DestinationConfig.read(
+        {"sink": "sns", "address": topic, "region": REGION, "endpoint_url": sqs.endpoint},
+        name=DESTINATION,
+    )
+    relay = DestinationRelay(
+        DESTINATION,
+        config,
+        OutboxStore(store.pool),
+        sns_sink.open_sink(DESTINATION, config),
+        owner="relay-1",
+    )
+    relay.round()
+    assert {m[3] for m in bench.messages()} == {"sent"}
+    received = drain(sqs, queue_url, 4)
+    assert sorted(
+        m["MessageAttributes"][MESSAGE_ID_ATTRIBUTE]["StringValue"] for m in received
+    ) == sorted(m[0] for m in bench.messages())
+    announced = [m for m in received if m["Body"] != "receipt"]
+    assert {m["MessageAttributes"]["tenant"]["StringValue"] for m in announced} == {"t1"}
