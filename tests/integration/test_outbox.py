@@ -790,3 +790,16 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
     ) == sorted(m[0] for m in bench.messages())
     announced = [m for m in received if m["Body"] != "receipt"]
     assert {m["MessageAttributes"]["tenant"]["StringValue"] for m in announced} == {"t1"}
+
+
+def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
+    bench: Bench, store: PostgresStore
+) -> None:
+    for key in bench.add(["op-1"], tenant="acme") + bench.add(["op-1"], tenant="globex"):
+        bench.run(key)
+    counts = store.erase_tenant(
+        "acme", tenant_hash=bench.hasher.tenant("acme"), actor="test", reason="DSR-1"
+    )
+    assert counts.work_rows == 1
+    left = bench.db.execute("SELECT DISTINCT tenant_id FROM outbox_message").fetchall()
+    assert left == [("globex",)]
