@@ -342,6 +342,11 @@ def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_b
         [for_job(bench.registry, JOB, op, {"invoice_id": f"inv-{op}"}) for op in operations[:50]]
     )
     assert {r.decision.value for r in replays} == {"replay"}
+    # and a few again with another payload: conflicts, recorded, never run or announced
+    conflicts = bench.store.ingest(
+        [for_job(bench.registry, JOB, op, {"invoice_id": "other"}) for op in operations[50:70]]
+    )
+    assert {r.decision.value for r in conflicts} == {"conflict"}
     for key in keys:
         bench.run(key)
     written = {m[0] for m in bench.messages()}
