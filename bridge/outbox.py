@@ -185,6 +185,10 @@ class NoOutbox:
         )
 
 
+#: the one ``ctx.outbox`` of every context outside a class A transaction (it holds nothing)
+NO_OUTBOX: Final = NoOutbox()
+
+
 def _body(body: bytes | str) -> bytes:
     if isinstance(body, str):
         body = body.encode("utf-8")

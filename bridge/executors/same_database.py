@@ -31,7 +31,7 @@ from bridge.deadline import DeadlineExceeded
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.executors.settlement import Run, as_success, settle_outcome
 from bridge.handlers import Ambiguous, RetryLater, SameDatabaseHandler, Success, classify
-from bridge.outbox import NoOutbox, Outbox
+from bridge.outbox import NO_OUTBOX, Outbox
 from bridge.types import State
 
 #: the outcome code of a run whose transaction outlived its handler's deadline
@@ -52,7 +52,7 @@ def execute(run: Run, handler: SameDatabaseHandler) -> None:
                 with run.ctx.holding_row(tx.deadline):
                     success = as_success(handler.handle(run.ctx, tx.connection))
             finally:
-                run.ctx.outbox = NoOutbox()
+                run.ctx.outbox = NO_OUTBOX
             tx.settle(State.SUCCEEDED, success.code, success.detail)
     except LeaseLost:
         # Refused at the lock: the handler never ran, or its write was rolled back.
