@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ from bridge.types import Key, State
 from consumers import sns_sink
 from consumers.sqs_sink import SqsSink
 from tests.support.deliveries import for_job
+from tests.support.roles import Roles, apply_roles, drop_roles
 from tests.support.sqs_proxy import Fault, sqs_proxy
 from tests.support.sqs_server import REGION, SqsServer, sqs_server
 from tests.support.waiting import eventually
@@ -808,3 +810,57 @@ def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
     assert counts.work_rows == 1
     left = bench.db.execute("SELECT DISTINCT tenant_id FROM outbox_message").fetchall()
     assert left == [("globex",)]
+
+
+# -- roles ---------------------------------------------------------------------------------------
+
+
+class PublishOnly(SameDatabaseHandler):
+    def handle(self, ctx: Context, tx: Connection) -> None:
+        ctx.outbox.publish(DESTINATION, "hello", ordering_key=ctx.operation_id)
+
+
+def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_own(
+    db_url: str, db: Db
+) -> None:
+    prefix = f"fbob_{secrets.token_hex(4)}"
+    try:
+        apply_roles(db_url, prefix)
+        roles = Roles(prefix, db_url)
+        bridge = PostgresStore.connect(roles.url_as(roles.bridge), max_size=2)
+        try:
+            registry = Registry()
+            registry.register(JOB, PublishOnly(), outbox_destinations=frozenset({DESTINATION}))
+            hasher = IdentityHasher(b"outbox-tests-identity-secret")
+            bridge.ingest([for_job(registry, JOB, "op-1", tenant=t) for t in ("acme", "globex")])
+            for tenant in ("acme", "globex"):
+                (claim,) = bridge.claim_keys("w", [Key(tenant, "op-1")], LEASE)
+                ctx = Context.for_claim(claim, hasher)
+                execute(Run(bridge, claim, registry[JOB], ctx, EventCounter()))
+            outbox = OutboxStore(bridge.pool)
+            fence = outbox.take(DESTINATION, "relay", LEASE)
+            assert fence is not None
+            ids = [m.message_id for m in outbox.pending(DESTINATION, 10)]
+            assert outbox.mark(DESTINATION, fence, sent=ids, max_attempts=3) == (2, 0)
+            assert outbox.purge(timedelta(0), 10) == 2
+        finally:
+            bridge.close()
+        # refill for the readers: one message per tenant, pending
+        db.execute(
+            "INSERT INTO outbox_message (message_id, tenant_id, operation_id, fence,"
+            " destination, body) VALUES ('m-a', 'acme', 'op-1', 1, %s, 'x'),"
+            " ('m-g', 'globex', 'op-1', 1, %s, 'x')",
+            (DESTINATION, DESTINATION),
+        )
+        acme = f"{prefix}_acme"
+        db.execute("SET fencebridge.role_prefix = " + f"'{prefix}'")
+        db.execute("SELECT fencebridge_add_tenant_role(%s, %s)", (acme, "acme"))
+        with roles.connect_as(acme) as conn:
+            assert conn.execute("SELECT message_id FROM outbox_message").fetchall() == [("m-a",)]
+        with roles.connect_as(roles.operator) as conn:
+            assert len(conn.execute("SELECT 1 FROM outbox_message").fetchall()) == 2
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("DELETE FROM outbox_message")
+    finally:
+        db.execute("RESET fencebridge.role_prefix")
+        drop_roles(db_url, prefix)
