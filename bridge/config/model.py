@@ -794,7 +794,7 @@ class RetentionConfig(Table):
 
 
 OUTBOX_BATCH_DEFAULT: Final = 10
-OUTBOX_LEASE_SECONDS_DEFAULT: Final = 30.0
+OUTBOX_LEASE_SECONDS_DEFAULT: Final = 60.0
 OUTBOX_POLL_SECONDS_DEFAULT: Final = 1.0
 OUTBOX_MAX_ATTEMPTS_DEFAULT: Final = 10
 OUTBOX_SEND_TRIES_DEFAULT: Final = 3
@@ -855,7 +855,9 @@ class DestinationConfig(Table):
             """
             The relay lease: renewed every round; a process that stops renewing (paused,
             partitioned, killed) is taken over once it runs out, under a higher fence, and its
-            late marks are refused.
+            late marks are refused. Keep it above the longest round (a send call's tries and
+            backoff; a Pub/Sub publish waits up to 30 s): a round that outlives it is taken
+            over while it sends, and its messages are sent twice, with the same ids.
             """
         ),
     )
