@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import tenacity
 from psycopg_pool import ConnectionPool
@@ -56,6 +56,23 @@ class OutboxDepth:
     pending: int
     oldest_pending_seconds: float | None
     parked: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRecord:
+    """One message of an operation, as ``fencebridge inspect`` shows it (never its body)."""
+
+    message_id: str
+    destination: str
+    state: str
+    #: the fence of the run that wrote it
+    fence: int
+    attempts: int
+    last_error: str | None
+    park_reason: str | None
+    created_at: datetime
+    sent_at: datetime | None
+    parked_at: datetime | None
 
 
 class OutboxStore:
@@ -129,6 +146,12 @@ class OutboxStore:
                 ).fetchall()
                 parked += len(rows)
         return done, parked
+
+    def of_operation(self, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
+        params = {"tenant_id": tenant_id, "operation_id": operation_id}
+        with self._connection("outbox read") as conn:
+            rows = conn.execute(sql.statement("outbox_operation"), params).fetchall()
+        return [OutboxRecord(*row) for row in rows]
 
     def depth(self) -> list[OutboxDepth]:
         with self._connection("outbox stats") as conn:

@@ -864,3 +864,20 @@ def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_o
     finally:
         db.execute("RESET fencebridge.role_prefix")
         drop_roles(db_url, prefix)
+
+
+def test_inspect_lists_an_operations_messages_without_their_bodies(
+    bench: Bench, store: PostgresStore, db_url: str
+) -> None:
+    backlog(bench, store)
+    text = cli(db_url, "inspect", "t1", "op-2").stdout
+    assert "outbox messages: 2" in text
+    assert "parked" in text
+    assert "InvalidParameterValue" in text
+    assert "receipt" not in text, "no message body"
+    document = json.loads(cli(db_url, "inspect", "t1", "op-3", "--json").stdout)
+    states = [(m["destination"], m["state"], m["fence"]) for m in document["outbox"]]
+    assert states == [(DESTINATION, "pending", 1)] * 2
+    assert [m["message_id"] for m in document["outbox"]] == [
+        m[0] for m in bench.messages() if m[1] == "op-3"
+    ]
