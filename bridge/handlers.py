@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
+from bridge.outbox import NO_OUTBOX, NoOutbox, Outbox
 from bridge.types import TargetClass
 
 if TYPE_CHECKING:
@@ -283,6 +284,9 @@ class Context:
     derive_idempotency_key: Callable[[], str] | None = field(default=None, repr=False)
     #: set once the run's lease is gone (a refused write or renewal, an abandoned run)
     lease_lost: LeaseFlag = field(default_factory=LeaseFlag)
+    #: where a class A handler publishes messages, in its fenced transaction
+    #: (:mod:`bridge.outbox`); outside one, publishing raises
+    outbox: Outbox | NoOutbox = field(default=NO_OUTBOX, repr=False)
     #: the error :meth:`json` raised about this operation's payload, if it raised one
     unreadable_payload: ValueError | None = field(default=None, repr=False)
     #: progress reported since the heartbeat last took it (a flag: one writer sets it, the

@@ -58,6 +58,8 @@ class JobSpec:
     handler: Handler
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     lease: timedelta = LEASE_DEFAULT
+    #: the outbox destinations its handler may publish to (None: any, as in a bare registry)
+    outbox_destinations: frozenset[str] | None = None
 
     @property
     def target_class(self) -> TargetClass:
@@ -78,6 +80,7 @@ class Registry:
         retry: RetryPolicy | None = None,
         lease: timedelta = LEASE_DEFAULT,
         declared_class: TargetClass | None = None,
+        outbox_destinations: frozenset[str] | None = None,
     ) -> JobSpec:
         if job_type in self._specs:
             raise ConfigError(f"job type {job_type!r} is registered twice")
@@ -102,7 +105,7 @@ class Registry:
             )
         if lease <= timedelta(0):
             raise ConfigError(f"job type {job_type!r}: the lease must be positive")
-        spec = JobSpec(job_type, handler, policy, lease)
+        spec = JobSpec(job_type, handler, policy, lease, outbox_destinations)
         self._specs[job_type] = spec
         return spec
 
@@ -211,6 +214,7 @@ def build_job(
             ),
             lease=timedelta(seconds=job.lease_seconds),
             declared_class=job.target_class,
+            outbox_destinations=frozenset(config.outbox),
         )
     except ConfigError as exc:
         raise ConfigError(f"{config.file}: jobs.{job_type}: {exc}") from exc

@@ -35,6 +35,7 @@ from bridge.keyring import attach
 from bridge.migrate import require_current
 from bridge.registry import Registry
 from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
+from bridge.relay import OutboxStore, Relay
 from bridge.service import Deadline, Limits, Service, describe
 from bridge.shadow import ShadowWrites
 from bridge.store import PostgresStore
@@ -89,6 +90,17 @@ class Bridge:
             limits=limits,
             on_restart=self.telemetry.thread_restarted,
         )
+        self.relay: Relay | None = None
+        if config.outbox:
+            if not isinstance(store, PostgresStore):
+                raise TypeError("the outbox relay needs the PostgreSQL store")
+            self.relay = Relay(
+                OutboxStore(store.pool),
+                config.outbox,
+                owner=settings.worker_id,
+                limits=limits,
+                on_restart=self.telemetry.thread_restarted,
+            )
         self.consumers: list[sources.Consumer] = []
         for name, sub in config.subscriptions.items():
             # A shadow subscription writes to the shadow record, which no claim reads, and
@@ -120,6 +132,8 @@ class Bridge:
     def services(self) -> list[Service]:
         """Every supervised service of the core (the health endpoint reports itself)."""
         found = [*self.pool.services(), self.sweeper.service]
+        if self.relay is not None:
+            found.extend(self.relay.services())
         for consumer in self.consumers:
             found.extend(consumer.services())
         if self.telemetry.gauges is not None:
@@ -135,6 +149,8 @@ class Bridge:
         attach(self.store, self.hasher, used_by="fencebridge run")
         self.pool.start()
         self.sweeper.start()
+        if self.relay is not None:
+            self.relay.start()
         for consumer in self.consumers:
             consumer.start()
         if self.health is not None:
@@ -171,6 +187,9 @@ class Bridge:
         if late:
             log.warning("%d consumer(s) still stopping at the deadline", len(late))
         report = self.pool.stop(until)
+        if self.relay is not None:
+            # after the pool: what its last runs committed is sent now or by the next relay
+            self.relay.stop(until)
         self.sweeper.stop(until)
         if self.health is not None:
             self.health.stop(until)
@@ -216,7 +235,15 @@ def pool_size(config: BridgeConfig) -> int:
         for sub in config.subscriptions.values()
     )
     claimers = CLAIMERS_DEFAULT - 1  # the first is in CORE_CONNECTIONS
-    return config.bridge.worker_threads + CORE_CONNECTIONS + claimers + consumers + POOL_MARGIN
+    relays = len(config.outbox)  # one relay loop per outbox destination
+    return (
+        config.bridge.worker_threads
+        + CORE_CONNECTIONS
+        + claimers
+        + consumers
+        + relays
+        + POOL_MARGIN
+    )
 
 
 def open_bridge(

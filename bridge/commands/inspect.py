@@ -1,5 +1,6 @@
-"""``fencebridge inspect``: one operation's row, its attempts, its redrives and its rejected
-deliveries, and, when there is no row, why as far as the database can tell."""
+"""``fencebridge inspect``: one operation's row, its attempts, its redrives, its rejected
+deliveries and its outbox messages, and, when there is no row, why as far as the database can
+tell."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from bridge.types import State
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.records import AttemptRecord, ErasureRecord, OperationHistory
+    from bridge.relay import OutboxRecord
 
 
 def register(commands: Subcommands) -> None:
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         hasher = optional_hasher(store)
         history = store.history(key)
+        outbox = _outbox(store, key.tenant_id, key.operation_id)
         erasures = (
             store.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
@@ -52,6 +55,21 @@ def run(args: argparse.Namespace) -> int:
             else []
         )
     document = _history_document(history)
+    document["outbox"] = [
+        {
+            "message_id": m.message_id,
+            "destination": m.destination,
+            "state": m.state,
+            "fence": m.fence,
+            "attempts": m.attempts,
+            "last_error": m.last_error,
+            "park_reason": m.park_reason,
+            "created_at": iso_time(m.created_at),
+            "sent_at": iso_time(m.sent_at),
+            "parked_at": iso_time(m.parked_at),
+        }
+        for m in outbox
+    ]
     hashes: list[str] = []
     if hasher is not None:
         hashes = log_hashes(hasher, key)
@@ -74,10 +92,36 @@ def run(args: argparse.Namespace) -> int:
         print_json(document)
     else:
         lines = _history_lines(history, absence)
+        lines[-1:-1] = _outbox_lines(outbox)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
         print("\n".join(lines))
     return 0 if history.found else 1
+
+
+def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
+    """The operation's outbox messages (the PostgreSQL store has them)."""
+    from bridge.relay import OutboxStore  # noqa: PLC0415
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    if not isinstance(store, PostgresStore):
+        return []
+    return OutboxStore(store.pool).of_operation(tenant_id, operation_id)
+
+
+def _outbox_lines(outbox: Sequence[OutboxRecord]) -> list[str]:
+    lines = [f"outbox messages: {len(outbox) or 'none'}"]
+    for m in outbox:
+        when = {"sent": m.sent_at, "parked": m.parked_at}.get(m.state) or m.created_at
+        lines.append(
+            f"  {m.message_id}  {m.destination}  {m.state} {moment(when)}  fence {m.fence}, "
+            f"{m.attempts} failed send(s)"
+        )
+        if m.park_reason:
+            lines.append(f"      {m.park_reason}")
+        elif m.last_error:
+            lines.append(f"      last error: {m.last_error}")
+    return lines
 
 
 def _absence(history: OperationHistory, erasures: Sequence[ErasureRecord], *, checked: bool) -> str:

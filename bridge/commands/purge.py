@@ -1,5 +1,6 @@
 """``fencebridge purge``: finished work older than an age, removed in bounded batches (never
-unknown or quarantined rows)."""
+unknown or quarantined rows), and outbox messages sent before that age (never pending or
+parked ones)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
+    from bridge.relay import OutboxStore
 
 
 def register(commands: Subcommands) -> None:
@@ -52,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         tombstone_days = args.tombstone_days or plan.tombstone_days
     horizon = timedelta(days=tombstone_days)
     with open_store(args) as store:
+        outbox = _outbox(store)
         if args.dry_run:
             counts = store.purge_preview(older_than, tombstone_horizon=horizon)
             print(
@@ -60,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{_span(older_than)}, and {counts.tombstones} tombstone(s) older than "
                 f"{tombstone_days}d"
             )
+            if outbox is not None:
+                print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
             return 0
         report = purge(store, older_than, batch_size=args.batch_size, tombstone_horizon=horizon)
+        sent = outbox.purge(older_than, args.batch_size) if outbox is not None else None
     removed = report.removed
     print(
         f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
@@ -69,10 +75,20 @@ def run(args: argparse.Namespace) -> int:
         f"{removed.tombstones} tombstone(s) older than {tombstone_days}d in "
         f"{report.batches} batch(es)"
     )
+    if sent is not None:
+        print(f"purged {sent} sent outbox message(s) older than {_span(older_than)}")
     if report.locked_out:
         print("fencebridge purge: another purge is running; this one stopped", file=sys.stderr)
         return 1
     return 0
+
+
+def _outbox(store: object) -> OutboxStore | None:
+    """The outbox's statements on the command's store (the PostgreSQL store has them)."""
+    from bridge.relay import OutboxStore  # noqa: PLC0415
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    return OutboxStore(store.pool) if isinstance(store, PostgresStore) else None
 
 
 def _span(age: timedelta) -> str:

@@ -46,7 +46,12 @@ def run(args: argparse.Namespace) -> int:
             limits=config.bridge.limits(),
         )
         if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
-            bridge.telemetry.observe(bridge.store, limits=config.concurrency_limits())
+            bridge.telemetry.observe(
+                bridge.store,
+                limits=config.concurrency_limits(),
+                outbox=bridge.relay.store.depth if bridge.relay is not None else None,
+                destinations=list(config.outbox),
+            )
         try:
             bridge.run_until_signalled()
         finally:

@@ -1,6 +1,7 @@
 """``fencebridge status``: counts by state per subscription and tenant hash, stalled claims,
 the oldest unknown, the rejected deliveries awaiting a person, and the due rows that wait (over
-a concurrency limit, under a rate limit wait) per job type and tenant hash."""
+a concurrency limit, under a rate limit wait) per job type and tenant hash, and the outbox's
+backlog per destination (pending messages, the oldest one's age, parked messages)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bridge.types import State
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
+    from bridge.store.operator import OperatorStore
     from bridge.store.work import ConcurrencyLimit, WaitingCount
     from bridge.types import Stats
 
@@ -45,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
         keyed(store, hasher)
         stats = store.stats()
         waiting = store.waiting(limits)
+        outbox = _outbox(store)
     document = _status_document(stats, hasher)
     document["waiting"] = _waiting_document(waiting, hasher)
+    document["outbox"] = outbox
     if args.json:
         print_json(document)
         return 0
@@ -72,14 +76,42 @@ def run(args: argparse.Namespace) -> int:
     print()
     if not document["waiting"]:
         print("due rows waiting: none")
+    else:
+        print("due rows waiting (limit: over a concurrency limit; rate: a rate limit wait)")
+        rows = [
+            [w["job_type"], w["tenant"], *(w["reasons"][r] for r in _REASONS)]
+            for w in document["waiting"]
+        ]
+        print("\n".join(table(["job_type", "tenant", *_REASONS], rows)))
+    print()
+    if not outbox:
+        print("outbox: nothing pending or parked")
         return 0
-    print("due rows waiting (limit: over a concurrency limit; rate: a rate limit wait)")
+    print("outbox (messages committed by class A handlers, sent by the relay)")
     rows = [
-        [w["job_type"], w["tenant"], *(w["reasons"][r] for r in _REASONS)]
-        for w in document["waiting"]
+        [o["destination"], o["pending"], _age(o["oldest_pending_seconds"]), o["parked"]]
+        for o in outbox
     ]
-    print("\n".join(table(["job_type", "tenant", *_REASONS], rows)))
+    print("\n".join(table(["destination", "pending", "oldest pending", "parked"], rows)))
     return 0
+
+
+def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
+    """The outbox backlog per destination (destination names only, never an identifier)."""
+    from bridge.relay import OutboxStore  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    if not isinstance(store, PostgresStore):
+        return []
+    return [
+        {
+            "destination": d.destination,
+            "pending": d.pending,
+            "oldest_pending_seconds": d.oldest_pending_seconds,
+            "parked": d.parked,
+        }
+        for d in OutboxStore(store.pool).depth()
+    ]
 
 
 def _limits(path: str | None) -> dict[str, ConcurrencyLimit]:

@@ -17,12 +17,13 @@ from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 
-from bridge import sources
+from bridge import sinks, sources
 from bridge.config.fields import NAME_RULE, Table, either, name_problem, shown
 from bridge.config.model import (
     DECLARED_JOBS,
     BridgeConfig,
     BridgeSettings,
+    DestinationConfig,
     JobConfig,
     RetentionConfig,
     SubscriptionConfig,
@@ -31,7 +32,7 @@ from bridge.config.problems import Scope, Where, did_you_mean, messages
 from bridge.database import DATABASE_URL_ENV
 from bridge.errors import ConfigError
 
-TOP_LEVEL: Final = ("bridge", "jobs", "subscriptions", "retention")
+TOP_LEVEL: Final = ("bridge", "jobs", "subscriptions", "retention", "outbox")
 #: the one key refused anywhere in the file: the database URL holds credentials
 REFUSED_KEY: Final = "database_url"
 
@@ -91,6 +92,7 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
     retention = None
     if "retention" in document:
         retention = _table(RetentionConfig, document["retention"], where.child("retention"), report)
+    outbox = _outbox(document, where, report)
     if problems:
         raise ConfigError("\n".join(problems))
     assert settings is not None  # no problem was found, so every table was built
@@ -101,6 +103,7 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
         jobs=types.MappingProxyType(jobs),
         subscriptions=types.MappingProxyType(subscriptions),
         retention=retention,
+        outbox=types.MappingProxyType(outbox),
         file=file,
     )
 
@@ -182,6 +185,38 @@ def _named(
         else:
             report([key.child(name).message(f"a {what} name is {NAME_RULE}")])
     return named
+
+
+def _outbox(document: dict[str, Any], where: Where, report: Report) -> dict[str, DestinationConfig]:
+    """The outbox destinations, ``[outbox.<name>]``; none is required."""
+    tables = document.get("outbox")
+    if tables is None:
+        return {}
+    at = where.child("outbox")
+    if not isinstance(tables, dict):
+        report([at.message(f"expected tables [outbox.<name>], got {shown(tables)}")])
+        return {}
+    found: dict[str, DestinationConfig] = {}
+    installed = sinks.names()
+    for name, table in tables.items():
+        if name_problem(name) is not None:
+            report([at.child(name).message(f"an outbox destination name is {NAME_RULE}")])
+            continue
+        destination = _table(DestinationConfig, table, at.child(name), report, name=name)
+        if destination is None:
+            continue
+        if destination.sink not in installed:
+            expected = either([repr(n) for n in installed]) if installed else "an installed sink"
+            report(
+                [
+                    at.child(name)
+                    .child("sink")
+                    .message(f"no sink {destination.sink!r} is installed; expected {expected}")
+                ]
+            )
+            continue
+        found[name] = destination
+    return found
 
 
 def _subscription(

@@ -12,7 +12,7 @@ import inspect
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Annotated, Any, Final, Self
 
@@ -853,6 +853,127 @@ class RetentionConfig(Table):
     )
 
 
+OUTBOX_BATCH_DEFAULT: Final = 10
+OUTBOX_LEASE_SECONDS_DEFAULT: Final = 60.0
+OUTBOX_POLL_SECONDS_DEFAULT: Final = 1.0
+OUTBOX_MAX_ATTEMPTS_DEFAULT: Final = 10
+OUTBOX_SEND_TRIES_DEFAULT: Final = 3
+OUTBOX_RETRY_INITIAL_SECONDS_DEFAULT: Final = 0.2
+OUTBOX_RETRY_MAX_SECONDS_DEFAULT: Final = 5.0
+
+
+class DestinationConfig(Table):
+    """One outbox destination, `[outbox.<name>]`: where `ctx.outbox.publish("<name>", ...)`
+    messages go. `fencebridge run` relays each destination's committed messages, one relay per
+    destination at a time across every process (a lease and a fence in the database).
+    Credentials come from the environment of the sink's client library, never from the file.
+    """
+
+    sink: Identifier = Field(
+        description=_doc(
+            """
+            The sink that sends this destination's messages, by its `fencebridge.sinks` entry
+            point: `sqs` (a queue; a FIFO queue by its `.fifo` name), `sns` (a topic) or
+            `pubsub` (a Pub/Sub topic).
+            """
+        )
+    )
+    address: Identifier = Field(
+        description=_doc(
+            """
+            The sink's target: the queue URL for `sqs`, the topic ARN for `sns`,
+            `projects/<project>/topics/<topic>` for `pubsub`.
+            """
+        )
+    )
+    region: Annotated[
+        Identifier | None,
+        Shown(default="the AWS environment (`AWS_REGION`, `AWS_DEFAULT_REGION`, profile)"),
+    ] = Field(default=None, description="AWS region of an `sqs` or `sns` destination.")
+    endpoint_url: Annotated[
+        Identifier | None, Shown(default="the service's endpoint (or `AWS_ENDPOINT_URL`)")
+    ] = Field(
+        default=None,
+        description=_doc(
+            """
+            Endpoint of a local server for an `sqs` or `sns` destination, for development and
+            tests (`pubsub` reads `PUBSUB_EMULATOR_HOST`).
+            """
+        ),
+    )
+    batch: StrictInt = Field(
+        default=OUTBOX_BATCH_DEFAULT,
+        ge=1,
+        le=1000,
+        description="Messages the relay reads and sends per round (SQS sends 10 per call).",
+    )
+    lease_seconds: StrictFloat = Field(
+        default=OUTBOX_LEASE_SECONDS_DEFAULT,
+        ge=1,
+        le=3600,
+        description=_doc(
+            """
+            The relay lease: renewed every round; a process that stops renewing (paused,
+            partitioned, killed) is taken over once it runs out, under a higher fence, and its
+            late marks are refused. Keep it above the longest round (a send call's tries and
+            backoff; a Pub/Sub publish waits up to 30 s): a round that outlives it is taken
+            over while it sends, and its messages are sent twice, with the same ids.
+            """
+        ),
+    )
+    poll_interval_seconds: StrictFloat = Field(
+        default=OUTBOX_POLL_SECONDS_DEFAULT,
+        gt=0,
+        le=3600,
+        description="Pause between rounds while the destination has nothing pending.",
+    )
+    max_attempts: StrictInt = Field(
+        default=OUTBOX_MAX_ATTEMPTS_DEFAULT,
+        ge=1,
+        le=1000,
+        description=_doc(
+            """
+            Sends of one message the sink may refuse before it is parked with the reason
+            (a message the sink refuses as invalid is parked at once).
+            """
+        ),
+    )
+    send_tries: StrictInt = Field(
+        default=OUTBOX_SEND_TRIES_DEFAULT,
+        ge=1,
+        le=100,
+        description=_doc(
+            """
+            Tries of a send call that fails as a whole (connection refused or cut, throttled,
+            a 5xx) within one round, with exponential backoff and jitter; past them the round
+            fails and the relay restarts after the supervisor's backoff. Such failures do not
+            count against `max_attempts`.
+            """
+        ),
+    )
+    retry_initial_seconds: StrictFloat = Field(
+        default=OUTBOX_RETRY_INITIAL_SECONDS_DEFAULT,
+        gt=0,
+        le=3600,
+        description="First backoff between tries of a failed send call.",
+    )
+    retry_max_seconds: StrictFloat = Field(
+        default=OUTBOX_RETRY_MAX_SECONDS_DEFAULT,
+        gt=0,
+        le=3600,
+        description="Longest backoff between tries of a failed send call.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered_backoff(self) -> Self:
+        if self.retry_initial_seconds > self.retry_max_seconds:
+            raise invalid(
+                f"must not be above retry_max_seconds ({_number(self.retry_max_seconds)})",
+                key=("retry_initial_seconds",),
+            )
+        return self
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BridgeConfig:
     """The whole file: process settings, job types and subscriptions, checked together."""
@@ -861,6 +982,8 @@ class BridgeConfig:
     jobs: Mapping[str, JobConfig]
     subscriptions: Mapping[str, SubscriptionConfig]
     retention: RetentionConfig | None = None
+    #: outbox destinations by name (``[outbox.<name>]``)
+    outbox: Mapping[str, DestinationConfig] = field(default_factory=dict)
     #: the file it was read from, for messages about it
     file: str = "<config>"
 

@@ -23,6 +23,7 @@ from bridge.config.fields import SPELLING, Shown, Sources, either
 from bridge.config.model import (
     BridgeSettings,
     DecodeConfig,
+    DestinationConfig,
     JobConfig,
     RetentionConfig,
     SubscriptionConfig,
@@ -33,7 +34,8 @@ from bridge.decode import REASONS, RULES_MARKDOWN, FieldSource, PayloadSource, S
 INTRO: Final = f"""\
 fencebridge reads one TOML file: process settings in `[bridge]`, one `[jobs.<name>]` table per
 job type and one `[subscriptions.<name>]` table per broker subscription, each with its
-`[subscriptions.<name>.decode]` rules, and the retention plan in `[retention]`.
+`[subscriptions.<name>.decode]` rules, the retention plan in `[retention]`, and the class A
+outbox's destinations in `[outbox.<name>]`.
 `docs/examples/bridge.toml` is a complete example, and `fencebridge config schema` prints the
 file's JSON Schema, for editors that check TOML as it is typed (taplo, Even Better TOML).
 
@@ -229,6 +231,7 @@ def reference_markdown(source_names: Sequence[str] | None = None) -> str:
         parts += _source_sections(name)
     parts += _section("`[subscriptions.<name>.decode]`", DecodeConfig)
     parts += _section("`[retention]`", RetentionConfig)
+    parts += _section("`[outbox.<name>]`", DestinationConfig)
     parts.append(_sources_markdown())
     parts.append("## Decoding rules")
     parts.append(RULES_MARKDOWN.strip())

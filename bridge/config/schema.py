@@ -16,7 +16,13 @@ from pydantic import BaseModel, Field, create_model
 
 from bridge import sources
 from bridge.config.fields import NAME_PATTERN, TABLE_CONFIG
-from bridge.config.model import BridgeSettings, JobConfig, RetentionConfig, SubscriptionConfig
+from bridge.config.model import (
+    BridgeSettings,
+    DestinationConfig,
+    JobConfig,
+    RetentionConfig,
+    SubscriptionConfig,
+)
 
 DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 TITLE: Final = "fencebridge configuration (bridge.toml)"
@@ -48,11 +54,12 @@ def config_schema(source_names: Sequence[str] | None = None) -> dict[str, Any]:
         "jobs": (dict[table_name, JobConfig], Field(min_length=1)),
         "subscriptions": (dict[table_name, subscription], Field(min_length=1)),
         "retention": (RetentionConfig | None, Field(default=None)),
+        "outbox": (dict[table_name, DestinationConfig], Field(default_factory=dict)),
     }
     document = create_model("BridgeFile", __config__=TABLE_CONFIG, **tables)
     schema = document.model_json_schema()
     properties = schema["properties"]
-    for section in ("jobs", "subscriptions"):
+    for section in ("jobs", "subscriptions", "outbox"):
         # a table whose name breaks the naming rule is refused, not left unchecked
         properties[section]["additionalProperties"] = False
     # TOML has no null: the table is either there, or left out

@@ -9,6 +9,10 @@ bug in fencing could not refund an invoice twice. When the guard matches nothing
 either refunded already by *this* operation (a success: the effect is there) or not refundable,
 which retrying cannot change.
 
+:class:`RefundAndAnnounce` also publishes a "refund issued" event through the transactional
+outbox (``ctx.outbox``): the event is a row written in the same transaction, so it exists if and
+only if the refund committed, and the relay sends it afterwards (``[outbox.invoice_events]``).
+
 Payload (JSON)::
 
     {"invoice_id": "inv-1042"}
@@ -16,6 +20,7 @@ Payload (JSON)::
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from bridge.database import Connection
@@ -23,6 +28,8 @@ from bridge.demo import statement
 from bridge.handlers import Context, Quarantine, SameDatabaseHandler, Success, TerminalFailure
 
 JOB_TYPE = "refund_invoice"
+#: the outbox destination :class:`RefundAndAnnounce` publishes its events to
+EVENTS = "invoice_events"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +104,31 @@ class RefundInvoice(SameDatabaseHandler):
         if current.status == "refunded" and current.refund_operation_id == ctx.operation_id:
             return Success("already_refunded")
         raise TerminalFailure("not_refundable", f"the invoice is {current.status}")
+
+
+class RefundAndAnnounce(RefundInvoice):
+    """Refund the invoice and announce it, both in the fenced transaction.
+
+    The event goes to the outbox destination :data:`EVENTS`, ordered by invoice: whoever consumes
+    it sees an invoice's events in the order they were written, each with a stable message id
+    (``fencebridge-message-id``) to deduplicate on. A worker whose claim is gone never commits,
+    so its event never exists; a retry writes the same message id again.
+    """
+
+    def handle(self, ctx: Context, tx: Connection) -> Success:
+        result = super().handle(ctx, tx)
+        invoice = find_invoice(tx, ctx.tenant_id, invoice_id_of(ctx))
+        assert invoice is not None  # refunded in this transaction, or by this operation
+        event = {
+            "event": "refund_issued",
+            "invoice_id": invoice.invoice_id,
+            "amount": invoice.amount,
+            "currency": invoice.currency,
+        }
+        ctx.outbox.publish(
+            EVENTS,
+            json.dumps(event, sort_keys=True),
+            attributes={"event": "refund_issued", "tenant_id": ctx.tenant_id},
+            ordering_key=invoice.invoice_id,
+        )
+        return result

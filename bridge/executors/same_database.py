@@ -12,6 +12,10 @@ during COMMIT: then nothing is written here; if the commit did land the row is s
 never claimed again, and if it did not, the lease runs out and the next claim runs the handler
 again with nothing to undo.
 
+Messages the handler publishes (``ctx.outbox.publish``, :mod:`bridge.outbox`) are rows written
+in the same transaction: they commit with the business write and the completion, or vanish
+with them. The relay sends them after commit.
+
 The transaction runs under the handler's deadline (:mod:`bridge.deadline`): a handler blocked on
 a business-row lock or stuck in a call does not hold its row and connection forever. Past the
 deadline the transaction is cancelled and rolled back, so the run is a plain retry (known not
@@ -27,6 +31,7 @@ from bridge.deadline import DeadlineExceeded
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.executors.settlement import Run, as_success, settle_outcome
 from bridge.handlers import Ambiguous, RetryLater, SameDatabaseHandler, Success, classify
+from bridge.outbox import NO_OUTBOX, Outbox
 from bridge.types import State
 
 #: the outcome code of a run whose transaction outlived its handler's deadline
@@ -37,8 +42,17 @@ def execute(run: Run, handler: SameDatabaseHandler) -> None:
     success: Success | None = None
     try:
         with run.store.fenced_transaction(run.claim.ticket, deadline=handler.deadline) as tx:
-            with run.ctx.holding_row(tx.deadline):
-                success = as_success(handler.handle(run.ctx, tx.connection))
+            run.ctx.outbox = Outbox(
+                tx.connection,
+                run.ctx,
+                destinations=run.spec.outbox_destinations,
+                trace_context=run.claim.trace_context,
+            )
+            try:
+                with run.ctx.holding_row(tx.deadline):
+                    success = as_success(handler.handle(run.ctx, tx.connection))
+            finally:
+                run.ctx.outbox = NO_OUTBOX
             tx.settle(State.SUCCEEDED, success.code, success.detail)
     except LeaseLost:
         # Refused at the lock: the handler never ran, or its write was rolled back.

@@ -72,6 +72,12 @@ METRIC_QUEUE_DEPTH: Final = "fencebridge.queue.depth"
 #: due rows that cannot be claimed now, by why (label ``reason``: ``limit``, ``rate``)
 METRIC_WAITING: Final = "fencebridge.queue.waiting"
 METRIC_THREAD_RESTARTS: Final = "fencebridge.thread.restarts"
+#: outbox messages committed and not sent yet, per destination (label ``destination``)
+METRIC_OUTBOX_PENDING: Final = "fencebridge.outbox.pending"
+#: age of the oldest unsent outbox message, per destination
+METRIC_OUTBOX_OLDEST: Final = "fencebridge.outbox.oldest_pending_age"
+#: outbox messages the relay gave up on, per destination
+METRIC_OUTBOX_PARKED: Final = "fencebridge.outbox.parked"
 #: what happened on a broker stream: acks confirmed / refused / unanswered, extensions, lost
 #: broker leases, deliveries let go or handed back (label ``event``)
 METRIC_STREAM_EVENTS: Final = "fencebridge.stream.events"
@@ -90,3 +96,5 @@ LABEL_EVENT: Final = "event"
 LABEL_REASON: Final = "reason"
 #: a tenant's keyed hash (the waiting gauge: a row per tenant that waits)
 LABEL_TENANT_HASH: Final = "tenant_hash"
+#: an outbox destination's name in the configuration (``[outbox.<name>]``)
+LABEL_DESTINATION: Final = "destination"

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
@@ -43,6 +44,19 @@ class GaugeSource(Protocol):
     def waiting(
         self, limits: Mapping[str, ConcurrencyLimit] | None = None
     ) -> list[WaitingCount]: ...
+
+
+class OutboxBacklog(Protocol):
+    """**Protocol**: one outbox destination's backlog (:class:`bridge.relay.OutboxDepth`)."""
+
+    @property
+    def destination(self) -> str: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def oldest_pending_seconds(self) -> float | None: ...
+    @property
+    def parked(self) -> int: ...
 
 
 decisions_log = logging.getLogger("fencebridge.decisions")
@@ -167,6 +181,8 @@ class Telemetry:
         )
         self._stats: Stats | None = None
         self._waiting: list[WaitingCount] = []
+        #: destination -> (pending, oldest pending age, parked); None until read or when stale
+        self._outbox: dict[str, tuple[int, float, int]] | None = None
         self._stats_lock = threading.Lock()
         self._observing: threading.Event | None = None
 
@@ -374,9 +390,13 @@ class Telemetry:
         store: GaugeSource,
         interval: float = STATS_REFRESH_SECONDS_DEFAULT,
         limits: Mapping[str, ConcurrencyLimit] | None = None,
+        outbox: Callable[[], Sequence[OutboxBacklog]] | None = None,
+        destinations: Sequence[str] = (),
     ) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.
-        ``limits``: the concurrency limits the bridge claims under (for the waiting gauge).
+        ``limits``: the concurrency limits the bridge claims under (for the waiting gauge);
+        ``outbox`` reads the outbox backlog of the configured ``destinations`` (each is
+        reported, 0 when it has nothing pending).
 
         Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.
         The thread is supervised (:attr:`gauges`): a failed reading clears the gauges, and is
@@ -392,14 +412,23 @@ class Telemetry:
             try:
                 stats = store.stats()
                 waiting = store.waiting(limits)
+                backlog = list(outbox()) if outbox is not None else []
             except Exception:
                 with self._stats_lock:
                     self._stats = None  # a stale reading must not pass for a current one
                     self._waiting = []
+                    self._outbox = None
                 raise
             with self._stats_lock:
                 self._stats = stats
                 self._waiting = waiting
+                self._outbox = dict.fromkeys(destinations, (0, 0.0, 0))
+                for b in backlog:
+                    self._outbox[b.destination] = (
+                        b.pending,
+                        b.oldest_pending_seconds or 0.0,
+                        b.parked,
+                    )
 
         self.gauges = Supervised(
             "gauges",
@@ -440,6 +469,36 @@ class Telemetry:
             unit="{operation}",
             description="Due rows that cannot be claimed now, by reason, job type and tenant hash",
         )
+
+        if outbox is not None:
+            self._meter.create_observable_gauge(
+                n.METRIC_OUTBOX_PENDING,
+                [partial(self._observe_outbox, 0)],
+                unit="{message}",
+                description="Outbox messages committed and not sent yet, per destination",
+            )
+            self._meter.create_observable_gauge(
+                n.METRIC_OUTBOX_OLDEST,
+                [partial(self._observe_outbox, 1)],
+                unit="s",
+                description="Age of the oldest unsent outbox message, per destination",
+            )
+            self._meter.create_observable_gauge(
+                n.METRIC_OUTBOX_PARKED,
+                [partial(self._observe_outbox, 2)],
+                unit="{message}",
+                description="Outbox messages the relay gave up on, per destination",
+            )
+
+    def _observe_outbox(self, field: int, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._stats_lock:
+            backlog = dict(self._outbox) if self._outbox is not None else None
+        if backlog is None:
+            return []
+        return [
+            Observation(values[field], {n.LABEL_DESTINATION: destination})
+            for destination, values in sorted(backlog.items())
+        ]
 
     def stop_observing(self) -> None:
         with self._stats_lock:

@@ -135,7 +135,7 @@ DECLARE
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
                                     'rate_wait', 'erased_operation', 'shadow_operation',
-                                    'shadow_delivery'];
+                                    'shadow_delivery', 'outbox_message', 'outbox_relay'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
@@ -231,6 +231,10 @@ BEGIN
                        -- shadow subscriptions: written by their inbox, cleared by `shadow clear`
                        ('shadow_operation', 'bridge', 'SELECT, INSERT, DELETE'),
                        ('shadow_delivery', 'bridge', 'SELECT, INSERT, DELETE'),
+                       -- the outbox: written in class A transactions, marked by the relay,
+                       -- purged by retention; the relay's lease and fence per destination
+                       ('outbox_message', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       ('outbox_relay', 'bridge', 'SELECT, INSERT, UPDATE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -244,6 +248,8 @@ BEGIN
                        ('shadow_operation', 'operator', 'SELECT'),
                        ('shadow_delivery', 'operator', 'SELECT'),
                        ('erased_operation', 'operator', 'SELECT'),
+                       ('outbox_message', 'operator', 'SELECT'),
+                       ('outbox_relay', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
@@ -259,6 +265,8 @@ BEGIN
                        ('shadow_operation', 'console', 'SELECT'),
                        ('shadow_delivery', 'console', 'SELECT'),
                        ('erased_operation', 'console', 'SELECT'),
+                       ('outbox_message', 'console', 'SELECT'),
+                       ('outbox_relay', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
@@ -267,6 +275,7 @@ BEGIN
                        ('rate_wait', 'tenant', 'SELECT'),
                        ('shadow_operation', 'tenant', 'SELECT'),
                        ('shadow_delivery', 'tenant', 'SELECT'),
+                       ('outbox_message', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));

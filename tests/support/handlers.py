@@ -31,6 +31,7 @@ import json
 import os
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -160,3 +161,40 @@ class SteadyProgress(ConditionalWriteHandler):
             self._release.wait(STALL_LIMIT_SECONDS)
         ctx.progress()  # the lease is gone: this raises LeaseLost and the attempt ends
         raise LeaseLost(ctx.tenant_id, ctx.operation_id, ctx.fence, "stall")
+
+
+#: the outbox destination :class:`RecordAndPublish` publishes to
+ANNOUNCEMENTS = "announcements"
+
+
+class RecordAndPublish(SameDatabaseHandler):
+    """Class A: one ``test_effect`` row and one outbox message, in the fenced transaction.
+
+    The message's attributes name its tenant and the job type ``announced``, so a fencebridge
+    subscription on the destination can take it in (its operation id: the message id). With
+    ``{"pause_on_attempt": N}`` attempt N says ``published fence=F`` on stdout once the
+    message is written and then sleeps inside the transaction, for a test to pause the process
+    there. Its transaction deadline is short so a paused run's transaction ends soon.
+    """
+
+    deadline = timedelta(seconds=3)
+
+    def handle(self, ctx: Context, tx: Connection) -> Success:
+        tx.execute(
+            EFFECT_INSERT,
+            {
+                "tenant_id": ctx.tenant_id,
+                "operation_id": ctx.operation_id,
+                "fence": ctx.fence,
+                "attempt": ctx.attempt,
+            },
+        )
+        ctx.outbox.publish(
+            ANNOUNCEMENTS,
+            json.dumps({"operation": ctx.operation_id, "fence": ctx.fence}),
+            attributes={"tenant_id": ctx.tenant_id, "job_type": "announced"},
+        )
+        if instructions(ctx).get("pause_on_attempt") == ctx.attempt:
+            print(f"published fence={ctx.fence}", flush=True)
+            time.sleep(STALL_LIMIT_SECONDS)
+        return Success("recorded")

@@ -91,6 +91,8 @@ def test_the_example_loads_with_what_it_says() -> None:
     assert PubSubSettings.of(sms).subscription == "projects/acme-prod/subscriptions/sms-requests"
     assert PubSubSettings.of(sms).flow_control.max_bytes == 104857600
     assert sms.decode.tenant_id == FieldSource(SourceKind.VALUE, "acme")
+    assert set(loaded.outbox) == {"ledger_events"}
+    assert loaded.outbox["ledger_events"].sink == "sqs"
 
 
 def test_the_example_mentions_every_key() -> None:
@@ -103,6 +105,7 @@ def test_the_example_mentions_every_key() -> None:
         PubSubSettings,
         FlowControl,
         config.DecodeConfig,
+        config.DestinationConfig,
     )
     keys = {name for cls in sections for name in cls.model_fields}
     # Set (or shown commented out) as `key = `, inside an inline table, or as a section `[...key]`.
@@ -685,3 +688,39 @@ def test_the_reference_documents_every_key_with_its_default() -> None:
                 assert f"`{info.default!r}`" in entry, name
     assert "default `5` (class `D`: `1`)" in reference
     assert "a producer that resends after\na timeout gets a new message id" in reference
+
+
+# -- outbox destinations -------------------------------------------------------------------------
+
+OUTBOX = """
+[outbox.ledger_events]
+sink = "sqs"
+address = "https://sqs.eu-west-1.amazonaws.com/123456789012/ledger-events"
+"""
+
+
+def test_an_outbox_destination_takes_its_defaults() -> None:
+    loaded = parse_config(BASE + OUTBOX, file="bridge.toml")
+    destination = loaded.outbox["ledger_events"]
+    assert (destination.sink, destination.batch, destination.max_attempts) == ("sqs", 10, 10)
+    assert parse_config(BASE, file="bridge.toml").outbox == {}
+
+
+def test_an_outbox_destination_names_a_sink_that_is_installed() -> None:
+    text = message(BASE + OUTBOX.replace('sink = "sqs"', 'sink = "kafka"'))
+    assert "bridge.toml: outbox.ledger_events.sink: no sink 'kafka' is installed" in text
+    assert "'pubsub'" in text
+
+
+def test_every_problem_of_outbox_destinations_is_reported_at_once() -> None:
+    text = message(
+        BASE
+        + OUTBOX.replace('sink = "sqs"', 'sink = "sqs"\nretry_initial_seconds = 9.0')
+        + '\n[outbox."bad name"]\nsink = "sqs"\naddress = "x"\n'
+        + '\n[outbox.missing]\nsink = "sqs"\n'
+    )
+    assert "outbox.ledger_events.retry_initial_seconds: must not be above retry_max_seconds" in (
+        text
+    )
+    assert 'outbox."bad name": an outbox destination name is' in text
+    assert "outbox.missing.address" in text

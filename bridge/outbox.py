@@ -1,0 +1,236 @@
+"""The transactional outbox: messages a class A handler publishes with its business write.
+
+Inside ``handle(ctx, tx)`` a handler calls ``ctx.outbox.publish(destination, body, ...)``. The
+message is inserted on ``tx``, the transaction that holds the work row under its fence, so it
+commits with the business write and the completion or not at all: a stale worker's transaction
+never commits, and its messages go with it. Nothing is sent from the handler; the relay
+(:mod:`bridge.relay`) sends committed messages afterwards.
+
+A message's id is deterministic: the operation's opaque idempotency key and the message's number
+within the run (``fb1_....1``, ``fb1_....2``, in the order the handler publishes). A run that is
+retried publishes the same ids again, so a retry never makes more messages, and every copy the
+relay may send carries the same id: consumers deduplicate on it (SQS FIFO queues by
+``MessageDeduplicationId``, everything else by the ``fencebridge-message-id`` attribute). The
+id carries no raw tenant or operation identifier.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from psycopg.types.json import Jsonb
+
+from bridge import sql
+from bridge.telemetry.propagation import valid_traceparent
+
+if TYPE_CHECKING:
+    from bridge.database import Connection
+
+#: the attribute every sent message carries its id in (consumers deduplicate on it)
+MESSAGE_ID_ATTRIBUTE: Final = "fencebridge-message-id"
+#: the attribute the writing run's trace context travels in (W3C Trace Context)
+TRACEPARENT_ATTRIBUTE: Final = "traceparent"
+#: attributes the relay sets itself; a handler may not
+RESERVED_ATTRIBUTES: Final = frozenset({MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE})
+#: a handler's own attributes per message: SQS and SNS carry 10, two are the relay's
+MAX_ATTRIBUTES: Final = 8
+#: SQS FIFO's MessageGroupId limit, the shortest of the brokers'
+MAX_ORDERING_KEY: Final = 128
+#: SQS's and SNS's message size limit (256 KiB), the smallest of the brokers'
+MAX_BODY_BYTES: Final = 262_144
+_ATTRIBUTE_NAME: Final = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+_propagator = TraceContextTextMapPropagator()
+
+
+class OutboxError(ValueError):
+    """A message a handler tried to publish that cannot be recorded as it is.
+
+    A ``ValueError``: an uncaught one ends the run as a terminal failure (rolled back, nothing
+    published), since retrying the same input changes nothing.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A committed message as the relay reads it."""
+
+    message_id: str
+    tenant_id: str
+    operation_id: str
+    body: bytes
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    ordering_key: str | None = None
+    #: W3C traceparent of the run that wrote it
+    trace_context: str | None = None
+    #: sends of it that failed so far
+    attempts: int = 0
+
+    def sent_attributes(self) -> dict[str, str]:
+        """The handler's attributes plus the relay's own: the id and the trace context."""
+        sent = dict(self.attributes)
+        sent[MESSAGE_ID_ATTRIBUTE] = self.message_id
+        if self.trace_context:
+            sent[TRACEPARENT_ATTRIBUTE] = self.trace_context
+        return sent
+
+
+def current_traceparent() -> str | None:
+    """The active span's context as a traceparent (the run's process span), if there is one."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return valid_traceparent(carrier.get("traceparent"))
+
+
+class RunIdentity(Protocol):
+    """What the outbox reads of the run's context (:class:`bridge.handlers.Context`)."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def operation_id(self) -> str: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def idempotency_key(self) -> str: ...
+
+
+class Outbox:
+    """``ctx.outbox`` of one class A run: publishes into the run's fenced transaction."""
+
+    def __init__(
+        self,
+        tx: Connection,
+        ctx: RunIdentity,
+        *,
+        destinations: frozenset[str] | None = None,
+        trace_context: str | None = None,
+    ) -> None:
+        self._tx = tx
+        self._ctx = ctx
+        self._destinations = destinations
+        self._trace_context = trace_context
+        self._count = 0
+
+    def publish(
+        self,
+        destination: str,
+        body: bytes | str,
+        *,
+        attributes: Mapping[str, str] | None = None,
+        ordering_key: str | None = None,
+    ) -> str:
+        """Record a message to ``destination`` in this transaction; returns its id.
+
+        It is sent after the transaction commits, by the relay, and only if it commits.
+        ``ordering_key`` keeps messages with the same key in order (SQS FIFO message group,
+        Pub/Sub ordering key); a destination without ordering ignores it.
+        """
+        data = _body(body)
+        attrs = _attributes(attributes or {})
+        if self._destinations is not None and destination not in self._destinations:
+            known = ", ".join(sorted(self._destinations)) or "none configured"
+            raise OutboxError(
+                f"no outbox destination {destination!r} (configured: {known}); add "
+                f"[outbox.{destination}] to the configuration"
+            )
+        if ordering_key is not None and not 0 < len(ordering_key) <= MAX_ORDERING_KEY:
+            raise OutboxError(f"an ordering key is 1 to {MAX_ORDERING_KEY} characters")
+        ctx = self._ctx
+        prefix = ctx.idempotency_key  # derived on first use: most runs never publish
+        if not prefix:
+            raise OutboxError("the outbox needs the operation's idempotency key for message ids")
+        self._count += 1
+        message_id = f"{prefix}.{self._count}"
+        self._tx.execute(
+            sql.statement("outbox_publish"),
+            {
+                "message_id": message_id,
+                "tenant_id": ctx.tenant_id,
+                "operation_id": ctx.operation_id,
+                "fence": ctx.fence,
+                "destination": destination,
+                "body": data,
+                "attributes": Jsonb(attrs),
+                "ordering_key": ordering_key,
+                "trace_context": current_traceparent() or self._trace_context,
+            },
+        )
+        return message_id
+
+    @property
+    def published(self) -> int:
+        """Messages this run has recorded so far."""
+        return self._count
+
+
+class NoOutbox:
+    """``ctx.outbox`` outside a class A transaction: there is no transaction to publish in."""
+
+    def publish(
+        self,
+        destination: str,
+        body: bytes | str,
+        *,
+        attributes: Mapping[str, str] | None = None,
+        ordering_key: str | None = None,
+    ) -> str:
+        raise OutboxError(
+            "ctx.outbox publishes only inside a class A handler's handle(ctx, tx): the message "
+            "must commit in the transaction of the business write"
+        )
+
+
+#: the one ``ctx.outbox`` of every context outside a class A transaction (it holds nothing)
+NO_OUTBOX: Final = NoOutbox()
+
+
+def _body(body: bytes | str) -> bytes:
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise OutboxError(f"a message body is bytes or str, not {type(body).__name__}")
+    data = bytes(body)
+    if not data:
+        raise OutboxError("a message body may not be empty (SQS and SNS refuse one)")
+    if len(data) > MAX_BODY_BYTES:
+        raise OutboxError(f"a message body is at most {MAX_BODY_BYTES} bytes, not {len(data)}")
+    return data
+
+
+def _attributes(attributes: Mapping[str, str]) -> dict[str, str]:
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise OutboxError(f"a message carries at most {MAX_ATTRIBUTES} attributes of its own")
+    checked: dict[str, str] = {}
+    for name, value in attributes.items():
+        if not isinstance(name, str) or not _ATTRIBUTE_NAME.match(name):
+            raise OutboxError(
+                f"attribute name {name!r}: 1 to 256 of letters, digits, '_', '-' and '.'"
+            )
+        if name in RESERVED_ATTRIBUTES or name.lower().startswith(("aws.", "amazon.", "goog")):
+            raise OutboxError(f"attribute {name!r} is reserved")
+        if not isinstance(value, str) or not value:
+            raise OutboxError(f"attribute {name!r}: a value is a non-empty string")
+        checked[name] = value
+    return checked
+
+
+def message_from_row(row: tuple[Any, ...]) -> OutboxMessage:
+    """An ``outbox_pending`` row as a message."""
+    message_id, tenant_id, operation_id, body, attributes, ordering_key, trace, attempts = row
+    if isinstance(attributes, str):  # a driver without the jsonb loader
+        attributes = json.loads(attributes)
+    return OutboxMessage(
+        message_id=message_id,
+        tenant_id=tenant_id,
+        operation_id=operation_id,
+        body=bytes(body),
+        attributes=dict(attributes or {}),
+        ordering_key=ordering_key,
+        trace_context=trace,
+        attempts=int(attempts),
+    )

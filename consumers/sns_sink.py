@@ -1,0 +1,62 @@
+"""The ``sns`` outbox sink: publishes a destination's messages to an SNS topic.
+
+Like the ``sqs`` sink (whose batching it shares): every message carries its id in the
+``fencebridge-message-id`` attribute and its trace context in ``traceparent``; a FIFO topic (a
+``.fifo`` ARN) also gets ``MessageDeduplicationId`` = the message id and ``MessageGroupId`` =
+the ordering key (or the operation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bridge.config.model import DestinationConfig
+from bridge.errors import ConfigError
+from bridge.outbox import OutboxMessage
+from bridge.sinks import Refused, SinkAdapter
+from consumers.sqs_sink import aws_client, group_of, send_batches, string_attributes, text_body
+
+
+class SnsSink:
+    """Publishes to one topic (``address``: its ARN)."""
+
+    def __init__(self, client: Any, topic_arn: str) -> None:
+        self._client = client
+        self._topic_arn = topic_arn
+        self.fifo = topic_arn.endswith(".fifo")
+
+    def _entry(self, message: OutboxMessage) -> dict[str, Any] | Refused:
+        body = text_body(message)
+        if isinstance(body, Refused):
+            return body
+        entry: dict[str, Any] = {
+            "Message": body,
+            "MessageAttributes": string_attributes(message),
+        }
+        if self.fifo:
+            entry["MessageDeduplicationId"] = message.message_id
+            entry["MessageGroupId"] = group_of(message)
+        return entry
+
+    def _call(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        response = self._client.publish_batch(
+            TopicArn=self._topic_arn, PublishBatchRequestEntries=entries
+        )
+        failed: list[dict[str, Any]] = response.get("Failed", [])
+        return failed
+
+    def send(self, messages: Sequence[OutboxMessage]) -> Mapping[str, Refused]:
+        return send_batches(messages, self._call, self._entry, fifo=self.fifo, service="SNS")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_sink(name: str, config: DestinationConfig) -> SnsSink:
+    if not config.address.startswith("arn:"):
+        raise ConfigError(f"outbox.{name}.address: an sns destination's address is a topic ARN")
+    return SnsSink(aws_client("sns", config), config.address)
+
+
+SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns")
