@@ -8,8 +8,10 @@ batch is nacked so it returns at once instead of after its ack deadline.
 
 Exactly-once delivery is read from the subscription (``GetSubscription``) each time the stream
 opens, never assumed. With it on, the bridge sends its acknowledgements itself, as unary
-``Acknowledge`` calls of up to ``ACK_BATCH`` ack ids on a few call threads, so a writer never
-waits for an answer, and reads the service's answer per ack id:
+``Acknowledge`` calls of up to ``ACK_BATCH`` ack ids, each unanswered batch on a call thread of
+its own (started as needed, bounded by flow control), so a writer never waits for an answer and
+a batch never waits for a thread held by batches that wait for its own ack, and reads the
+service's answer per ack id:
 
 - confirmed: counted ``acked``;
 - ``PERMANENT_FAILURE_INVALID_ACK_ID``: the ack id expired and the service handed the message
@@ -132,9 +134,6 @@ ACK_DEADLINE_MAX: Final = 600
 EXACTLY_ONCE_LEASE_MIN: Final = 60
 #: ack ids per Acknowledge / ModifyAckDeadline call
 ACK_BATCH: Final = 500
-#: acknowledgement batches in flight at once before a writer waits for room
-ACKS_IN_FLIGHT: Final = 16
-ACK_THREADS: Final = 4
 _BACKOFF_MAX: Final = 10.0
 #: seconds a stream must have run for its end to restart the reconnect backoff
 _HEALTHY_STREAM: Final = 60.0
@@ -358,10 +357,13 @@ class PubSubConsumer:
         self._closed = False
 
         self._calls = AckCalls(client, subscription_path)
+        # One call thread per unanswered batch, started as needed: a batch must never wait
+        # for a thread held by batches that wait for its own ack (with message ordering the
+        # service confirms an ack only after the acks of the messages delivered before it).
+        # Flow control bounds them: every batch holds at least one outstanding message.
         self._acks = ThreadPoolExecutor(
-            ACK_THREADS, thread_name_prefix=f"pubsub-{subscription}-ack"
+            max_messages, thread_name_prefix=f"pubsub-{subscription}-ack"
         )
-        self._acks_room = threading.BoundedSemaphore(ACKS_IN_FLIGHT)
         self._holder: Holder[Held] | None = None
         if ack_mode == "after_outcome":
             assert store is not None
@@ -765,16 +767,10 @@ class PubSubConsumer:
             return
         for i in range(0, len(items), ACK_BATCH):
             chunk = list(items[i : i + ACK_BATCH])
-            # Bounded: a writer waits here only while ACKS_IN_FLIGHT batches are unanswered.
-            while not self._acks_room.acquire(timeout=1.0):
-                if self._abandon.is_set():
-                    # Stopped past its deadline: this chunk and every later one come back.
-                    self._drop(items[i:], "ack_unanswered")
-                    return
+            # A writer never waits here: the messages acked are bounded by flow control.
             try:
                 self._acks.submit(self._ack_confirmed, chunk)
             except RuntimeError:  # shut down while stopping
-                self._acks_room.release()
                 self._drop(chunk, "ack_unanswered")
 
     def _ack_confirmed(self, chunk: list[_Received]) -> None:
@@ -805,8 +801,6 @@ class PubSubConsumer:
             self._count("ack_errors")
             log.exception("%s: unexpected error acknowledging", self.subscription)
             self._drop(chunk, "ack_unanswered")
-        finally:
-            self._acks_room.release()
 
     def _drop(self, items: Sequence[_Received], counted_as: str) -> None:
         """Out of the client's lease management: nothing stays leased and unacked."""

@@ -203,8 +203,8 @@ def test_an_exactly_once_backlog_drains_through_two_bridges(
         seen = run_down(bridges, db_url, stream)
 
     assert_settled_once(db_url, stream, effects_per_operation(db_url, "test_effect"))
-    assert seen["ack_unanswered"] == 0
-    assert seen["acked"] >= len(stream.publications) - seen["ack_id_expired"]
+    assert seen["ack_unanswered"] == 0, seen
+    assert seen["acked"] >= len(stream.publications) - seen["ack_id_expired"], seen
     assert drained(emulator, path) == []
 
 
