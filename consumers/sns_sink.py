@@ -15,7 +15,7 @@ from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
 from bridge.sinks import Refused, SinkAdapter
-from consumers.sqs_sink import aws_client, group_of, send_batches, string_attributes, text_body
+from consumers.sqs_sink import aws_client, batch_entry, send_batches
 
 
 class SnsSink:
@@ -27,17 +27,7 @@ class SnsSink:
         self.fifo = topic_arn.endswith(".fifo")
 
     def _entry(self, message: OutboxMessage) -> dict[str, Any] | Refused:
-        body = text_body(message)
-        if isinstance(body, Refused):
-            return body
-        entry: dict[str, Any] = {
-            "Message": body,
-            "MessageAttributes": string_attributes(message),
-        }
-        if self.fifo:
-            entry["MessageDeduplicationId"] = message.message_id
-            entry["MessageGroupId"] = group_of(message)
-        return entry
+        return batch_entry(message, "Message", fifo=self.fifo)
 
     def _call(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         response = self._client.publish_batch(

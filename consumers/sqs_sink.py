@@ -131,6 +131,20 @@ def aws_client(service: Literal["sqs", "sns"], config: DestinationConfig) -> Any
     )
 
 
+def batch_entry(message: OutboxMessage, body_key: str, *, fifo: bool) -> dict[str, Any] | Refused:
+    """One entry of an SQS or SNS batch call (they differ in the body's key): the body as
+    text, the string attributes, and on a FIFO destination the message id as the
+    deduplication id and the ordering key's group."""
+    body = text_body(message)
+    if isinstance(body, Refused):
+        return body
+    entry: dict[str, Any] = {body_key: body, "MessageAttributes": string_attributes(message)}
+    if fifo:
+        entry["MessageDeduplicationId"] = message.message_id
+        entry["MessageGroupId"] = group_of(message)
+    return entry
+
+
 class SqsSink:
     """Sends to one queue (``address``: its URL)."""
 
@@ -140,17 +154,7 @@ class SqsSink:
         self.fifo = queue_url.endswith(".fifo")
 
     def _entry(self, message: OutboxMessage) -> dict[str, Any] | Refused:
-        body = text_body(message)
-        if isinstance(body, Refused):
-            return body
-        entry: dict[str, Any] = {
-            "MessageBody": body,
-            "MessageAttributes": string_attributes(message),
-        }
-        if self.fifo:
-            entry["MessageDeduplicationId"] = message.message_id
-            entry["MessageGroupId"] = group_of(message)
-        return entry
+        return batch_entry(message, "MessageBody", fifo=self.fifo)
 
     def _call(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
