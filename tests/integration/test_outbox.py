@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bridge import keyring
+from bridge import keyring, sql
 from bridge.config.model import DestinationConfig
 from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.demo import invoices
@@ -432,6 +432,13 @@ def test_a_relay_taken_over_has_its_marks_refused_and_the_new_one_sends(
     with pytest.raises(RelayLost):
         outbox.mark(DESTINATION, old, sent=[m.message_id for m in pending], max_attempts=3)
     assert outbox.renew(DESTINATION, old, timedelta(seconds=30)) is False
+    # each mark carries the fence condition itself: run alone under the old fence, none applies
+    ids = [m.message_id for m in pending]
+    base = {"destination": DESTINATION, "fence": old, "ids": ids}
+    assert bench.db.execute(sql.statement("outbox_sent"), base).fetchall() == []
+    assert bench.db.execute(sql.statement("outbox_park"), {**base, "reason": "x"}).fetchall() == []
+    failed = {**base, "error": "x", "max_attempts": 1}
+    assert bench.db.execute(sql.statement("outbox_failed"), failed).fetchall() == []
     assert {m[3] for m in bench.messages()} == {"pending"}
 
     sink = sqs_sink(sqs.endpoint, queue_url)
