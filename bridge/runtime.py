@@ -264,6 +264,7 @@ def open_bridge(
         generic_plans=True,
     )
     store.use_concurrency_limits(config.concurrency_limits())
+    store.use_token_rates(config.token_rates())
     if config.bridge.tenant_fairness:
         store.use_tenant_fairness(config.bridge.tenant_weights)
     try:

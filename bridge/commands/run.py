@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             bridge.telemetry.observe(
                 bridge.store,
                 limits=config.concurrency_limits(),
+                rates=config.token_rates(),
                 outbox=bridge.relay.store.depth if bridge.relay is not None else None,
                 destinations=list(config.outbox),
             )

@@ -1,6 +1,6 @@
 """``fencebridge status``: counts by state per subscription and tenant hash, stalled claims,
 the oldest unknown, the rejected deliveries awaiting a person, and the due rows that wait (over
-a concurrency limit, under a rate limit wait) per job type and tenant hash, and the outbox's
+a concurrency limit, under a rate limit wait or with no token left) per job type and tenant hash, and the outbox's
 backlog per destination (pending messages, the oldest one's age, parked messages)."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
     from bridge.store.operator import OperatorStore
-    from bridge.store.work import ConcurrencyLimit, WaitingCount
+    from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
     from bridge.types import Stats
 
 _STATES = tuple(s.value for s in State)
-#: why a due row is not claimed: over a concurrency limit, under a rate limit wait
+#: why a due row is not claimed: over a concurrency limit, under a rate limit wait or a token
+#: rate with no token left
 _REASONS = ("limit", "rate")
 
 
@@ -33,8 +34,9 @@ def register(commands: Subcommands) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON document instead")
     p.add_argument(
         "--config",
-        help="the bridge's TOML configuration: its job types' concurrency limits decide which "
-        "due rows wait for a slot (without it, only rate limit waits are shown)",
+        help="the bridge's TOML configuration: its job types' concurrency limits and token "
+        "rates decide which due rows wait for a slot or a token (without it, only rate limit "
+        "waits are shown)",
     )
     add_database_flag(p)
     p.set_defaults(run=run)
@@ -42,11 +44,11 @@ def register(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     hasher = identity_hasher()  # refuse before touching the database: status shows hashes only
-    limits = _limits(args.config)
+    limits, rates = _limits(args.config)
     with open_store(args) as store:
         keyed(store, hasher)
         stats = store.stats()
-        waiting = store.waiting(limits)
+        waiting = store.waiting(limits, rates)
         outbox = _outbox(store)
     document = _status_document(stats, hasher)
     document["waiting"] = _waiting_document(waiting, hasher)
@@ -77,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if not document["waiting"]:
         print("due rows waiting: none")
     else:
-        print("due rows waiting (limit: over a concurrency limit; rate: a rate limit wait)")
+        print(
+            "due rows waiting (limit: over a concurrency limit; rate: a rate limit wait or "
+            "no token left)"
+        )
         rows = [
             [w["job_type"], w["tenant"], *(w["reasons"][r] for r in _REASONS)]
             for w in document["waiting"]
@@ -114,13 +119,15 @@ def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
     ]
 
 
-def _limits(path: str | None) -> dict[str, ConcurrencyLimit]:
-    """The configuration's concurrency limits; none without a file (no row waits on one)."""
+def _limits(path: str | None) -> tuple[dict[str, ConcurrencyLimit], dict[str, TokenRate]]:
+    """The configuration's concurrency limits and token rates; none without a file (no row
+    waits on one)."""
     if path is None:
-        return {}
+        return {}, {}
     from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
 
-    return load_config(path).concurrency_limits()
+    config = load_config(path)
+    return config.concurrency_limits(), config.token_rates()
 
 
 def _waiting_document(waiting: list[WaitingCount], hasher: IdentityHasher) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from bridge.decode import FieldSource, PayloadSource, SourceKind, identifier_problem
+from bridge.store.work import Rate
 
 #: the error type of a problem written in our own words (see :func:`invalid`)
 PROBLEM: Final = "fencebridge"
@@ -290,4 +291,30 @@ Payload = Annotated[
     PlainSerializer(str, return_type=str),
     WithJsonSchema({"type": "string", "pattern": "^body(:.*)?$"}),
     Shown(kind="`body` or `body:/json/pointer`"),
+]
+
+
+# -- rates --------------------------------------------------------------------------------------
+
+
+def _rate(raw: object) -> Rate:
+    if isinstance(raw, Rate):
+        return raw
+    if not isinstance(raw, str):
+        raise invalid(
+            'expected a string such as "50/s", "600/min" or "1000/h" (runs per second, minute '
+            f"or hour), got {shown(raw)}"
+        )
+    try:
+        return Rate.parse(raw)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+RateText = Annotated[
+    Rate,
+    PlainValidator(_rate, json_schema_input_type=str),
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": r"^\s*[0-9]+\s*/\s*(s|min|h)\s*$"}),
+    Shown(kind='rate: `"<runs>/s"`, `"<runs>/min"` or `"<runs>/h"`'),
 ]

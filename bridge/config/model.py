@@ -36,6 +36,7 @@ from bridge.config.fields import (
     Name,
     OperationSource,
     Payload,
+    RateText,
     Shown,
     Table,
     distinct,
@@ -65,8 +66,10 @@ from bridge.service import (
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     PRIORITY_AGING_DEFAULT,
+    RATE_MAX,
     TOMBSTONE_DAYS_DEFAULT,
     ConcurrencyLimit,
+    TokenRate,
 )
 from bridge.types import TargetClass
 
@@ -436,6 +439,57 @@ class JobConfig(Table):
             """
         ),
     )
+    rate: Annotated[RateText | None, Shown(default="unlimited")] = Field(
+        default=None,
+        description=_doc(
+            """
+            Most runs of this job type started per second, minute or hour, across every
+            bridge process: a token bucket of `burst` tokens, refilled at this rate from the
+            database clock. Every run a claim starts spends a token, a takeover of an expired
+            lease too (it calls the target again); the claim statements count and spend them
+            in the database, under the same lock per job type as `concurrency`, so two
+            processes never both spend the last token. A row with no token for it stays
+            queued, uses no attempt and holds no worker; `fencebridge status` counts it as
+            waiting for `rate`. Every process claiming the job type must set the same rate.
+            """
+        ),
+    )
+    burst: Annotated[StrictInt | None, Shown(default="one second of `rate`, at least 1")] = (
+        Field(
+            default=None,
+            ge=1,
+            le=RATE_MAX,
+            description=_doc(
+                """
+                Most runs of this job type started at once when its bucket is full: in any
+                window of `w` seconds, at most `burst + rate × w` runs start. Only with `rate`.
+                """
+            ),
+        )
+    )
+    rate_per_tenant: Annotated[RateText | None, Shown(default="unlimited")] = Field(
+        default=None,
+        description=_doc(
+            """
+            Most runs of this job type and one tenant started per second, minute or hour,
+            across every bridge process: a bucket per tenant, counted like `rate` and together
+            with it (a run spends a token of both). At most `rate` when both are set.
+            """
+        ),
+    )
+    burst_per_tenant: Annotated[
+        StrictInt | None, Shown(default="one second of `rate_per_tenant`, at least 1")
+    ] = Field(
+        default=None,
+        ge=1,
+        le=RATE_MAX,
+        description=_doc(
+            """
+            Most runs of this job type and one tenant started at once when the tenant's bucket
+            is full. Only with `rate_per_tenant`; at most `burst` when both are set.
+            """
+        ),
+    )
     priority: StrictInt = Field(
         default=0,
         ge=PRIORITY_MIN,
@@ -492,12 +546,52 @@ class JobConfig(Table):
                 f"job type, got {self.concurrency_per_tenant}",
                 key=("concurrency_per_tenant",),
             )
+        self._rates_consistent()
         return self
+
+    def _rates_consistent(self) -> None:
+        for burst, rate, name in (
+            (self.burst, self.rate, "rate"),
+            (self.burst_per_tenant, self.rate_per_tenant, "rate_per_tenant"),
+        ):
+            if burst is not None and rate is None:
+                raise invalid(
+                    f"a burst needs its rate: set {name} too, or leave the burst out",
+                    key=(f"burst{name.removeprefix('rate')}",),
+                )
+        if (
+            self.rate is not None
+            and self.rate_per_tenant is not None
+            and self.rate_per_tenant.per_second > self.rate.per_second
+        ):
+            raise invalid(
+                f"must be at most rate ({self.rate}), the rate of the whole job type, got "
+                f"{self.rate_per_tenant}",
+                key=("rate_per_tenant",),
+            )
+        total, tenant = self.token_rate.buckets()[2], self.token_rate.buckets()[5]
+        if total is not None and tenant is not None and tenant > total:
+            raise invalid(
+                f"must be at most burst ({total}"
+                f"{'' if self.burst is not None else ', one second of rate'}), the burst of "
+                f"the whole job type, got {tenant}",
+                key=("burst_per_tenant",),
+            )
 
     @property
     def concurrency_limit(self) -> ConcurrencyLimit:
         """The job type's concurrency limits as the store's claims take them."""
         return ConcurrencyLimit(total=self.concurrency, per_tenant=self.concurrency_per_tenant)
+
+    @property
+    def token_rate(self) -> TokenRate:
+        """The job type's token rates as the store's claims take them."""
+        return TokenRate(
+            total=self.rate,
+            burst=self.burst,
+            per_tenant=self.rate_per_tenant,
+            burst_per_tenant=self.burst_per_tenant,
+        )
 
 
 def _number(value: float) -> str:
@@ -993,6 +1087,12 @@ class BridgeConfig:
             name: job.concurrency_limit
             for name, job in self.jobs.items()
             if job.concurrency_limit.limited
+        }
+
+    def token_rates(self) -> dict[str, TokenRate]:
+        """The job types with a token rate, as the store's claims take them."""
+        return {
+            name: job.token_rate for name, job in self.jobs.items() if job.token_rate.limited
         }
 
     def decode_rules(self, subscription: str) -> DecodeRules:

@@ -57,9 +57,14 @@ class OperatorStore(KeyedStore, Protocol):
         """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
         ...
 
-    def waiting(self, limits: Mapping[str, ConcurrencyLimit] | None = None) -> list[WaitingCount]:
+    def waiting(
+        self,
+        limits: Mapping[str, ConcurrencyLimit] | None = None,
+        rates: Mapping[str, TokenRate] | None = None,
+    ) -> list[WaitingCount]:
         """Due queued rows not claimable now (over a concurrency limit of ``limits``, under a
-        rate limit wait), per job type, tenant and reason: what ``fencebridge status`` shows."""
+        rate limit wait, with no whole token left under a rate of ``rates``), per job type,
+        tenant and reason: what ``fencebridge status`` shows."""
         ...
 
     def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:

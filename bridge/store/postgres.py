@@ -80,6 +80,7 @@ from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     TOMBSTONE_DAYS_DEFAULT,
     ConcurrencyLimit,
+    TokenRate,
     QuotaDeferred,
     Settlement,
     WaitingCount,
@@ -188,6 +189,8 @@ class PostgresStore:
         self._erased_hashes: ErasedHashes | None = None
         #: set by :meth:`use_concurrency_limits`: the limited job types, read by the claims
         self._concurrency: dict[str, ConcurrencyLimit] = {}
+        #: set by :meth:`use_token_rates`: the rate-limited job types, read by the claims
+        self._rates: dict[str, TokenRate] = {}
         #: set by :meth:`use_tenant_fairness`: claims take tenants in turn (claim_fair.sql)
         self._fair: _FairWalk | None = None
 
@@ -248,24 +251,36 @@ class PostgresStore:
         given). Concurrency-limited claims keep the order rows became due."""
         self._fair = _FairWalk(dict(weights or {}))
 
-    def _claim_statement(self, slots: Jsonb | None, limit: int) -> tuple[str, dict[str, Any]]:
+    def use_token_rates(self, rates: Mapping[str, TokenRate]) -> None:
+        """Claim rows of these job types only within their token rates: every run a claim
+        starts (a takeover too) spends a token of its job type's bucket and of its (job type,
+        tenant)'s, kept in the database (migration 0018). Every process claiming a job type
+        must carry the same rates, as for the concurrency limits."""
+        self._rates = {job: rate for job, rate in rates.items() if rate.limited}
+
+    def _claim_statement(self, limits: _Limits | None, limit: int) -> tuple[str, dict[str, Any]]:
         """The claim statement for these limits and its extra parameters."""
-        if slots is not None:
+        if limits is not None:
             return sql.with_limit("claim_limited", limit), {}
         if self._fair is not None:
             return sql.with_limit("claim_fair", limit), self._fair.params()
         return sql.with_limit("claim", limit), {}
 
-    def _slots(self, job_types: Sequence[str] | None) -> Jsonb | None:
-        """The ``%(slots)s`` of a claim: the limits of the job types it may claim, or None
-        (the limit check is skipped) when none of them is limited."""
-        wanted = self._concurrency if job_types is None else job_types
-        limits = {
+    def _limits(self, job_types: Sequence[str] | None) -> _Limits | None:
+        """The ``%(slots)s`` and ``%(rates)s`` of a claim: the concurrency limits and the token
+        rates of the job types it may claim, or None (claim.sql, no limit check) when none of
+        them is limited."""
+        concurrency = self._concurrency if job_types is None else job_types
+        slots = {
             job: [self._concurrency[job].total, self._concurrency[job].per_tenant]
-            for job in wanted
+            for job in concurrency
             if job in self._concurrency
         }
-        return Jsonb(limits) if limits else None
+        rated = self._rates if job_types is None else job_types
+        rates = {job: self._rates[job].buckets() for job in rated if job in self._rates}
+        if not slots and not rates:
+            return None
+        return _Limits(Jsonb(slots) if slots else None, Jsonb(rates) if rates else None)
 
     @contextmanager
     def _connection(self, action: str) -> Iterator[Connection]:
@@ -559,8 +574,8 @@ class PostgresStore:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
         if limit < 1:
             return []
-        slots = self._slots(job_types)
-        text, extra = self._claim_statement(slots, limit)
+        limits = self._limits(job_types)
+        text, extra = self._claim_statement(limits, limit)
         with self._connection("claim") as conn:
             rows = conn.execute(
                 text,
@@ -568,7 +583,7 @@ class PostgresStore:
                     **_claim_params(worker, limit, lease, job_types, self._now()),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    "slots": slots,
+                    **_limit_params(limits),
                     **extra,
                 },
             ).fetchall()
@@ -581,11 +596,11 @@ class PostgresStore:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
         if not keys:
             return []
-        slots = self._slots(None)
+        limits = self._limits(None)
         with self._connection("claim") as conn:
             rows = conn.execute(
                 sql.with_limit("claim_keys", len(keys))
-                if slots is None
+                if limits is None
                 else sql.statement("claim_keys_limited"),
                 {
                     **_keys_params(keys),
@@ -593,7 +608,7 @@ class PostgresStore:
                     "lease": lease,
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    "slots": slots,
+                    **_limit_params(limits),
                     "now": self._now(),
                 },
             ).fetchall()
@@ -730,19 +745,19 @@ class PostgresStore:
         step = per_statement or limit
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
-        slots = self._slots(job_types)
+        limits = self._limits(job_types)
         with self._connection("settle and claim") as conn, conn.transaction():
             moved = conn.execute(
                 sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
             ).fetchall()
             claims: list[Claim] = []
             for n in limits:
-                text, extra = self._claim_statement(slots, n)
+                text, extra = self._claim_statement(limits, n)
                 params = {
                     **_claim_params(worker, n, lease, job_types, now),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    "slots": slots,
+                    **_limit_params(limits),
                     **extra,
                 }
                 got = [_claim(r) for r in conn.execute(text, params).fetchall()]
@@ -1335,22 +1350,47 @@ class PostgresStore:
             finding=finding,
         )
 
-    # -- concurrency limits ------------------------------------------------------------------
+    # -- concurrency limits and token rates -----------------------------------------------------
 
-    def waiting(self, limits: Mapping[str, ConcurrencyLimit] | None = None) -> list[WaitingCount]:
+    def waiting(
+        self,
+        limits: Mapping[str, ConcurrencyLimit] | None = None,
+        rates: Mapping[str, TokenRate] | None = None,
+    ) -> list[WaitingCount]:
         """Queued rows that are due and yet not claimable, per job type, tenant and reason:
-        ``rate`` (a rate limit wait) or ``limit`` (over a concurrency limit of ``limits``, or
-        of the store's own limits when not given). A row waiting for both counts as ``rate``."""
+        ``rate`` (a rate limit wait, or no whole token in a bucket of ``rates``) or ``limit``
+        (over a concurrency limit of ``limits``); the store's own limits and rates where not
+        given. A row waiting for both counts as ``rate``."""
         given = self._concurrency if limits is None else limits
         slots = {
             job: [limit.total, limit.per_tenant] for job, limit in given.items() if limit.limited
         }
+        rated = self._rates if rates is None else rates
+        buckets = {job: rate.buckets() for job, rate in rated.items() if rate.limited}
         with self._connection("waiting") as conn:
             rows = conn.execute(
                 sql.statement("waiting"),
-                {"slots": Jsonb(slots) if slots else None, "now": self._now()},
+                {
+                    "slots": Jsonb(slots) if slots else None,
+                    "rates": Jsonb(buckets) if buckets else None,
+                    "now": self._now(),
+                },
             ).fetchall()
         return [WaitingCount(job, tenant, reason, int(n)) for job, tenant, reason, n in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """A limited claim's ``%(slots)s`` and ``%(rates)s`` (None where it has none)."""
+
+    slots: Jsonb | None
+    rates: Jsonb | None
+
+
+def _limit_params(limits: _Limits | None) -> dict[str, Any]:
+    if limits is None:
+        return {"slots": None, "rates": None}
+    return {"slots": limits.slots, "rates": limits.rates}
 
 
 def _selection_params(selection: RedriveFilter) -> dict[str, Any]:

@@ -10,11 +10,13 @@ test implements only the methods its code calls.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from bridge.types import Claim, Delivery, IngestResult, Key, Rejection, State, Stats, Ticket
 
@@ -68,10 +70,93 @@ class ConcurrencyLimit:
         return self.total is not None or self.per_tenant is not None
 
 
+#: the periods a rate may be written per, and their length in seconds
+RATE_PERIODS: Final = {"s": 1, "min": 60, "h": 3600}
+#: the most runs a rate allows per period, and the largest burst
+RATE_MAX: Final = 1_000_000
+_RATE = re.compile(r"^([0-9]+)/(s|min|h)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``count`` runs per period of ``period`` seconds (1, 60 or 3600), written ``"50/s"``,
+    ``"600/min"`` or ``"1000/h"``."""
+
+    count: int
+    period: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= RATE_MAX:
+            raise ValueError(f"a rate's count is from 1 to {RATE_MAX}, not {self.count}")
+        if self.period not in RATE_PERIODS.values():
+            raise ValueError(f"a rate is per second, minute or hour, not per {self.period} s")
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        """``"<count>/s"``, ``"<count>/min"`` or ``"<count>/h"``; ValueError otherwise."""
+        found = _RATE.match(text.replace(" ", ""))
+        if found is None:
+            raise ValueError(
+                'expected a whole number of runs per second, minute or hour, such as "50/s", '
+                f'"600/min" or "1000/h", got {text!r}'
+            )
+        return cls(int(found.group(1)), RATE_PERIODS[found.group(2)])
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.period
+
+    def second(self) -> int:
+        """One second of this rate, in whole runs, at least 1: the default burst."""
+        return max(1, -(-self.count // self.period))
+
+    def __str__(self) -> str:
+        unit = next(u for u, seconds in RATE_PERIODS.items() if seconds == self.period)
+        return f"{self.count}/{unit}"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRate:
+    """At most ``burst`` runs of a job type at once and ``total`` after that, and
+    ``burst_per_tenant`` and ``per_tenant`` of one (job type, tenant), across every process
+    (``None``: no such rate; a burst is given with its rate). The claim statements keep one
+    token bucket per key in the database, so every process claiming the job type must carry
+    the same."""
+
+    total: Rate | None = None
+    burst: int | None = None
+    per_tenant: Rate | None = None
+    burst_per_tenant: int | None = None
+
+    def __post_init__(self) -> None:
+        for rate, burst, name in (
+            (self.total, self.burst, "burst"),
+            (self.per_tenant, self.burst_per_tenant, "burst_per_tenant"),
+        ):
+            if burst is not None and (rate is None or not 1 <= burst <= RATE_MAX):
+                raise ValueError(f"{name} is from 1 to {RATE_MAX}, with its rate; not {burst}")
+
+    @property
+    def limited(self) -> bool:
+        return self.total is not None or self.per_tenant is not None
+
+    def buckets(self) -> list[int | None]:
+        """The rates as the claims pass them: [count, period in microseconds, burst] of the
+        job type, then of each tenant (None where absent)."""
+        out: list[int | None] = []
+        for rate, burst in ((self.total, self.burst), (self.per_tenant, self.burst_per_tenant)):
+            if rate is None:
+                out += [None, None, None]
+            else:
+                out += [rate.count, rate.period * 1_000_000, burst or rate.second()]
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class WaitingCount:
     """Queued rows that are due but not claimable, by why: ``limit`` (their job type or
-    (job type, tenant) holds all its concurrency slots) or ``rate`` (a rate limit wait)."""
+    (job type, tenant) holds all its concurrency slots) or ``rate`` (a rate limit wait, or no
+    whole token left in the bucket of their job type or (job type, tenant))."""
 
     job_type: str
     tenant_id: str
@@ -152,6 +237,11 @@ class WorkStore(KeyedStore, Protocol):
 
     def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
         """Claim rows of these job types only within their concurrency limits, which the claim
+        statements enforce in the database across every process that carries them."""
+        ...
+
+    def use_token_rates(self, rates: Mapping[str, TokenRate]) -> None:
+        """Claim rows of these job types only within their token rates, which the claim
         statements enforce in the database across every process that carries them."""
         ...
 

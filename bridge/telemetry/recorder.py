@@ -30,7 +30,7 @@ from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, Sta
 
 if TYPE_CHECKING:
     from bridge.decode import RawDelivery
-    from bridge.store.work import ConcurrencyLimit, WaitingCount
+    from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
     from bridge.types import Stats as _Stats
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ class GaugeSource(Protocol):
     def stats(self) -> _Stats: ...
 
     def waiting(
-        self, limits: Mapping[str, ConcurrencyLimit] | None = None
+        self,
+        limits: Mapping[str, ConcurrencyLimit] | None = None,
+        rates: Mapping[str, TokenRate] | None = None,
     ) -> list[WaitingCount]: ...
 
 
@@ -392,9 +394,11 @@ class Telemetry:
         limits: Mapping[str, ConcurrencyLimit] | None = None,
         outbox: Callable[[], Sequence[OutboxBacklog]] | None = None,
         destinations: Sequence[str] = (),
+        rates: Mapping[str, TokenRate] | None = None,
     ) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.
-        ``limits``: the concurrency limits the bridge claims under (for the waiting gauge);
+        ``limits`` and ``rates``: the concurrency limits and token rates the bridge claims
+        under (for the waiting gauge; the store's own where not given);
         ``outbox`` reads the outbox backlog of the configured ``destinations`` (each is
         reported, 0 when it has nothing pending).
 
@@ -411,7 +415,7 @@ class Telemetry:
         def refresh() -> None:
             try:
                 stats = store.stats()
-                waiting = store.waiting(limits)
+                waiting = store.waiting(limits, rates)
                 backlog = list(outbox()) if outbox is not None else []
             except Exception:
                 with self._stats_lock:

@@ -250,7 +250,7 @@ def test_without_a_limit_for_the_claimed_job_types_the_check_is_skipped(
 ) -> None:
     store.use_concurrency_limits({"notify": ConcurrencyLimit(total=1)})
     store.ingest([delivery(f"op-{i}") for i in range(8)])
-    assert store._slots(["refund"]) is None
+    assert store._limits(["refund"]) is None
     assert len(store.claim("w1", 10, LEASE, job_types=["refund"])) == 8
 
 
@@ -319,7 +319,10 @@ def test_status_shows_due_rows_waiting_by_reason_per_job_type_and_tenant_hash(
         for t, r in sorted([(alpha, {"limit": 2, "rate": 0}), (beta_hash, {"limit": 0, "rate": 2})])
     ]
     table = status("--config", str(example))
-    assert "due rows waiting (limit: over a concurrency limit; rate: a rate limit wait)" in table
+    assert (
+        "due rows waiting (limit: over a concurrency limit; rate: a rate limit wait or no token "
+        "left)" in table
+    )
     assert any(line.split() == ["refund", alpha, "2", "0"] for line in table.splitlines())
     # Without the file, the limits are unknown: only the rate wait is shown.
     document = json.loads(status("--json"))

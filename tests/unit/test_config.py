@@ -142,6 +142,18 @@ def test_class_d_defaults_to_one_attempt() -> None:
     assert PubSubSettings.of(loaded.subscriptions["sms"]).flow_control == FlowControl()
 
 
+def test_token_rates_are_read_with_their_default_bursts() -> None:
+    cfg = parse_config(
+        after(BASE, "[jobs.refund]", 'rate = "90/min"\nrate_per_tenant = " 1 / s "')
+    )
+    rate = cfg.jobs["refund"].token_rate
+    assert (str(rate.total), str(rate.per_tenant)) == ("90/min", "1/s")
+    # a burst defaults to one second of its rate, rounded up, and at least one run
+    assert rate.buckets() == [90, 60_000_000, 2, 1, 1_000_000, 1]
+    assert cfg.token_rates() == {"refund": rate}
+    assert parse_config(BASE).token_rates() == {}
+
+
 def test_integers_are_accepted_where_seconds_are_numbers() -> None:
     text = after(BASE, "[jobs.refund]", "lease_seconds = 90")
     assert parse_config(text).jobs["refund"].lease_seconds == 90.0
@@ -181,7 +193,8 @@ INVALID = [
         after(BASE, "[jobs.refund]", "colour = 1"),
         "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
         "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, "
-        "concurrency, concurrency_per_tenant, priority, owner",
+        "concurrency, concurrency_per_tenant, rate, burst, rate_per_tenant, burst_per_tenant, "
+        "priority, owner",
         id="unknown-key",
     ),
     pytest.param(
@@ -350,6 +363,57 @@ INVALID = [
         "jobs.refund.concurrency_per_tenant: must be at most concurrency (2), the limit of the "
         "whole job type, got 3",
         id="concurrency-per-tenant-within-the-job-type",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "fast"'),
+        'jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as '
+        '"50/s", "600/min" or "1000/h", got \'fast\'',
+        id="rate-spelling",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "2.5/s"'),
+        'jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as '
+        '"50/s", "600/min" or "1000/h", got \'2.5/s\'',
+        id="rate-whole-runs",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "rate = 50"),
+        'jobs.refund.rate: expected a string such as "50/s", "600/min" or "1000/h" (runs per '
+        "second, minute or hour), got 50",
+        id="rate-not-a-number",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "0/s"'),
+        "jobs.refund.rate: a rate's count is from 1 to 1000000, not 0",
+        id="rate-zero",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "burst = 5"),
+        "jobs.refund.burst: a burst needs its rate: set rate too, or leave the burst out",
+        id="burst-without-rate",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "5/s"\nburst = 0'),
+        "jobs.refund.burst: must be from 1 to 1000000, got 0",
+        id="burst-range",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", "burst_per_tenant = 2"),
+        "jobs.refund.burst_per_tenant: a burst needs its rate: set rate_per_tenant too, or "
+        "leave the burst out",
+        id="tenant-burst-without-rate",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "60/min"\nrate_per_tenant = "2/s"'),
+        "jobs.refund.rate_per_tenant: must be at most rate (60/min), the rate of the whole "
+        "job type, got 2/s",
+        id="tenant-rate-within-the-job-type",
+    ),
+    pytest.param(
+        after(BASE, "[jobs.refund]", 'rate = "10/s"\nrate_per_tenant = "5/s"\nburst_per_tenant = 20'),
+        "jobs.refund.burst_per_tenant: must be at most burst (10, one second of rate), the burst "
+        "of the whole job type, got 20",
+        id="tenant-burst-within-the-job-type",
     ),
     pytest.param(
         edit(BASE, 'source = "sqs"\n', ""),

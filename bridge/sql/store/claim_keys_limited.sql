@@ -1,10 +1,13 @@
--- claim_keys.sql with concurrency limits (%(slots)s, never NULL here): the rule and the
--- argument of claim_limited.sql. A takeover keeps its row's slot; a queued key is claimed only within the
--- room fencebridge_concurrency_room counts after taking the limited job types' locks, ranked
--- per job type (j) and per tenant (k) in ingest order. A key over its limit stays queued, no
--- attempt used, and is claimed later by claim_limited.sql once a slot is free.
+-- claim_keys.sql with concurrency limits and token rates (%(slots)s and %(rates)s, not both
+-- NULL): the rule and the argument of claim_limited.sql. A takeover keeps its row's slot and
+-- spends a token; a queued key is claimed only within the room fencebridge_claim_room counts
+-- after taking the limited job types' locks: slots ranked per job type (j) and per tenant (k)
+-- among new claims, tokens per job type (jt) and per tenant (kt) among every run, takeovers
+-- first, then ingest order. A key over a limit stays as it is, no attempt used, and is claimed
+-- later by claim_limited.sql once a slot or a token is free.
 WITH room AS (
-    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
+    SELECT * FROM fencebridge_claim_room(%(slots)s::jsonb, %(rates)s::jsonb,
+                                         coalesce(%(now)s::timestamptz, now()))
 ),
 wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
@@ -33,15 +36,46 @@ locked AS (
        FOR UPDATE OF w SKIP LOCKED
 ),
 candidate AS (
-    SELECT tenant_id, operation_id, takeover
-      FROM (SELECT l.*, row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
+    SELECT tenant_id, operation_id, takeover, job_type
+      FROM (SELECT l.*,
+                   row_number() OVER (PARTITION BY job_type ORDER BY takeover DESC, seq) AS jt,
+                   row_number() OVER (PARTITION BY job_type, tenant_id
+                                      ORDER BY takeover DESC, seq) AS kt,
+                   row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
                    row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
               FROM locked l) l
-     WHERE (takeover OR NOT EXISTS (
+     WHERE NOT EXISTS (
                SELECT 1 FROM room r
                 WHERE r.job_type = l.job_type
                   AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
-                  AND CASE WHEN r.tenant_id IS NULL THEN l.j ELSE l.k END > r.room))
+                  AND (r.tokens OR NOT l.takeover)
+                  AND CASE WHEN r.tokens AND r.tenant_id IS NULL THEN l.jt
+                           WHEN r.tokens THEN l.kt
+                           WHEN r.tenant_id IS NULL THEN l.j
+                           ELSE l.k END > r.room)
+),
+-- the tokens spent, as claim_limited.sql spends them
+spent AS (
+    INSERT INTO token_bucket AS b (job_type, tenant_id, full_at)
+    SELECT s.job_type, s.tenant_id,
+           coalesce(%(now)s::timestamptz, now())
+           + ceil(s.n * s.period / s.per)::bigint * interval '1 microsecond'
+      FROM (SELECT c.job_type, ''::text AS tenant_id, count(*) AS n,
+                   (e.value ->> 1)::numeric AS period, (e.value ->> 0)::numeric AS per
+              FROM candidate c
+              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
+             WHERE e.value ->> 0 IS NOT NULL
+             GROUP BY c.job_type, e.value
+            UNION ALL
+            SELECT c.job_type, c.tenant_id, count(*),
+                   (e.value ->> 4)::numeric, (e.value ->> 3)::numeric
+              FROM candidate c
+              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
+             WHERE e.value ->> 3 IS NOT NULL
+             GROUP BY c.job_type, c.tenant_id, e.value) s
+        ON CONFLICT (job_type, tenant_id) DO UPDATE
+       SET full_at = greatest(b.full_at, coalesce(%(now)s::timestamptz, now()))
+                     + (excluded.full_at - coalesce(%(now)s::timestamptz, now()))
 ),
 claimed AS (
     UPDATE work_item w
@@ -62,21 +96,23 @@ claimed AS (
               (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
               w.identity_key_id
 ),
--- Attempt history: as claim.sql records it (a takeover ends the attempt it takes over, as
--- lease_lost, with that attempt's fence, owner and start read before the update; a takeover
--- is always claimed, whatever the limits).
+-- Attempt history: as claim.sql records it (a takeover claimed ends the attempt it takes
+-- over, as lease_lost, with that attempt's fence, owner and start read before the update; a
+-- takeover left for want of a token is not touched).
 lost AS (
     INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code)
     SELECT l.tenant_id, l.operation_id, 'claim', l.fence, l.lease_owner,
            l.claimed_at, coalesce(%(now)s::timestamptz, now()), 'lease_lost', 'lease_expired'
       FROM locked l
+      JOIN candidate c USING (tenant_id, operation_id)
      WHERE %(history)s::integer > 0
        AND l.takeover
 ),
 trimmed AS (
     DELETE FROM work_attempt a
      USING locked l
+      JOIN candidate c USING (tenant_id, operation_id)
      WHERE %(history)s::integer > 0
        AND l.takeover
        AND 2 * l.fence - 1 > greatest(%(history)s::integer, 2)

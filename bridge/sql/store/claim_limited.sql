@@ -1,26 +1,51 @@
--- claim.sql with concurrency limits: the claim of a process that runs a limited job type. The
--- same rule (due queued rows and expired leases with attempts left, SKIP LOCKED, fence and
--- attempt +1, lease from the database clock, ordered groups, identity keys, rate waits) and
--- the same attempt history, plus the limits (%(slots)s: {"<job_type>": [total, per tenant]}
--- of the limited job types this claim may take; never NULL here).
+-- claim.sql with concurrency limits and token rates: the claim of a process that runs a limited
+-- job type. The same rule (due queued rows and expired leases with attempts left, SKIP LOCKED,
+-- fence and attempt +1, lease from the database clock, ordered groups, identity keys, rate
+-- waits) and the same attempt history, plus the limits (%(slots)s: {"<job_type>": [total, per
+-- tenant]}) and the rates (%(rates)s: {"<job_type>": [count, period_us, burst, tenant count,
+-- tenant period_us, tenant burst]}) of the limited job types this claim may take; either may be
+-- NULL, not both.
 --
 -- A slot is held by a row in state claimed, expired lease or not: a run past its lease may
 -- still be acting, so a takeover (expired) reuses its row's slot and adds none; only a row
--- leaving claimed frees one. A new claim (due) takes a slot only within the room
--- fencebridge_concurrency_room (migration 0011) counts: it first takes the advisory locks of
--- every limited job type of the claim, then counts the claimed rows with a fresh snapshot. Two
--- claimers of one key in different transactions therefore never both take the last slot: the
--- second waits for the first's lock, i.e. for its commit, and its count then includes the
--- first's claims. Claims that take no new slot (takeovers) need no lock. due skips keys with no
--- room left so they do not fill the LIMIT; candidate admits due rows in order while within the
--- room of their job type (rank j) and of their tenant (rank k, or the '' row: a tenant holding
--- nothing). A row over its limit is left as it is: queued, no attempt used.
+-- leaving claimed frees one. A token is spent by every run the claim starts, a takeover too:
+-- a takeover's run is another call to the target, which is what a rate protects. Both are
+-- counted by fencebridge_claim_room (migration 0018): it first takes the advisory locks of
+-- every limited job type of the claim, then counts with a fresh snapshot. Two claimers of one
+-- key in different transactions therefore never both take the last slot or token: the second
+-- waits for the first's lock, i.e. for its commit, and its count then includes the first's
+-- claims and spending. due and taken skip keys with no room left so they do not fill the
+-- LIMIT; ranked admits rows in order (takeovers first, as claim.sql takes them) while within
+-- every room of their key: the slots of their job type (rank j) and tenant (k, or the '' row:
+-- a tenant holding nothing), counted over new claims only, and the tokens of their job type
+-- (jt) and tenant (kt), counted over every run. A row over a limit is left as it is: queued
+-- (or claimed with its lease expired), no attempt used. spent moves the buckets of the keys
+-- claimed; the lock is held until commit, so no other claim reads them in between.
 WITH room AS (
-    SELECT * FROM fencebridge_concurrency_room(%(slots)s::jsonb)
+    SELECT * FROM fencebridge_claim_room(%(slots)s::jsonb, %(rates)s::jsonb,
+                                         coalesce(%(now)s::timestamptz, now()))
 ),
-\i claim_expired
+taken AS (
+    SELECT w.tenant_id, w.operation_id, w.job_type, w.fence, w.lease_owner, w.claimed_at,
+           w.lease_expires_at, w.seq
+      FROM work_item w
+     WHERE w.state = 'claimed'
+       AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+       AND w.attempts < w.max_attempts
+       AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
+       AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
+       AND NOT EXISTS (SELECT 1 FROM rate_wait r
+                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
+                          AND r.until > coalesce(%(now)s::timestamptz, now()))
+       AND NOT EXISTS (SELECT 1 FROM room r
+                        WHERE r.tokens AND r.job_type = w.job_type AND r.room <= 0
+                          AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id)
+     ORDER BY w.lease_expires_at, w.seq
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
 due AS (
-    SELECT w.tenant_id, w.operation_id, w.job_type, w.seq
+    SELECT w.tenant_id, w.operation_id, w.job_type, w.seq, w.claim_order
       FROM work_item w
      WHERE w.state = 'queued'
        AND w.next_attempt_at <= (SELECT coalesce(%(now)s::timestamptz, now()))
@@ -43,17 +68,61 @@ due AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ),
+ranked AS (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY job_type ORDER BY pos) AS jt,
+           row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY pos) AS kt,
+           row_number() OVER (PARTITION BY job_type, takeover ORDER BY pos) AS j,
+           row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY pos) AS k
+      FROM (SELECT t.tenant_id, t.operation_id, t.job_type, true AS takeover,
+                   row_number() OVER (ORDER BY t.lease_expires_at, t.seq) AS pos
+              FROM taken t
+            UNION ALL
+            SELECT d.tenant_id, d.operation_id, d.job_type, false,
+                   %(limit)s + row_number() OVER (ORDER BY d.claim_order, d.seq)
+              FROM due d) c
+),
 candidate AS (
-    SELECT tenant_id, operation_id, true AS takeover FROM expired
-    UNION ALL
-    SELECT tenant_id, operation_id, false
-      FROM (SELECT d.*, row_number() OVER (PARTITION BY job_type ORDER BY seq) AS j,
-                   row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY seq) AS k
-              FROM due d) d
-     WHERE NOT EXISTS (SELECT 1 FROM room r
-                        WHERE r.job_type = d.job_type
-                          AND coalesce(r.tenant_id, d.tenant_id) IN (d.tenant_id, '')
-                          AND CASE WHEN r.tenant_id IS NULL THEN d.j ELSE d.k END > r.room)
-    LIMIT %(limit)s
+    SELECT tenant_id, operation_id, takeover, job_type
+      FROM ranked c
+     WHERE NOT EXISTS (
+               SELECT 1 FROM room r
+                WHERE r.job_type = c.job_type
+                  AND coalesce(r.tenant_id, c.tenant_id) IN (c.tenant_id, '')
+                  AND (r.tokens OR NOT c.takeover)
+                  AND CASE WHEN r.tokens AND r.tenant_id IS NULL THEN c.jt
+                           WHEN r.tokens THEN c.kt
+                           WHEN r.tenant_id IS NULL THEN c.j
+                           ELSE c.k END > r.room)
+     ORDER BY pos
+     LIMIT %(limit)s
+),
+-- the takeovers claimed, as claim_tail records them (lease_lost)
+expired AS (
+    SELECT t.tenant_id, t.operation_id, t.fence, t.lease_owner, t.claimed_at
+      FROM taken t
+      JOIN candidate c USING (tenant_id, operation_id)
+),
+spent AS (
+    INSERT INTO token_bucket AS b (job_type, tenant_id, full_at)
+    SELECT s.job_type, s.tenant_id,
+           coalesce(%(now)s::timestamptz, now())
+           + ceil(s.n * s.period / s.per)::bigint * interval '1 microsecond'
+      FROM (SELECT c.job_type, ''::text AS tenant_id, count(*) AS n,
+                   (e.value ->> 1)::numeric AS period, (e.value ->> 0)::numeric AS per
+              FROM candidate c
+              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
+             WHERE e.value ->> 0 IS NOT NULL
+             GROUP BY c.job_type, e.value
+            UNION ALL
+            SELECT c.job_type, c.tenant_id, count(*),
+                   (e.value ->> 4)::numeric, (e.value ->> 3)::numeric
+              FROM candidate c
+              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
+             WHERE e.value ->> 3 IS NOT NULL
+             GROUP BY c.job_type, c.tenant_id, e.value) s
+        ON CONFLICT (job_type, tenant_id) DO UPDATE
+       SET full_at = greatest(b.full_at, coalesce(%(now)s::timestamptz, now()))
+                     + (excluded.full_at - coalesce(%(now)s::timestamptz, now()))
 ),
 \i claim_tail
