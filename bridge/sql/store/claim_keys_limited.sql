@@ -1,9 +1,9 @@
 -- claim_keys.sql with concurrency limits and token rates (%(slots)s and %(rates)s, not both
 -- NULL): the rule and the argument of claim_limited.sql. A takeover keeps its row's slot and
 -- spends a token; a queued key is claimed only within the room fencebridge_claim_room counts
--- after taking the limited job types' locks: slots ranked per job type (j) and per tenant (k)
--- among new claims, tokens per job type (jt) and per tenant (kt) among every run, takeovers
--- first, then ingest order. A key over a limit stays as it is, no attempt used, and is claimed
+-- after taking the limited job types' locks: slots ranked per tenant (k) among new claims and
+-- tokens per tenant (kt) among every run, then, among the rows within their tenant's room,
+-- per job type (j, jt); takeovers first, then ingest order. A key over a limit stays as it is, no attempt used, and is claimed
 -- later by claim_limited.sql once a slot or a token is free.
 WITH room AS (
     SELECT * FROM fencebridge_claim_room(%(slots)s::jsonb, %(rates)s::jsonb,
@@ -39,20 +39,25 @@ candidate AS (
     SELECT tenant_id, operation_id, takeover, job_type
       FROM (SELECT l.*,
                    row_number() OVER (PARTITION BY job_type ORDER BY takeover DESC, seq) AS jt,
-                   row_number() OVER (PARTITION BY job_type, tenant_id
-                                      ORDER BY takeover DESC, seq) AS kt,
-                   row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j,
-                   row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY seq) AS k
-              FROM locked l) l
+                   row_number() OVER (PARTITION BY job_type, takeover ORDER BY seq) AS j
+              FROM (SELECT l.*,
+                           row_number() OVER (PARTITION BY job_type, tenant_id
+                                              ORDER BY takeover DESC, seq) AS kt,
+                           row_number() OVER (PARTITION BY job_type, tenant_id, takeover
+                                              ORDER BY seq) AS k
+                      FROM locked l) l
+             WHERE NOT EXISTS (
+                       SELECT 1 FROM room r
+                        WHERE r.job_type = l.job_type
+                          AND r.tenant_id IN (l.tenant_id, '')
+                          AND (r.tokens OR NOT l.takeover)
+                          AND CASE WHEN r.tokens THEN l.kt ELSE l.k END > r.room)) l
      WHERE NOT EXISTS (
                SELECT 1 FROM room r
                 WHERE r.job_type = l.job_type
-                  AND coalesce(r.tenant_id, l.tenant_id) IN (l.tenant_id, '')
+                  AND r.tenant_id IS NULL
                   AND (r.tokens OR NOT l.takeover)
-                  AND CASE WHEN r.tokens AND r.tenant_id IS NULL THEN l.jt
-                           WHEN r.tokens THEN l.kt
-                           WHEN r.tenant_id IS NULL THEN l.j
-                           ELSE l.k END > r.room)
+                  AND CASE WHEN r.tokens THEN l.jt ELSE l.j END > r.room)
 ),
 -- the tokens spent, as claim_limited.sql spends them
 spent AS (

@@ -15,10 +15,10 @@
 -- key in different transactions therefore never both take the last slot or token: the second
 -- waits for the first's lock, i.e. for its commit, and its count then includes the first's
 -- claims and spending. due and taken skip keys with no room left so they do not fill the
--- LIMIT; ranked admits rows in order (takeovers first, as claim.sql takes them) while within
--- every room of their key: the slots of their job type (rank j) and tenant (k, or the '' row:
--- a tenant holding nothing), counted over new claims only, and the tokens of their job type
--- (jt) and tenant (kt), counted over every run. A row over a limit is left as it is: queued
+-- LIMIT; rows are admitted in order (takeovers first, as claim.sql takes them) while within
+-- every room of their key: first their tenant's (tenant_room: its slots, rank k, or the ''
+-- row: a tenant holding nothing, counted over new claims only; its tokens, kt, over every
+-- run), then, among the rows left, their job type's (candidate: slots j, tokens jt). A row over a limit is left as it is: queued
 -- (or claimed with its lease expired), no attempt used. spent moves the buckets of the keys
 -- claimed; the lock is held until commit, so no other claim reads them in between.
 WITH room AS (
@@ -70,9 +70,7 @@ due AS (
 ),
 ranked AS (
     SELECT c.*,
-           row_number() OVER (PARTITION BY job_type ORDER BY pos) AS jt,
            row_number() OVER (PARTITION BY job_type, tenant_id ORDER BY pos) AS kt,
-           row_number() OVER (PARTITION BY job_type, takeover ORDER BY pos) AS j,
            row_number() OVER (PARTITION BY job_type, tenant_id, takeover ORDER BY pos) AS k
       FROM (SELECT t.tenant_id, t.operation_id, t.job_type, true AS takeover,
                    row_number() OVER (ORDER BY t.lease_expires_at, t.seq) AS pos
@@ -82,18 +80,29 @@ ranked AS (
                    %(limit)s + row_number() OVER (ORDER BY d.claim_order, d.seq)
               FROM due d) c
 ),
-candidate AS (
-    SELECT tenant_id, operation_id, takeover, job_type
+-- within the rooms of their tenant first, so that rows a tenant has no room for take none of
+-- their job type's
+tenant_room AS (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY job_type ORDER BY pos) AS jt,
+           row_number() OVER (PARTITION BY job_type, takeover ORDER BY pos) AS j
       FROM ranked c
      WHERE NOT EXISTS (
                SELECT 1 FROM room r
                 WHERE r.job_type = c.job_type
-                  AND coalesce(r.tenant_id, c.tenant_id) IN (c.tenant_id, '')
+                  AND r.tenant_id IN (c.tenant_id, '')
                   AND (r.tokens OR NOT c.takeover)
-                  AND CASE WHEN r.tokens AND r.tenant_id IS NULL THEN c.jt
-                           WHEN r.tokens THEN c.kt
-                           WHEN r.tenant_id IS NULL THEN c.j
-                           ELSE c.k END > r.room)
+                  AND CASE WHEN r.tokens THEN c.kt ELSE c.k END > r.room)
+),
+candidate AS (
+    SELECT tenant_id, operation_id, takeover, job_type
+      FROM tenant_room c
+     WHERE NOT EXISTS (
+               SELECT 1 FROM room r
+                WHERE r.job_type = c.job_type
+                  AND r.tenant_id IS NULL
+                  AND (r.tokens OR NOT c.takeover)
+                  AND CASE WHEN r.tokens THEN c.jt ELSE c.j END > r.room)
      ORDER BY pos
      LIMIT %(limit)s
 ),
