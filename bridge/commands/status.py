@@ -1,7 +1,8 @@
 """``fencebridge status``: counts by state per subscription and tenant hash, stalled claims,
 the oldest unknown, the rejected deliveries awaiting a person, and the due rows that wait (over
-a concurrency limit, under a rate limit wait or with no token left) per job type and tenant hash, and the outbox's
-backlog per destination (pending messages, the oldest one's age, parked messages)."""
+a concurrency limit, under a rate limit wait or with no token left) per job type and tenant
+hash, and the outbox's backlog per destination (pending messages, the oldest one's age, parked
+messages)."""
 
 from __future__ import annotations
 

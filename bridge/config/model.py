@@ -454,18 +454,16 @@ class JobConfig(Table):
             """
         ),
     )
-    burst: Annotated[StrictInt | None, Shown(default="one second of `rate`, at least 1")] = (
-        Field(
-            default=None,
-            ge=1,
-            le=RATE_MAX,
-            description=_doc(
-                """
+    burst: Annotated[StrictInt | None, Shown(default="one second of `rate`, at least 1")] = Field(
+        default=None,
+        ge=1,
+        le=RATE_MAX,
+        description=_doc(
+            """
                 Most runs of this job type started at once when its bucket is full: in any
-                window of `w` seconds, at most `burst + rate × w` runs start. Only with `rate`.
+                window of `w` seconds, at most `burst + rate * w` runs start. Only with `rate`.
                 """
-            ),
-        )
+        ),
     )
     rate_per_tenant: Annotated[RateText | None, Shown(default="unlimited")] = Field(
         default=None,
@@ -1091,9 +1089,7 @@ class BridgeConfig:
 
     def token_rates(self) -> dict[str, TokenRate]:
         """The job types with a token rate, as the store's claims take them."""
-        return {
-            name: job.token_rate for name, job in self.jobs.items() if job.token_rate.limited
-        }
+        return {name: job.token_rate for name, job in self.jobs.items() if job.token_rate.limited}
 
     def decode_rules(self, subscription: str) -> DecodeRules:
         """The subscription's decoding rules, joined with the job types it accepts."""

@@ -31,7 +31,13 @@ from bridge.store.listing import (
     RejectedSummary,
     RowSummary,
 )
-from bridge.store.work import SWEEP_LIMIT_DEFAULT, ConcurrencyLimit, KeyedStore, WaitingCount
+from bridge.store.work import (
+    SWEEP_LIMIT_DEFAULT,
+    ConcurrencyLimit,
+    KeyedStore,
+    TokenRate,
+    WaitingCount,
+)
 from bridge.types import (
     Decision,
     Delivery,

@@ -80,9 +80,9 @@ from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     TOMBSTONE_DAYS_DEFAULT,
     ConcurrencyLimit,
-    TokenRate,
     QuotaDeferred,
     Settlement,
+    TokenRate,
     WaitingCount,
 )
 from bridge.types import (
@@ -745,19 +745,19 @@ class PostgresStore:
         step = per_statement or limit
         limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
         now = self._now()
-        limits = self._limits(job_types)
+        limited = self._limits(job_types)
         with self._connection("settle and claim") as conn, conn.transaction():
             moved = conn.execute(
                 sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
             ).fetchall()
             claims: list[Claim] = []
             for n in limits:
-                text, extra = self._claim_statement(limits, n)
+                text, extra = self._claim_statement(limited, n)
                 params = {
                     **_claim_params(worker, n, lease, job_types, now),
                     "identity_keys": self._identity_keys,
                     "history": self._history,
-                    **_limit_params(limits),
+                    **_limit_params(limited),
                     **extra,
                 }
                 got = [_claim(r) for r in conn.execute(text, params).fetchall()]

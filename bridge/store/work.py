@@ -11,7 +11,6 @@ test implements only the methods its code calls.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass

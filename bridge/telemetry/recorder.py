@@ -394,6 +394,7 @@ class Telemetry:
         limits: Mapping[str, ConcurrencyLimit] | None = None,
         outbox: Callable[[], Sequence[OutboxBacklog]] | None = None,
         destinations: Sequence[str] = (),
+        *,
         rates: Mapping[str, TokenRate] | None = None,
     ) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.

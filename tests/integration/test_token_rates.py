@@ -198,8 +198,7 @@ def test_two_transactions_never_both_spend_the_last_token(
             eventually(
                 lambda: (
                     db.execute(
-                        "SELECT count(*) FROM pg_locks"
-                        " WHERE locktype = 'advisory' AND NOT granted"
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                     ).fetchone()
                     == (1,)
                 ),
@@ -221,9 +220,11 @@ def test_erasing_a_tenant_deletes_its_buckets(store: PostgresStore, db: Db, eras
     store.ingest([delivery("op-1", tenant="gone"), delivery("op-2", tenant="kept")])
     for claim in store.claim("w1", 10, LEASE):
         store.complete(claim.ticket)
-    assert db.execute(
-        "SELECT tenant_id FROM token_bucket ORDER BY 1"
-    ).fetchall() == [("",), ("gone",), ("kept",)]
+    assert db.execute("SELECT tenant_id FROM token_bucket ORDER BY 1").fetchall() == [
+        ("",),
+        ("gone",),
+        ("kept",),
+    ]
     if erasure == "fencebridge_erase_tenant":
         db.execute("SELECT * FROM fencebridge_erase_tenant('gone', 'h', 'test', 'test')")
     else:

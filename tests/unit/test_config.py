@@ -143,9 +143,7 @@ def test_class_d_defaults_to_one_attempt() -> None:
 
 
 def test_token_rates_are_read_with_their_default_bursts() -> None:
-    cfg = parse_config(
-        after(BASE, "[jobs.refund]", 'rate = "90/min"\nrate_per_tenant = " 1 / s "')
-    )
+    cfg = parse_config(after(BASE, "[jobs.refund]", 'rate = "90/min"\nrate_per_tenant = " 1 / s "'))
     rate = cfg.jobs["refund"].token_rate
     assert (str(rate.total), str(rate.per_tenant)) == ("90/min", "1/s")
     # a burst defaults to one second of its rate, rounded up, and at least one run
@@ -366,13 +364,13 @@ INVALID = [
     ),
     pytest.param(
         after(BASE, "[jobs.refund]", 'rate = "fast"'),
-        'jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as '
+        "jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as "
         '"50/s", "600/min" or "1000/h", got \'fast\'',
         id="rate-spelling",
     ),
     pytest.param(
         after(BASE, "[jobs.refund]", 'rate = "2.5/s"'),
-        'jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as '
+        "jobs.refund.rate: expected a whole number of runs per second, minute or hour, such as "
         '"50/s", "600/min" or "1000/h", got \'2.5/s\'',
         id="rate-whole-runs",
     ),
@@ -410,7 +408,9 @@ INVALID = [
         id="tenant-rate-within-the-job-type",
     ),
     pytest.param(
-        after(BASE, "[jobs.refund]", 'rate = "10/s"\nrate_per_tenant = "5/s"\nburst_per_tenant = 20'),
+        after(
+            BASE, "[jobs.refund]", 'rate = "10/s"\nrate_per_tenant = "5/s"\nburst_per_tenant = 20'
+        ),
         "jobs.refund.burst_per_tenant: must be at most burst (10, one second of rate), the burst "
         "of the whole job type, got 20",
         id="tenant-burst-within-the-job-type",
