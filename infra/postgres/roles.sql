@@ -33,7 +33,8 @@
 --                    key, none is ever changed), USAGE on work_item_seq, SELECT on the
 --                    migration record so it can check the schema version, EXECUTE on
 --                    fencebridge_erase_tenant, the audited erasure of one tenant, and on
---                    fencebridge_concurrency_room, the claims' concurrency limits).
+--                    fencebridge_concurrency_room and fencebridge_claim_room, the claims'
+--                    concurrency limits and token rates).
 --
 --     The bridge serves every tenant, so the row-level security policies of
 --     bridge/sql/migrations/0001_work_store.sql must not apply to it. A table's owner is exempt
@@ -135,11 +136,13 @@ DECLARE
                                     'redrive_audit', 'tenant_role', 'fencebridge_migration',
                                     'erasure_audit', 'identity_key', 'work_attempt',
                                     'rate_wait', 'erased_operation', 'shadow_operation',
-                                    'shadow_delivery', 'outbox_message', 'outbox_relay'];
+                                    'shadow_delivery', 'outbox_message', 'outbox_relay',
+                                    'token_bucket'];
     -- Functions the migrations create, by signature.
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_erase_tenant(text, text, text, text)',
                                        'fencebridge_concurrency_room(jsonb)',
+                                       'fencebridge_claim_room(jsonb, jsonb, timestamp with time zone)',
                                        'fencebridge_erase(text, text, text, text, smallint, '
                                        'text[], bytea[], text, text)'];
     missing text[] := '{}';
@@ -210,6 +213,14 @@ BEGIN
                        prefix || '_operator', prefix || '_console', prefix || '_tenant');
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
     END IF;
+    -- The claims' room with token rates (migration 0018): the same locks, the bridge's only.
+    fn := to_regprocedure(format('%I.%s', target_schema,
+                                 'fencebridge_claim_room(jsonb, jsonb, timestamp with time zone)'));
+    IF fn IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+    END IF;
 
     FOR g IN
         SELECT *
@@ -235,6 +246,8 @@ BEGIN
                        -- purged by retention; the relay's lease and fence per destination
                        ('outbox_message', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('outbox_relay', 'bridge', 'SELECT, INSERT, UPDATE'),
+                       -- token buckets: read and spent by the limited claims
+                       ('token_bucket', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
@@ -250,6 +263,7 @@ BEGIN
                        ('erased_operation', 'operator', 'SELECT'),
                        ('outbox_message', 'operator', 'SELECT'),
                        ('outbox_relay', 'operator', 'SELECT'),
+                       ('token_bucket', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
@@ -267,6 +281,7 @@ BEGIN
                        ('erased_operation', 'console', 'SELECT'),
                        ('outbox_message', 'console', 'SELECT'),
                        ('outbox_relay', 'console', 'SELECT'),
+                       ('token_bucket', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),
                        ('rejected_delivery', 'tenant', 'SELECT'),
@@ -276,6 +291,7 @@ BEGIN
                        ('shadow_operation', 'tenant', 'SELECT'),
                        ('shadow_delivery', 'tenant', 'SELECT'),
                        ('outbox_message', 'tenant', 'SELECT'),
+                       ('token_bucket', 'tenant', 'SELECT'),
                        ('tenant_role', 'tenant', 'SELECT')) AS t (tbl, suffix, privileges)
     LOOP
         rel := to_regclass(format('%I.%I', target_schema, g.tbl));
