@@ -17,9 +17,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from bridge import sql
+from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit, Rate, TokenRate, WaitingCount
+from bridge.telemetry import Telemetry
+from bridge.telemetry import names as n
 from bridge.types import Claim, Key
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery
@@ -236,3 +242,39 @@ def test_erasing_a_tenant_deletes_its_buckets(store: PostgresStore, db: Db, eras
         ("",),
         ("kept",),
     ]
+
+
+def test_rows_with_no_token_are_the_waiting_gauges_rate(store: PostgresStore, db: Db) -> None:
+    rates = {"refund": TokenRate(per_tenant=Rate(1, 3600))}
+    store.ingest([delivery(f"a-{i}", tenant="t-empty") for i in range(3)])
+    store.ingest([delivery(f"b-{i}", tenant="t-full") for i in range(2)])
+    store.use_token_rates(rates)
+    (spent,) = store.claim_keys("w", [Key("t-empty", "a-0")], LEASE)
+    assert spent.tenant_id == "t-empty"
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    hasher = IdentityHasher(b"token-rate-gauge-secret")
+    # A store without the rates of its own: the gauge takes those the bridge claims under.
+    plain = PostgresStore(store.pool)
+    try:
+        Telemetry(hasher, meter_provider=meters).observe(plain, interval=3600, rates=rates)
+
+        def points() -> dict[tuple[str, str], int]:
+            data = reader.get_metrics_data()
+            return {
+                (str(p.attributes[n.LABEL_REASON]), str(p.attributes[n.LABEL_TENANT_HASH])): int(
+                    p.value
+                )
+                for r in (data.resource_metrics if data else ())
+                for scope in r.scope_metrics
+                for metric in scope.metrics
+                if metric.name == n.METRIC_WAITING
+                for p in metric.data.data_points
+                if p.attributes
+            }
+
+        eventually(lambda: bool(points()), "the waiting gauge's first reading")
+        # t-full still has its token: its rows are not waiting for one.
+        assert points() == {("rate", hasher.tenant("t-empty")): 2}
+    finally:
+        meters.shutdown()
