@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
