@@ -18,9 +18,11 @@
 -- LIMIT; rows are admitted in order (takeovers first, as claim.sql takes them) while within
 -- every room of their key: first their tenant's (tenant_room: its slots, rank k, or the ''
 -- row: a tenant holding nothing, counted over new claims only; its tokens, kt, over every
--- run), then, among the rows left, their job type's (candidate: slots j, tokens jt). A row over a limit is left as it is: queued
--- (or claimed with its lease expired), no attempt used. spent moves the buckets of the keys
--- claimed; the lock is held until commit, so no other claim reads them in between.
+-- run), then, among the rows left, their job type's (candidate: slots j, tokens jt). A row
+-- over a limit is left as it is: queued (or claimed with its lease expired), no attempt used.
+-- expired is the takeovers claimed, which claim_tail records as lease_lost (a takeover left
+-- for want of a token is not touched). spent moves the buckets of the keys claimed, in this
+-- statement; the lock is held until commit, so no other claim reads them in between.
 WITH room AS (
     SELECT * FROM fencebridge_claim_room(%(slots)s::jsonb, %(rates)s::jsonb,
                                          coalesce(%(now)s::timestamptz, now()))
@@ -106,7 +108,6 @@ candidate AS (
      ORDER BY pos
      LIMIT %(limit)s
 ),
--- the takeovers claimed, as claim_tail records them (lease_lost)
 expired AS (
     SELECT t.tenant_id, t.operation_id, t.fence, t.lease_owner, t.claimed_at
       FROM taken t
