@@ -1100,8 +1100,9 @@ class PostgresStore:
         *,
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts | None:
-        """Remove one bounded batch of finished work older than ``older_than``, and of
-        tombstones older than ``tombstone_horizon``.
+        """Remove one bounded batch of finished work older than ``older_than``, of tombstones
+        older than ``tombstone_horizon``, and of token buckets full for longer than
+        ``older_than`` (the same as no bucket; not counted).
 
         Returns None, having removed nothing, when another purge holds the purge lock.
         """
@@ -1116,6 +1117,7 @@ class PostgresStore:
             gone = conn.execute(
                 sql.statement("purge_tombstones"), {**params, "horizon": tombstone_horizon}
             ).fetchone()
+            conn.execute(sql.statement("purge_buckets"), params)
         assert row is not None
         assert gone is not None
         return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))

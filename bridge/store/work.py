@@ -93,7 +93,7 @@ class Rate:
     @classmethod
     def parse(cls, text: str) -> Rate:
         """``"<count>/s"``, ``"<count>/min"`` or ``"<count>/h"``; ValueError otherwise."""
-        found = _RATE.match(text.replace(" ", ""))
+        found = _RATE.match("".join(text.split()))
         if found is None:
             raise ValueError(
                 'expected a whole number of runs per second, minute or hour, such as "50/s", '

@@ -277,3 +277,26 @@ def test_rows_with_no_token_are_the_waiting_gauges_rate(store: PostgresStore, db
         assert points() == {("rate", hasher.tenant("t-empty")): 2}
     finally:
         meters.shutdown()
+
+
+def test_a_purge_removes_buckets_full_for_longer_than_its_age(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.use_token_rates({"refund": TokenRate(total=Rate(1, 60), per_tenant=Rate(1, 60))})
+    clocked.ingest([delivery("op-1", tenant="t1"), delivery("op-2", tenant="t2")])
+    (first,) = clocked.claim("w1", 10, LONG)
+    clocked.complete(first.ticket)
+    clock.advance(timedelta(minutes=1))
+    (second,) = clocked.claim("w1", 10, LONG)
+    clocked.complete(second.ticket)
+    # t1's bucket is full again a minute after its claim; the job type's and t2's a minute
+    # after the second claim.
+    clock.advance(timedelta(seconds=30))
+    assert clocked.purge_batch(timedelta(seconds=20), 100) is not None
+    assert db.execute("SELECT tenant_id FROM token_bucket ORDER BY 1").fetchall() == [
+        ("",),
+        (second.tenant_id,),
+    ]
+    clock.advance(timedelta(minutes=1))
+    assert clocked.purge_batch(timedelta(seconds=20), 100) is not None
+    assert db.execute("SELECT count(*) FROM token_bucket").fetchone() == (0,)
