@@ -8,19 +8,22 @@ here and dropped afterwards; the process installs the system's schema, queues th
 one line of JSON (see :mod:`bench.peers`).
 
 Every system runs in every configuration of its own knobs listed in :data:`SWEEP` (a peer is
-never held to one setting), and the report gives each configuration's rate, the best one of
-each system at 16 jobs in flight beside fencebridge's best at 16, and the best of each overall,
-whatever its jobs in flight. Jobs in flight: the most jobs a configuration has picked at once
-(a worker thread or task each; for PgQueuer without a ``concurrency_limit``, consumers times
-batch, what one dequeue round hands out).
+never held to one setting). Jobs in flight are measured, not assumed: every drain reports the
+most jobs picked and not yet settled at one moment, and their mean, from the same records as
+its rate (:data:`bench.peers.PEAK_IN_FLIGHT`). A knob's nominal figure can mislead: PgQueuer
+without a limit dequeues its next batch as soon as it has handed the last one to tasks, so
+2 consumers x batch 8 had 32 jobs in flight at its peak, not 16. The report gives each
+configuration's rate with its measured peak and mean, the best of each system whose peak
+stayed within 16 in every round beside fencebridge's best within 16, and the best of each
+overall, whatever its jobs in flight.
 
 * ``fencebridge``: :class:`~bridge.worker.WorkerPool` with a class B handler that returns at
   once (the cheapest executor), swept over claimers and over processes (N processes of 16 / N
   threads each, as N replicas would run), with tenant fairness on (the default) and once off;
   the store is opened as ``fencebridge run`` opens it, its pool holding a connection per
   thread, per claimer and one for the heartbeater. Rows are kept as ``succeeded``.
-* ``pgqueuer``: consumers x batch, with and without ``concurrency_limit``
-  (:mod:`bench.peers.pgqueuer_drain`).
+* ``pgqueuer``: consumers x batch, with no limit, with the entrypoint's ``concurrency_limit``
+  and with ``max_concurrent_tasks`` (:mod:`bench.peers.pgqueuer_drain`).
 * ``procrastinate``: the worker's ``concurrency`` (:mod:`bench.peers.procrastinate_drain`).
 * ``ceiling``: ``pgbench`` running fencebridge's own ``claim.sql`` (10 rows) and
   ``settle_many.sql`` at 16 clients (:mod:`bench.ceiling`): what its statements can do here.
@@ -113,11 +116,12 @@ SELECT claimed_at AS picked, settled_at AS settled FROM work_item WHERE state = 
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration of one system: its knobs as drain arguments, and its jobs in flight."""
+    """One configuration of one system: its knobs as drain arguments, and the bound its knobs
+    put on the jobs in flight (None: no bound; the drain measures what it had)."""
 
     system: str
     label: str
-    in_flight: int
+    in_flight: int | None
     args: tuple[str, ...] = ()
     #: fencebridge only: the CPU-bound handler instead of the no-op (not compared with peers)
     spin: bool = False
@@ -151,13 +155,31 @@ def fencebridge(
     return Config(FENCEBRIDGE, label, threads * processes, args, spin)
 
 
-def pgqueuer(consumers: int, batch: int, limit: int = 0) -> Config:
-    label = f"{consumers} consumer(s) x batch {batch}" + (
-        f", concurrency_limit {limit}" if limit else ", no limit"
+def pgqueuer(consumers: int, batch: int, limit: int = 0, max_tasks: int = 0) -> Config:
+    """``limit``: the entrypoint's ``concurrency_limit``; ``max_tasks``: ``max_concurrent_tasks``
+    over all consumers (each gets its share). With neither, nothing bounds the jobs in flight."""
+    label = f"{consumers} consumer(s) x batch {batch}"
+    if limit:
+        label += f", concurrency_limit {limit}"
+    if max_tasks:
+        label += f", max_concurrent_tasks {max_tasks}"
+    if not limit and not max_tasks:
+        label += ", no limit"
+    bounds = [b for b in (limit, max_tasks) if b]
+    in_flight = min(bounds) if bounds else None
+    args = (
+        "--consumers",
+        str(consumers),
+        "--batch-size",
+        str(batch),
+        "--limit",
+        str(limit),
+        "--max-tasks",
+        str(max_tasks),
+        "--concurrency",
+        str(in_flight or consumers * batch),
     )
-    in_flight = min(limit, consumers * batch) if limit else consumers * batch
-    args = ("--consumers", str(consumers), "--batch-size", str(batch), "--limit", str(limit))
-    return Config(PGQUEUER, label, in_flight, (*args, "--concurrency", str(in_flight)))
+    return Config(PGQUEUER, label, in_flight, args)
 
 
 def procrastinate(concurrency: int) -> Config:
@@ -181,6 +203,11 @@ SWEEP: tuple[Config, ...] = (
     fencebridge(16, spin=True),
     fencebridge(8, processes=2, spin=True),
     fencebridge(4, processes=4, spin=True),
+    fencebridge(32),
+    fencebridge(16, processes=2),
+    pgqueuer(1, 4),
+    pgqueuer(1, 8),
+    pgqueuer(2, 4),
     pgqueuer(1, 16),
     pgqueuer(2, 8),
     pgqueuer(4, 4),
@@ -191,6 +218,8 @@ SWEEP: tuple[Config, ...] = (
     pgqueuer(1, 10, limit=16),
     pgqueuer(2, 8, limit=16),
     pgqueuer(4, 4, limit=16),
+    pgqueuer(1, 8, max_tasks=16),
+    pgqueuer(2, 4, max_tasks=16),
     procrastinate(8),
     procrastinate(16),
     procrastinate(32),
@@ -341,12 +370,12 @@ class SharedSettled(Settled):
     """:class:`Settled` over a count shared by the drain's processes.
 
     The runs count in this process only (the pool's own lock-free counts); a thread publishes
-    them to the shared count every few milliseconds. Touching the shared count, a lock between
+    them to the shared count every 20 milliseconds. Touching the shared count, a lock between
     processes, once per job would cost the drain more than the peers' harnesses cost theirs.
     The rate is read from the database's timestamps, so publishing late changes no figure.
     """
 
-    PUBLISH_EVERY = 0.005
+    PUBLISH_EVERY = 0.02
 
     def __init__(self, left: Any, done: Any) -> None:
         super().__init__(0)
@@ -452,7 +481,7 @@ def drain(admin_url: str, config: Config, jobs: int) -> Drain:
     """One drain of one configuration in a process of its own, on a database of its own."""
     if config.system == CEILING:
         with bench_database(admin_url, "ceiling") as url:
-            rate = claim_settle_ceiling(url, jobs, config.in_flight)
+            rate = claim_settle_ceiling(url, jobs, config.in_flight or IN_FLIGHT)
         return Drain(CEILING, config.in_flight, jobs, rate.rows, rate.seconds, 0, 0, 0, 0)
     with empty_database(admin_url, config.system) as name:
         url = database_url(admin_url, name)
@@ -492,11 +521,19 @@ class Report:
     facts: list[tuple[str, str]] = field(default_factory=list)
     drains: dict[Config, list[Drain]] = field(default_factory=dict)
 
+    def peak(self, config: Config) -> int:
+        """The most jobs the configuration had in flight, over all its rounds."""
+        return max(d.peak_in_flight for d in self.drains[config])
+
     def best(self, system: str, in_flight: int | None = None) -> Config | None:
+        """The fastest configuration of ``system``; with ``in_flight``, among those whose
+        measured peak stayed within it in every round."""
         found = [
             c
             for c in self.drains
-            if c.system == system and not c.spin and (in_flight is None or c.in_flight == in_flight)
+            if c.system == system
+            and not c.spin
+            and (in_flight is None or self.peak(c) <= in_flight)
         ]
         return max(found, key=lambda c: median_rate(self.drains[c]), default=None)
 
@@ -506,20 +543,31 @@ class Report:
             "configuration (after a warm-up round"
             + (f" of {self.plan.warmup_jobs:,} jobs" if self.plan.warmup_jobs else ": none")
             + "). Medians with min..max; jobs/s and latencies by the database clock, "
-            "first pick to last settlement; CPU: the draining process(es), milliseconds per job.",
+            "first pick to last settlement; in flight: the bound the configuration sets "
+            "(none: nothing bounds it), then the jobs picked and not yet settled measured from "
+            "the same records, the peak over all rounds and the median of the means; CPU: the "
+            "draining process(es), milliseconds per job.",
             "",
             *facts_table(self.facts),
             "",
-            "| system | configuration | in flight | jobs/s | p50 ms | p99 ms | CPU ms/job |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+            "| system | configuration | bound | peak in flight | mean in flight | jobs/s "
+            "| p50 ms | p99 ms | CPU ms/job |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for config in self.plan.configs:
             runs = self.drains.get(config, [])
             if not runs:
                 continue
             cpu_ms = statistics.median(d.cpu_seconds * 1000 / d.jobs for d in runs)
+            bound = "none" if config.in_flight is None else str(config.in_flight)
+            measured = (
+                "- | - |"
+                if config.system == CEILING
+                else f"{self.peak(config)} | "
+                f"{statistics.median(d.mean_in_flight for d in runs):.1f} |"
+            )
             lines.append(
-                f"| {config.system} | {config.label} | {config.in_flight} | "
+                f"| {config.system} | {config.label} | {bound} | {measured} "
                 f"{_cell([d.rate for d in runs], 0)} | "
                 + (
                     "- | - | - |"
@@ -538,16 +586,29 @@ class Report:
         if ours is None:
             return []
         mine = median_rate(self.drains[ours])
-        out = [f"- fencebridge's best at {IN_FLIGHT} in flight: {ours.label}, {mine:,.0f} jobs/s."]
+        out = [
+            f"- fencebridge's best within {IN_FLIGHT} in flight: {ours.label} (peak "
+            f"{self.peak(ours)}), {mine:,.0f} jobs/s."
+        ]
+        overall = self.best(FENCEBRIDGE)
+        if overall is not None and overall != ours:
+            out.append(
+                f"- fencebridge's best overall: {overall.label} (peak {self.peak(overall)}), "
+                f"{median_rate(self.drains[overall]):,.0f} jobs/s."
+            )
         for peer in PEERS:
-            for in_flight, what in ((IN_FLIGHT, f"at {IN_FLIGHT} in flight"), (None, "overall")):
+            for in_flight, what in (
+                (IN_FLIGHT, f"within {IN_FLIGHT} in flight"),
+                (None, "overall"),
+            ):
                 best = self.best(peer, in_flight)
                 if best is None:
                     continue
                 theirs = median_rate(self.drains[best])
                 out.append(
-                    f"- {peer}'s best {what}: {best.label} ({best.in_flight} in flight), "
-                    f"{theirs:,.0f} jobs/s; fencebridge / {peer}: {mine / theirs:.2f}x."
+                    f"- {peer}'s best {what}: {best.label} (peak {self.peak(best)} in flight), "
+                    f"{theirs:,.0f} jobs/s; fencebridge's best within {IN_FLIGHT} / {peer}: "
+                    f"{mine / theirs:.2f}x."
                 )
         ceiling = self.best(CEILING)
         if ceiling is not None:

@@ -36,8 +36,21 @@ WITH t AS ({pairs})
 SELECT count(*),
        extract(epoch FROM max(settled) - min(picked)),
        1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM settled - picked)),
-       1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM settled - picked))
+       1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM settled - picked)),
+       sum(extract(epoch FROM settled - picked))
+           / nullif(extract(epoch FROM max(settled) - min(picked)), 0)
   FROM t
+"""
+
+#: the most jobs picked and not yet settled at any one moment, by the same records: a job
+#: counts from its pick to its settlement, and where one transaction settles some jobs and
+#: picks others (the same ``now()``), the settlements are counted first
+PEAK_IN_FLIGHT = """
+WITH t AS ({pairs}),
+change AS (SELECT picked AS at, 1 AS delta FROM t UNION ALL SELECT settled, -1 FROM t)
+SELECT max(in_flight)
+  FROM (SELECT sum(delta) OVER (ORDER BY at, delta ROWS UNBOUNDED PRECEDING) AS in_flight
+          FROM change) c
 """
 
 
@@ -58,6 +71,10 @@ class Drain:
     wall_seconds: float
     #: client CPU (this process, every thread) while draining
     cpu_seconds: float
+    #: jobs picked and not yet settled, by the database's records: the most at one moment,
+    #: and the mean over the drain (the sum of pick-to-settle times over the drain's time)
+    peak_in_flight: int = 0
+    mean_in_flight: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -77,7 +94,8 @@ def summarize(
     conn.execute("ANALYZE")  # fresh statistics for the read-back, whatever the drain wrote
     row = conn.execute(SUMMARY.format(pairs=pairs).encode()).fetchone()
     assert row is not None
-    settled, seconds, p50, p99 = row
+    settled, seconds, p50, p99, mean = row
+    peak = conn.execute(PEAK_IN_FLIGHT.format(pairs=pairs).encode()).fetchone()
     return Drain(
         system=system,
         concurrency=concurrency,
@@ -88,6 +106,8 @@ def summarize(
         p99_ms=float(p99 or 0.0),
         wall_seconds=wall,
         cpu_seconds=cpu,
+        peak_in_flight=int(peak[0] or 0) if peak is not None else 0,
+        mean_in_flight=float(mean or 0.0),
     )
 
 
@@ -112,6 +132,9 @@ def parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
         "--consumers", type=int, help="consumer instances, where the system has them"
     )
     parser.add_argument("--limit", type=int, help="a concurrency limit, where the system has one")
+    parser.add_argument(
+        "--max-tasks", type=int, help="a cap on the jobs picked at once, where the system has one"
+    )
     return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 

@@ -9,7 +9,12 @@ Driver asyncpg (PgQueuer's fastest). The knobs PgQueuer's users turn, all swept 
   at that many completions or after 0.1 s;
 * ``--limit``: the entrypoint's ``concurrency_limit`` (0, the default: none), at most that many
   jobs picked at once across all consumers, enforced by PgQueuer's dequeue statement (it
-  switches PgQueuer to its capacity-gated dequeue).
+  switches PgQueuer to its capacity-gated dequeue);
+* ``--max-tasks``: ``max_concurrent_tasks`` of ``run`` (0, the default: none), PgQueuer's own cap
+  on the jobs one consumer has picked at once, shared out evenly between the consumers (it must
+  be at least twice the batch). Without it or a limit, a consumer dequeues its next batch as
+  soon as it has handed the last one to tasks, so the jobs in flight are not bounded by
+  consumers x batch: the drain's report gives the number measured.
 
 Mode ``drain`` (each consumer returns once the queue is empty), LISTEN/NOTIFY on as by
 default, dequeue timeout 1 s. A completed job is deleted from ``pgqueuer`` and logged in
@@ -59,7 +64,7 @@ async def prepare(url: str, jobs: int) -> None:
         await conn.close()
 
 
-async def consume(url: str, limit: int, batch_size: int) -> None:
+async def consume(url: str, limit: int, batch_size: int, max_tasks: int) -> None:
     conn = await asyncpg.connect(url)
     try:
         pgq = PgQueuer(AsyncpgDriver(conn))
@@ -72,13 +77,15 @@ async def consume(url: str, limit: int, batch_size: int) -> None:
             dequeue_timeout=timedelta(seconds=1),
             batch_size=batch_size,
             mode=QueueExecutionMode.drain,
+            max_concurrent_tasks=max_tasks or None,
         )
     finally:
         await conn.close()
 
 
-async def drain(url: str, consumers: int, limit: int, batch_size: int) -> None:
-    await asyncio.gather(*(consume(url, limit, batch_size) for _ in range(consumers)))
+async def drain(url: str, consumers: int, limit: int, batch_size: int, max_tasks: int) -> None:
+    each = max_tasks // consumers
+    await asyncio.gather(*(consume(url, limit, batch_size, each) for _ in range(consumers)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         system=SYSTEM,
         prepare=lambda: asyncio.run(prepare(args.database_url, args.jobs)),
         drain=lambda: asyncio.run(
-            drain(args.database_url, args.consumers or 1, args.limit or 0, batch)
+            drain(
+                args.database_url, args.consumers or 1, args.limit or 0, batch, args.max_tasks or 0
+            )
         ),
     )
 
