@@ -64,6 +64,22 @@ def test_a_quiet_tenants_row_is_claimed_before_a_floods_later_rows(
     assert "quiet" in {c.tenant_id for c in store.claim("w", 10, LEASE)}
 
 
+def test_a_claim_stays_full_while_a_quiet_tenant_trickles(
+    fair: Callable[..., PostgresStore],
+) -> None:
+    """Tenants with one row or none due leave the rest of the claim to the flooding tenant:
+    every claim takes as many rows as it asked for, the quiet rows first in their turn."""
+    store = fair()
+    flood(store, "flood", 2000)
+    for n in range(20):
+        store.ingest([delivery(f"quiet-{n}", tenant="quiet")])
+        store.ingest([delivery(f"other-{n}", tenant="other")])
+        got = store.claim("w", 10, LEASE)
+        assert len(got) == 10, Counter(c.tenant_id for c in got)
+        assert Counter(c.tenant_id for c in got) == {"flood": 8, "quiet": 1, "other": 1}
+        assert store.complete_many([c.ticket for c in got]) == []
+
+
 def test_without_fairness_rows_are_claimed_in_the_order_they_became_due(
     store: PostgresStore,
 ) -> None:

@@ -4,12 +4,16 @@
 -- choice of due rows differs. The claim walks the tenants that have queued rows, in tenant
 -- order from the one after %(after)s (the last tenant this claimer served) and around, each at
 -- most once and at most %(limit)s of them: two descents of work_item_tenant_due per step. Each
--- tenant walked gets a share of the claim by its weight (%(weights)s: {"<tenant>": weight}, 1
--- when absent), and up to that many of its due rows are locked in its claim order (priority,
--- due time, ingest). The claim then takes the rows by their rank in their tenant over its
--- weight, in walk order (the first row of each tenant of weight 1, the first two of a tenant of
--- weight 2, ...) up to %(limit)s: a tenant with a flood of rows waits behind itself, not in front
--- of the others. (Kept under psycopg's 4 KiB cache limit once compacted.)
+-- tenant walked may give up to what the others leave at the least (the limit less one row for
+-- each other tenant walked), and at least its share by its weight (%(weights)s: {"<tenant>":
+-- weight}, 1 when absent): that many of its due rows are locked in its claim order (priority,
+-- due time, ingest). So a tenant with one row due leaves the rest of the claim to a flooding
+-- one, instead of halving every claim while it trickles; several flooding tenants lock more
+-- rows than the claim takes, released at its commit. The claim then takes the rows by their
+-- rank in their tenant over its weight, in walk order (the first row of each tenant of weight
+-- 1, the first two of a tenant of weight 2, ...) up to %(limit)s: a tenant with a flood of rows
+-- waits behind itself, not in front of the others. (Kept under psycopg's 4 KiB cache limit
+-- once compacted.)
 WITH RECURSIVE walk(tenant_id, pos, first) AS (
     SELECT t, 1, t
       FROM coalesce((SELECT min(w.tenant_id) FROM work_item w
@@ -26,7 +30,8 @@ WITH RECURSIVE walk(tenant_id, pos, first) AS (
 ),
 shares AS (
     SELECT tenant_id, pos, weight,
-           ceil(%(limit)s * weight::numeric / sum(weight) OVER ())::integer AS share
+           greatest(ceil(%(limit)s * weight::numeric / sum(weight) OVER ())::int,
+                    %(limit)s + 1 - count(*) OVER ()::int) AS share
       FROM (SELECT k.*, coalesce((%(weights)s::jsonb ->> k.tenant_id)::integer, 1) AS weight
               FROM walk k) k
 ),
