@@ -257,7 +257,8 @@ class BridgeSettings(Table):
             """
             Claims take tenants in turn: each claim walks the tenants that have rows queued,
             starting after the last one served, and takes each tenant's share of the claim
-            (`tenant_weights`), its oldest due rows first. One tenant's flood then waits behind
+            (`tenant_weights`), its oldest due rows first; what a tenant with fewer rows due
+            leaves of its share goes to the others. One tenant's flood then waits behind
             itself while the other tenants' rows are claimed. Each process keeps its own place
             in the walk. `false` claims in the order rows became due (and by priority), whoever
             they belong to. A job type with a concurrency limit is claimed in that order too:
