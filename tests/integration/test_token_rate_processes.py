@@ -25,8 +25,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
-import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,8 +32,6 @@ from typing import Any
 import psycopg
 
 from bridge.database import SessionTimeouts
-from bridge.errors import FencedOut
-from bridge.handlers import ConditionalWriteHandler, Context, RetryPolicy
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
@@ -43,6 +39,7 @@ from bridge.store.work import Rate, TokenRate
 from bridge.types import Decision
 from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
+from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -70,86 +67,9 @@ IDLE_IN_TRANSACTION = timedelta(seconds=3)
 DEADLINE = 120.0
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 
-LEDGER = """
-CREATE TABLE run_ledger (
-    tenant_id    text        NOT NULL,
-    operation_id text        NOT NULL,
-    fence        bigint      NOT NULL,
-    pid          integer     NOT NULL,
-    started_at   timestamptz NOT NULL,
-    ended_at     timestamptz,
-    PRIMARY KEY (tenant_id, operation_id, fence)
-);
-CREATE TABLE effect (
-    tenant_id    text    NOT NULL,
-    operation_id text    NOT NULL,
-    fence        bigint  NOT NULL,
-    PRIMARY KEY (tenant_id, operation_id)
-)
-"""
-
-
-class LedgeredTarget(ConditionalWriteHandler):
-    """Records each run's start in the ledger and writes the effect only under a fence not
-    lower than the one it holds (class B), on connections of its own."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._local = threading.local()
-
-    def _db(self) -> Db:
-        if not hasattr(self._local, "db"):
-            self._local.db = psycopg.connect(self._url, autocommit=True)
-        conn: Db = self._local.db
-        return conn
-
-    def handle(self, ctx: Context) -> None:
-        db = self._db()
-        key = (ctx.tenant_id, ctx.operation_id, ctx.fence)
-        db.execute(
-            "INSERT INTO run_ledger (tenant_id, operation_id, fence, pid, started_at)"
-            " VALUES (%s, %s, %s, %s, clock_timestamp())",
-            (*key, os.getpid()),
-        )
-        time.sleep(WORK_SECONDS)
-        applied = db.execute(
-            "INSERT INTO effect AS e VALUES (%s, %s, %s)"
-            " ON CONFLICT (tenant_id, operation_id) DO UPDATE SET fence = excluded.fence"
-            " WHERE e.fence <= excluded.fence RETURNING 1",
-            key,
-        ).fetchone()
-        db.execute(
-            "UPDATE run_ledger SET ended_at = clock_timestamp()"
-            " WHERE tenant_id = %s AND operation_id = %s AND fence = %s",
-            key,
-        )
-        if applied is None:
-            raise FencedOut(ctx.tenant_id, ctx.operation_id, ctx.fence, "effect write")
-
 
 def registry_for(url: str) -> Registry:
-    registry = Registry()
-    registry.register(JOB, LedgeredTarget(url), retry=RetryPolicy(max_attempts=20), lease=LEASE)
-    return registry
-
-
-def count(db: Db, query: str, *params: object) -> int:
-    found = db.execute(query, params).fetchone()
-    assert found is not None
-    return int(found[0])
-
-
-def succeeded(db: Db) -> int:
-    return count(db, "SELECT count(*) FROM work_item WHERE state = 'succeeded'")
-
-
-def running(db: Db) -> int | None:
-    """The process of a run in progress whose claim still holds its row."""
-    found = db.execute(
-        "SELECT l.pid FROM run_ledger l JOIN work_item w USING (tenant_id, operation_id, fence)"
-        " WHERE l.ended_at IS NULL AND w.state = 'claimed' LIMIT 1"
-    ).fetchone()
-    return None if found is None else int(found[0])
+    return ledgered_registry(url, JOB, LEASE, WORK_SECONDS)
 
 
 def paced_replica(url: str) -> None:
