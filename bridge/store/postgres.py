@@ -45,6 +45,7 @@ from typing import Any, LiteralString
 
 import psycopg
 import psycopg.sql
+from psycopg import RawCursor
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -577,7 +578,8 @@ class PostgresStore:
         limits = self._limits(job_types)
         text, extra = self._claim_statement(limits, limit)
         with self._connection("claim") as conn:
-            rows = conn.execute(
+            rows = _execute(
+                conn,
                 text,
                 {
                     **_claim_params(worker, limit, lease, job_types, self._now()),
@@ -598,7 +600,8 @@ class PostgresStore:
             return []
         limits = self._limits(None)
         with self._connection("claim") as conn:
-            rows = conn.execute(
+            rows = _execute(
+                conn,
                 sql.with_limit("claim_keys", len(keys))
                 if limits is None
                 else sql.statement("claim_keys_limited"),
@@ -760,7 +763,7 @@ class PostgresStore:
                     **_limit_params(limited),
                     **extra,
                 }
-                got = [_claim(r) for r in conn.execute(text, params).fetchall()]
+                got = [_claim(r) for r in _execute(conn, text, params).fetchall()]
                 if self._fair is not None and extra:
                     self._fair.served(extra["after"], got)
                 claims += got
@@ -1581,6 +1584,19 @@ def _parked_params(row: ParkedRow) -> dict[str, Any]:
         "operation_id": row.key.operation_id,
         "fence": row.fence,
     }
+
+
+def _execute(
+    conn: Connection, text: LiteralString, params: Mapping[str, Any]
+) -> psycopg.Cursor[tuple[Any, ...]]:
+    """Run one of the store's statements; a text past psycopg's conversion cache (the claims of
+    limited job types) goes positional through a raw cursor, converted once
+    (:func:`bridge.sql.positional`), instead of being scanned again at every execution."""
+    if len(text) <= sql.CACHED_LENGTH:
+        return conn.execute(text, params)
+    statement = sql.positional(text)
+    cursor: RawCursor[tuple[Any, ...]] = RawCursor(conn)
+    return cursor.execute(statement.text, statement.values(params))
 
 
 def _claim_params(

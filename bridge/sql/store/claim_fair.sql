@@ -16,23 +16,23 @@
 -- once compacted.)
 WITH RECURSIVE walk(tenant_id, pos, first) AS (
     SELECT t, 1, t
-      FROM coalesce((SELECT min(w.tenant_id) FROM work_item w
-                      WHERE w.state = 'queued' AND w.tenant_id > %(after)s),
-                    (SELECT min(w.tenant_id) FROM work_item w WHERE w.state = 'queued')) AS t
+      FROM coalesce((SELECT min(tenant_id) FROM work_item
+                      WHERE state = 'queued' AND tenant_id > %(after)s),
+                    (SELECT min(tenant_id) FROM work_item WHERE state = 'queued')) AS t
      WHERE t IS NOT NULL
     UNION ALL
     SELECT n.t, k.pos + 1, k.first
       FROM walk k,
-           coalesce((SELECT min(w.tenant_id) FROM work_item w
-                      WHERE w.state = 'queued' AND w.tenant_id > k.tenant_id),
-                    (SELECT min(w.tenant_id) FROM work_item w WHERE w.state = 'queued')) AS n(t)
+           coalesce((SELECT min(tenant_id) FROM work_item
+                      WHERE state = 'queued' AND tenant_id > k.tenant_id),
+                    (SELECT min(tenant_id) FROM work_item WHERE state = 'queued')) AS n(t)
      WHERE k.pos < %(limit)s AND n.t <> k.first
 ),
 shares AS (
     SELECT tenant_id, pos, weight,
            greatest(ceil(%(limit)s * weight::numeric / sum(weight) OVER ())::int,
-                    %(limit)s + 1 - count(*) OVER ()::int) AS share
-      FROM (SELECT k.*, coalesce((%(weights)s::jsonb ->> k.tenant_id)::integer, 1) AS weight
+                    %(limit)s + 1 - count(*) OVER ()) AS share
+      FROM (SELECT k.*, coalesce((%(weights)s::jsonb ->> k.tenant_id)::int, 1) AS weight
               FROM walk k) k
 ),
 \i claim_expired
