@@ -15,6 +15,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from bridge import sql
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Key, State
 from tests.support.deliveries import delivery
@@ -71,3 +72,40 @@ def test_claims_settlements_heartbeats_and_ingest_run_on_generic_plans(
     replanned = [text[:60] for text, generic, custom in plans if custom > 5 or not generic]
     assert not replanned, replanned
     assert len(plans) >= 7  # ingest (2), claim_keys, heartbeat_many, watch, settle_many, claim
+
+
+def test_a_fair_claim_reads_a_quiet_tenants_row_by_tenant_beside_a_flood_the_statistics_saw_alone(
+    db_url: str,
+) -> None:
+    """The last ANALYZE saw one tenant's 20,000 rows and nothing else; a quiet tenant's row
+    written since is read from the index that leads with the tenant (migration 0019), not by
+    filtering the flood in claim order."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(BACKLOG)
+        conn.execute("ANALYZE work_item")
+    store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
+    store.use_tenant_fairness()
+    try:
+        store.ingest([delivery("quiet-1", tenant="quiet")])
+        with store.pool.connection() as conn, conn.transaction(force_rollback=True):
+            plan = "\n".join(
+                str(row[0])
+                for row in conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql.with_limit("claim_fair", 8),
+                    {
+                        "worker": "w",
+                        "lease": LEASE,
+                        "job_types": None,
+                        "now": None,
+                        "identity_keys": None,
+                        "history": 20,
+                        "after": "backlog",
+                        "weights": None,
+                    },
+                )
+            )
+    finally:
+        store.close()
+    lateral = plan[plan.index("CTE due") : plan.index("CTE claimed")]
+    assert "work_item_tenant_due" in lateral, lateral
+    assert "Rows Removed by Filter" not in lateral, lateral
