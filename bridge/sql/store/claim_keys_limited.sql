@@ -59,29 +59,7 @@ candidate AS (
                   AND (r.tokens OR NOT l.takeover)
                   AND CASE WHEN r.tokens THEN l.jt ELSE l.j END > r.room)
 ),
--- the tokens spent, as claim_limited.sql spends them
-spent AS (
-    INSERT INTO token_bucket AS b (job_type, tenant_id, full_at)
-    SELECT s.job_type, s.tenant_id,
-           coalesce(%(now)s::timestamptz, now())
-           + ceil(s.n * s.period / s.per)::bigint * interval '1 microsecond'
-      FROM (SELECT c.job_type, ''::text AS tenant_id, count(*) AS n,
-                   (e.value ->> 1)::numeric AS period, (e.value ->> 0)::numeric AS per
-              FROM candidate c
-              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
-             WHERE e.value ->> 0 IS NOT NULL
-             GROUP BY c.job_type, e.value
-            UNION ALL
-            SELECT c.job_type, c.tenant_id, count(*),
-                   (e.value ->> 4)::numeric, (e.value ->> 3)::numeric
-              FROM candidate c
-              JOIN jsonb_each(%(rates)s::jsonb) e ON e.key = c.job_type
-             WHERE e.value ->> 3 IS NOT NULL
-             GROUP BY c.job_type, c.tenant_id, e.value) s
-        ON CONFLICT (job_type, tenant_id) DO UPDATE
-       SET full_at = greatest(b.full_at, coalesce(%(now)s::timestamptz, now()))
-                     + (excluded.full_at - coalesce(%(now)s::timestamptz, now()))
-),
+\i claim_spent
 claimed AS (
     UPDATE work_item w
        SET state = 'claimed',

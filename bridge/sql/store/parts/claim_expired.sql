@@ -1,4 +1,4 @@
--- The takeovers a claim takes first (claim.sql, claim_fair.sql, claim_limited.sql): claimed rows
+-- The takeovers a claim takes first (claim.sql, claim_fair.sql): claimed rows
 -- whose lease expired with attempts left, of the claim's job types and identity keys, not
 -- waiting out a rate limit, oldest lease first, locked with SKIP LOCKED.
 expired AS (
