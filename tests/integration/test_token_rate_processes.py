@@ -151,10 +151,20 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
             poll=0.01,
         )
 
-        # Kill a process while a run of its own is in progress (its claim held).
-        eventually(lambda: running(db) in pids, "a run in progress", DEADLINE, poll=0.001)
-        killed = running(db)
-        assert killed is not None
+        # Kill a process while a run of its own is in progress (its claim held): the process
+        # the poll saw, not a second read's (that run may have ended in between).
+        seen: list[int] = []
+
+        def a_run_in_progress() -> bool:
+            pid = running(db)
+            if pid in pids:
+                assert pid is not None
+                seen.append(pid)
+                return True
+            return False
+
+        eventually(a_run_in_progress, "a run in progress", DEADLINE, poll=0.001)
+        killed = seen[-1]
         os.kill(killed, signal.SIGKILL)
         # Past its lease, another process takes its rows over under a higher fence.
         eventually(
