@@ -138,13 +138,15 @@ DECLARE
                                     'rate_wait', 'erased_operation', 'shadow_operation',
                                     'shadow_delivery', 'outbox_message', 'outbox_relay',
                                     'token_bucket'];
+    -- Functions only the bridge may execute (see below), by signature.
+    bridge_functions constant text[] := ARRAY['fencebridge_erase_tenant(text, text, text, text)',
+                                              'fencebridge_erase(text, text, text, text, smallint, '
+                                              'text[], bytea[], text, text)',
+                                              'fencebridge_concurrency_room(jsonb)',
+                                              'fencebridge_claim_room(jsonb, jsonb, '
+                                              'timestamp with time zone)'];
     -- Functions the migrations create, by signature.
-    functions constant text[] := ARRAY['work_item_identity_immutable()',
-                                       'fencebridge_erase_tenant(text, text, text, text)',
-                                       'fencebridge_concurrency_room(jsonb)',
-                                       'fencebridge_claim_room(jsonb, jsonb, timestamp with time zone)',
-                                       'fencebridge_erase(text, text, text, text, smallint, '
-                                       'text[], bytea[], text, text)'];
+    functions constant text[] := ARRAY['work_item_identity_immutable()'] || bridge_functions;
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -186,41 +188,19 @@ BEGIN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, migrator);
         END IF;
     END LOOP;
-    -- `fencebridge erase` runs with the bridge's credentials; the function (SECURITY DEFINER)
-    -- is the one way it can remove redrive audit rows, and it records the erasure.
-    fn := to_regprocedure(format('%I.%s', target_schema,
-                                 'fencebridge_erase_tenant(text, text, text, text)'));
-    IF fn IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
-                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
-    END IF;
-    -- Erasure with tombstones (migration 0014): the same rule, the one way to write a
-    -- tombstone.
-    fn := to_regprocedure(format('%I.%s', target_schema,
-                                 'fencebridge_erase(text, text, text, text, smallint, text[], '
-                                 'bytea[], text, text)'));
-    IF fn IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
-                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
-    END IF;
-    -- The claims' concurrency room (migration 0011): it takes the limited job types' claim
-    -- locks, so only the bridge, which claims, may call it.
-    fn := to_regprocedure(format('%I.%s', target_schema, 'fencebridge_concurrency_room(jsonb)'));
-    IF fn IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
-                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
-    END IF;
-    -- The claims' room with token rates (migration 0018): the same locks, the bridge's only.
-    fn := to_regprocedure(format('%I.%s', target_schema,
-                                 'fencebridge_claim_room(jsonb, jsonb, timestamp with time zone)'));
-    IF fn IS NOT NULL THEN
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
-                       prefix || '_operator', prefix || '_console', prefix || '_tenant');
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
-    END IF;
+    -- Functions only the bridge may call: `fencebridge erase` runs with the bridge's
+    -- credentials, and the erasure functions (SECURITY DEFINER) are the one way it can remove
+    -- redrive audit rows and write tombstones, and they record the erasure; the claims' rooms
+    -- (migrations 0011 and 0018) take the limited job types' claim locks, and only the bridge
+    -- claims.
+    FOREACH fn_signature IN ARRAY bridge_functions LOOP
+        fn := to_regprocedure(format('%I.%s', target_schema, fn_signature));
+        IF fn IS NOT NULL THEN
+            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
+                           prefix || '_operator', prefix || '_console', prefix || '_tenant');
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+        END IF;
+    END LOOP;
 
     FOR g IN
         SELECT *

@@ -151,6 +151,32 @@ def test_the_migrator_owns_every_object_the_migrations_create(roles: Roles, db: 
     }
 
 
+#: the functions only the bridge may execute: the erasures and the claims' rooms (they take the
+#: limited job types' claim locks)
+BRIDGE_FUNCTIONS = {
+    "fencebridge_erase_tenant",
+    "fencebridge_erase",
+    "fencebridge_concurrency_room",
+    "fencebridge_claim_room",
+}
+
+
+def test_only_the_bridge_executes_the_erasures_and_the_claims_rooms(roles: Roles, db: Conn) -> None:
+    rows = db.execute(
+        "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"
+        "  FROM pg_proc p CROSS JOIN unnest(%s::text[]) AS r(rolname)"
+        " WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY(%s)",
+        (
+            [roles.bridge, roles.operator, roles.console, roles.tenant_group],
+            sorted(BRIDGE_FUNCTIONS),
+        ),
+    ).fetchall()
+    assert {name for name, _, _ in rows} == BRIDGE_FUNCTIONS
+    assert {(name, role) for name, role, allowed in rows if allowed} == {
+        (name, roles.bridge) for name in BRIDGE_FUNCTIONS
+    }
+
+
 def test_the_migrator_can_migrate_and_change_the_schema(roles: Roles) -> None:
     with roles.connect_as(roles.migrator) as conn:
         assert current_user(conn) == roles.migrator
