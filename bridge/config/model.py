@@ -461,9 +461,9 @@ class JobConfig(Table):
         le=RATE_MAX,
         description=_doc(
             """
-                Most runs of this job type started at once when its bucket is full: in any
-                window of `w` seconds, at most `burst + rate * w` runs start. Only with `rate`.
-                """
+            Most runs of this job type started at once when its bucket is full: in any
+            window of `w` seconds, at most `burst + rate * w` runs start. Only with `rate`.
+            """
         ),
     )
     rate_per_tenant: Annotated[RateText | None, Shown(default="unlimited")] = Field(
@@ -568,7 +568,8 @@ class JobConfig(Table):
                 f"{self.rate_per_tenant}",
                 key=("rate_per_tenant",),
             )
-        total, tenant = self.token_rate.buckets()[2], self.token_rate.buckets()[5]
+        buckets = self.token_rate.buckets()
+        total, tenant = buckets[2], buckets[5]
         if total is not None and tenant is not None and tenant > total:
             raise invalid(
                 f"must be at most burst ({total}"
