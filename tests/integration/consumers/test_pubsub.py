@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -22,10 +25,11 @@ import pytest
 from bridge import sources
 from bridge.config import parse_config
 from bridge.database import SessionTimeouts
+from bridge.holding import confirm
 from bridge.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import Key
-from consumers.pubsub import PubSubConsumer, from_config, subscriber_client
+from consumers.pubsub import AckCalls, PubSubConsumer, from_config, subscriber_client
 from tests.integration.consumers.conformance import (
     SUBSCRIPTION,
     Db,
@@ -301,6 +305,60 @@ def test_after_outcome_lets_a_stalled_claim_go_and_its_redelivery_is_a_replay(
     consumer.stop()
     assert consumer.counts["decision.new"] == 1
     assert rows(db) == 1
+    assert emulator.deliverable(path) == []
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A pulled copy as the ack calls see it: its ack id."""
+
+    handle: str
+
+
+def test_acks_sent_out_of_delivery_order_are_each_confirmed_once_those_before_are(
+    emulator: PubSubEmulator,
+) -> None:
+    # With ordering, the service confirms an ack only after those of the copies delivered
+    # before it (the emulator counts the unkeyed copies as one key) and the emulator refuses
+    # every ack id of a call from the first one out of delivery order: a batch with two ids
+    # the wrong way round was refused whole at every retry, for as long as it was retried,
+    # and every batch delivered after it with it.
+    topic, path = emulator.create(
+        ack_deadline=600, enable_exactly_once_delivery=True, enable_message_ordering=True
+    )
+    emulator.publish_many(topic, [(b"%d" % i, {}) for i in range(1000)])
+    pulled: list[Pulled] = []
+    while len(pulled) < 1000:
+        response = emulator.subscriber().pull(
+            request={"subscription": path, "max_messages": 1000}, timeout=10, retry=None
+        )
+        pulled += [Pulled(r.ack_id) for r in response.received_messages]
+    # Batches of 100 in the order delivered, each with two neighbours swapped (as callbacks
+    # racing each other would queue them), answered in any order, each on a call thread of
+    # its own as the consumer does.
+    rnd = random.Random(11)
+    batches = [pulled[i : i + 100] for i in range(0, len(pulled), 100)]
+    for batch in batches:
+        at = rnd.randrange(len(batch) - 1)
+        batch[at], batch[at + 1] = batch[at + 1], batch[at]
+    rnd.shuffle(batches)
+    # The consumer's own client: its channel reads the long lists of refused ack ids.
+    client = subscriber_client(emulator.host)
+    calls = AckCalls(client, path)
+    stopping = threading.Event()
+    with ThreadPoolExecutor(len(batches)) as pool:
+        answers = list(
+            pool.map(
+                lambda batch: confirm(
+                    calls.settle, batch, budget=120.0, stopping=stopping, name="test"
+                ),
+                batches,
+            )
+        )
+    client.close()
+    assert [(len(lost), len(left)) for _, lost, left in answers] == [(0, 0)] * len(batches)
+    done = [h.handle for confirmed, _, _ in answers for h in confirmed]
+    assert sorted(done) == sorted(h.handle for h in pulled)
     assert emulator.deliverable(path) == []
 
 
