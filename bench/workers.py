@@ -193,10 +193,16 @@ def procrastinate(concurrency: int) -> Config:
 
 CEILING_CONFIG = Config(CEILING, "pgbench, 16 clients", 16)
 
-#: every configuration a full run drains
-SWEEP: tuple[Config, ...] = (
+#: the tenant-fairness comparison: one pool as `fencebridge run` runs it, claims fair and in due
+#: order, on one tenant's queue (``--fairness`` drains these two alone, alternating)
+FAIRNESS_ARMS: tuple[Config, ...] = (
     fencebridge(16, claimers=1),
     fencebridge(16, claimers=1, fair=False),
+)
+
+#: every configuration a full run drains
+SWEEP: tuple[Config, ...] = (
+    *FAIRNESS_ARMS,
     fencebridge(16, claimers=2),
     fencebridge(16, claimers=3),
     fencebridge(8, processes=2),
@@ -673,6 +679,11 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, help="measured rounds")
     parser.add_argument("--system", choices=SYSTEMS, action="append", help="(repeatable)")
     parser.add_argument(
+        "--fairness",
+        action="store_true",
+        help="only fencebridge's 16 threads with tenant fairness on and off, alternating",
+    )
+    parser.add_argument(
         "--drain", action="store_true", help="internal: one fencebridge drain, JSON on stdout"
     )
     parser.add_argument("--threads", type=int, default=IN_FLIGHT, help="internal, with --drain")
@@ -708,6 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["runs"] = args.runs
     if args.system:
         overrides["configs"] = tuple(c for c in plan.configs if c.system in args.system)
+    if args.fairness:
+        overrides["configs"] = FAIRNESS_ARMS
     plan = replace(plan, **overrides)
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0

@@ -3,7 +3,10 @@
 -- clock, ordered groups, identity keys, rate waits) and the same attempt history; only the
 -- choice of due rows differs. The claim walks the tenants that have queued rows, in tenant
 -- order from the one after %(after)s (the last tenant this claimer served) and around, each at
--- most once and at most %(limit)s of them: two descents of work_item_tenant_due per step. Each
+-- most once and at most %(limit)s of them: two bounded descents of an index per step, never a
+-- walk from the lowest tenant (its front is dead entries of rows claimed since the last
+-- vacuum), and %(after)s itself when no other tenant has queued rows (its due rows are read
+-- anyway). Each
 -- tenant walked may give up to what the others leave at the least (the limit less one row for
 -- each other tenant walked), and at least its share by its weight (%(weights)s: {"<tenant>":
 -- weight}, 1 when absent): that many of its due rows are locked in its claim order (priority,
@@ -18,22 +21,23 @@ WITH RECURSIVE walk(tenant_id, pos, first) AS (
     SELECT t, 1, t
       FROM coalesce((SELECT min(tenant_id) FROM work_item
                       WHERE state = 'queued' AND tenant_id > %(after)s),
-                    (SELECT min(tenant_id) FROM work_item WHERE state = 'queued')) AS t
-     WHERE t IS NOT NULL
+                    (SELECT min(tenant_id) FROM work_item
+                      WHERE state = 'queued' AND tenant_id < %(after)s),
+                    %(after)s) AS t
     UNION ALL
     SELECT n.t, k.pos + 1, k.first
       FROM walk k,
            coalesce((SELECT min(tenant_id) FROM work_item
                       WHERE state = 'queued' AND tenant_id > k.tenant_id),
-                    (SELECT min(tenant_id) FROM work_item WHERE state = 'queued')) AS n(t)
+                    (SELECT min(tenant_id) FROM work_item
+                      WHERE state = 'queued' AND tenant_id < k.first)) AS n(t)
      WHERE k.pos < %(limit)s AND n.t <> k.first
 ),
 shares AS (
     SELECT tenant_id, pos, weight,
            greatest(ceil(%(limit)s * weight::numeric / sum(weight) OVER ())::int,
                     %(limit)s + 1 - count(*) OVER ()) AS share
-      FROM (SELECT k.*, coalesce((%(weights)s::jsonb ->> k.tenant_id)::int, 1) AS weight
-              FROM walk k) k
+      FROM walk k, coalesce((%(weights)s::jsonb ->> k.tenant_id)::int, 1) AS weight
 ),
 \i claim_expired
 due AS (
@@ -41,7 +45,7 @@ due AS (
            row_number() OVER (PARTITION BY s.pos ORDER BY d.claim_order, d.seq) / s.weight AS n
       FROM shares s
      CROSS JOIN LATERAL (
-           SELECT w.tenant_id, w.operation_id, w.claim_order, w.seq
+           SELECT w.*
              FROM work_item w
             WHERE w.state = 'queued'
               AND w.tenant_id = s.tenant_id
