@@ -103,6 +103,19 @@ def test_tenants_with_backlogs_take_turns(fair: Callable[..., PostgresStore], ba
         assert set(tenants[i : i + 30]) == {"a", "b", "c"}, (i, tenants[i : i + 30])
 
 
+def test_the_walk_wraps_around_to_the_tenants_below_and_stays_on_the_last_one_left(
+    fair: Callable[..., PostgresStore],
+) -> None:
+    """Past the highest tenant with queued rows the walk goes on from the lowest one; when the
+    tenant served last is the only one left with rows, it is served again."""
+    store = fair()
+    flood(store, "a", 5)
+    flood(store, "b", 1)
+    flood(store, "c", 2)
+    assert claimed_tenants(store, 8, batch=1) == ["a", "b", "c", "a", "c", "a", "a", "a"]
+    assert store.claim("w", 1, LEASE) == []
+
+
 @pytest.mark.parametrize("batch", [1, 10, 16], ids=["one-row", "ten-row", "sixteen-row"])
 def test_weights_give_their_shares_of_the_claims(
     fair: Callable[..., PostgresStore], batch: int
