@@ -151,9 +151,9 @@ _BACKOFF_MAX: Final = 10.0
 _HEALTHY_STREAM: Final = 60.0
 _ACK_MODES: Final = ("after_inbox", "after_outcome")
 _INVALID_ACK_ID: Final = "PERMANENT_FAILURE_INVALID_ACK_ID"
-#: refusals that no retry can change
 #: the service's reason for an ack refused until the copies delivered before it are acked
-UNORDERED: Final = "TRANSIENT_FAILURE_UNORDERED_ACK_ID"
+_UNORDERED: Final = "TRANSIENT_FAILURE_UNORDERED_ACK_ID"
+#: refusals that no retry can change
 _PERMANENT_CODES: Final = (
     api_exceptions.NotFound,
     api_exceptions.PermissionDenied,
@@ -249,17 +249,11 @@ class AckCalls:
 
     def settle(self, held: Sequence[A]) -> CallResult[A]:
         """Acknowledge; when ack ids are refused as out of order, the first of them is sent
-        again on its own, after the others.
-
-        With message ordering the service confirms an ack only after those of the copies
-        delivered before it (the emulator: of the same ordering key, the unkeyed ones as one
-        key), and the emulator reads a call's ack ids in their order, refusing every id from
-        the first one out of its delivery order. Two copies of a batch in the wrong order
-        would get the batch refused whole at every retry; apart, each is confirmed once the
-        copies before it are.
-        """
+        again on its own, after the others, so that two copies the wrong way round cannot get
+        a batch refused whole at every retry (see the module's "Acks follow the order of
+        delivery")."""
         result, refused = _answered(held, partial(self._acknowledge, held))
-        unordered = [h for h in result.retry if refused.get(h.handle) == UNORDERED]
+        unordered = [h for h in result.retry if refused.get(h.handle) == _UNORDERED]
         if len(unordered) < 2:
             return result
         first, others = unordered[0], unordered[1:]

@@ -346,16 +346,18 @@ def test_acks_sent_out_of_delivery_order_are_each_confirmed_once_those_before_ar
     client = subscriber_client(emulator.host)
     calls = AckCalls(client, path)
     stopping = threading.Event()
-    with ThreadPoolExecutor(len(batches)) as pool:
-        answers = list(
-            pool.map(
-                lambda batch: confirm(
-                    calls.settle, batch, budget=120.0, stopping=stopping, name="test"
-                ),
-                batches,
+    try:
+        with ThreadPoolExecutor(len(batches)) as pool:
+            answers = list(
+                pool.map(
+                    lambda batch: confirm(
+                        calls.settle, batch, budget=120.0, stopping=stopping, name="test"
+                    ),
+                    batches,
+                )
             )
-        )
-    client.close()
+    finally:
+        client.close()
     assert [(len(lost), len(left)) for _, lost, left in answers] == [(0, 0)] * len(batches)
     done = [h.handle for confirmed, _, _ in answers for h in confirmed]
     assert sorted(done) == sorted(h.handle for h in pulled)
