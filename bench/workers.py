@@ -84,7 +84,7 @@ from bridge.migrate import migrate
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Delivery, State, TargetClass
-from bridge.worker import CLAIM_BATCH_DEFAULT, CLAIMERS_DEFAULT, WorkerPool
+from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
 FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING = (
     "fencebridge",
@@ -134,10 +134,13 @@ def fencebridge(
     processes: int = 1,
     spin: bool = False,
     fair: bool = True,
+    batch: int | None = None,
 ) -> Config:
     label = f"{threads} threads, {claimers} claimer(s)"
     if processes > 1:
         label = f"{processes} processes x {label}"
+    if batch is not None:
+        label += f", claim_batch {batch}"
     args: tuple[str, ...] = (
         "--threads",
         str(threads),
@@ -146,6 +149,8 @@ def fencebridge(
         "--processes",
         str(processes),
     )
+    if batch is not None:
+        args += ("--claim-batch", str(batch))
     if not fair:
         label += ", due order (tenant fairness off)"
         args += ("--due-order",)
@@ -194,10 +199,13 @@ def procrastinate(concurrency: int) -> Config:
 CEILING_CONFIG = Config(CEILING, "pgbench, 16 clients", 16)
 
 #: the tenant-fairness comparison: one pool as `fencebridge run` runs it, claims fair and in due
-#: order, on one tenant's queue (``--fairness`` drains these two alone, alternating)
+#: order, on one tenant's queue, each with every worker's refill in one claim statement (the
+#: default) and split into claims of 10 rows (``--fairness`` drains these alone, in turn)
 FAIRNESS_ARMS: tuple[Config, ...] = (
     fencebridge(16, claimers=1),
     fencebridge(16, claimers=1, fair=False),
+    fencebridge(16, claimers=1, batch=10),
+    fencebridge(16, claimers=1, fair=False, batch=10),
 )
 
 #: every configuration a full run drains
@@ -334,6 +342,7 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     claimers: int,
     spin: bool,
     fair: bool,
+    batch: int | None,
     left: Any,
     done: Any,
     problems: Any,
@@ -358,7 +367,7 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
             IdentityHasher.ephemeral(),
             worker_id=f"bench-{multiprocessing.current_process().pid}",
             threads=threads,
-            claim_batch=CLAIM_BATCH_DEFAULT,
+            claim_batch=batch,
             claimers=claimers,
             events=settled,
         )
@@ -422,6 +431,7 @@ def fencebridge_drain(  # noqa: PLR0917
     processes: int,
     spin: bool = False,
     fair: bool = True,
+    batch: int | None = None,
 ) -> Drain:
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -436,7 +446,7 @@ def fencebridge_drain(  # noqa: PLR0917
     children = [
         context.Process(
             target=fencebridge_drain_process,
-            args=(url, threads, claimers, spin, fair, left, done, problems),
+            args=(url, threads, claimers, spin, fair, batch, left, done, problems),
         )
         for _ in range(processes)
     ]
@@ -689,6 +699,7 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=IN_FLIGHT, help="internal, with --drain")
     parser.add_argument("--claimers", type=int, help="internal, with --drain")
     parser.add_argument("--processes", type=int, default=1, help="internal, with --drain")
+    parser.add_argument("--claim-batch", type=int, help="internal, with --drain")
     parser.add_argument("--spin", action="store_true", help="internal: the CPU-bound handler")
     parser.add_argument(
         "--due-order", action="store_true", help="internal: claims without tenant fairness"
@@ -708,6 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.processes,
                 args.spin,
                 not args.due_order,
+                args.claim_batch,
             )
         )
         return 0

@@ -61,7 +61,6 @@ from bridge.types import Claim, Key, State, TargetClass
 log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
-CLAIM_BATCH_DEFAULT = 10
 #: claim/settle transactions in flight at once, by default. One: measured on two cores with the
 #: database beside the pool, a second claimer split the batches and cost more CPU per job than
 #: its overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are
@@ -90,7 +89,7 @@ class WorkerPool:
         *,
         worker_id: str | None = None,
         threads: int = WORKER_THREADS_DEFAULT,
-        claim_batch: int = CLAIM_BATCH_DEFAULT,
+        claim_batch: int | None = None,
         claimers: int = CLAIMERS_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         settle_linger: float = SETTLE_LINGER_DEFAULT,
@@ -103,6 +102,8 @@ class WorkerPool:
             raise ValueError("a worker pool needs at least one thread")
         if claimers < 1:
             raise ValueError("a worker pool needs at least one claimer")
+        if claim_batch is not None and claim_batch < 1:
+            raise ValueError("a claim leases at least one row")
         self.worker_id = worker_id or default_worker_id()
         self.counts = EventCounter()
         receivers: list[WorkEvents] = [self.counts]
@@ -113,7 +114,8 @@ class WorkerPool:
         self._registry = registry
         self._hasher = hasher
         self._threads = threads
-        self._claim_batch = claim_batch
+        #: most rows per claim statement; by default every worker's refill in one
+        self._claim_batch = claim_batch or threads
         self._poll = poll_interval
         self._settle_linger = settle_linger
         self._work: queue.Queue[tuple[Claim, float] | None] = queue.Queue()

@@ -74,7 +74,6 @@ from bridge.store.work import (
 from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
-CLAIM_BATCH_DEFAULT: Final = 10
 POLL_INTERVAL_SECONDS_DEFAULT: Final = 1.0
 SWEEP_INTERVAL_SECONDS_DEFAULT: Final = 15.0
 SHUTDOWN_DEADLINE_SECONDS_DEFAULT: Final = 30.0
@@ -143,11 +142,18 @@ class BridgeSettings(Table):
         le=256,
         description="Handlers that run at once in this process.",
     )
-    claim_batch: StrictInt = Field(
-        default=CLAIM_BATCH_DEFAULT,
+    claim_batch: Annotated[StrictInt | None, Shown(default="`worker_threads`")] = Field(
+        default=None,
         ge=1,
         le=1000,
-        description="Most work rows one claim statement leases.",
+        description=_doc(
+            """
+            Most work rows one claim statement leases. A claimer never claims more rows than
+            it has idle workers, so by default one statement refills every worker a batch of
+            settlements freed: split into smaller claims, the refill costs a statement each
+            (with 16 workers and 10 here, two of them in every claim transaction).
+            """
+        ),
     )
     poll_interval_seconds: StrictFloat = Field(
         default=POLL_INTERVAL_SECONDS_DEFAULT,

@@ -23,6 +23,7 @@ from bridge.handlers import ConditionalWriteHandler, Context, RetryPolicy, Succe
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
+from bridge.store import postgres as postgres_store
 from bridge.sweeper import Sweeper
 from bridge.types import Claim, Key, State, Ticket
 from bridge.worker import WorkerPool
@@ -503,6 +504,56 @@ class ThreadsOf(Recorder):
             if not self.raised:
                 self.raised.append(claim.operation_id)
                 raise RuntimeError("a broken events receiver")
+
+
+@pytest.mark.parametrize(("claim_batch", "per_statement"), [(None, 16), (5, 5)])
+def test_a_claim_transaction_refills_the_workers_in_statements_of_claim_batch_rows(  # noqa: PLR0917  (fixtures and parameters)
+    store: PostgresStore,
+    db: Db,
+    pools: Callable[..., WorkerPool],
+    monkeypatch: pytest.MonkeyPatch,
+    claim_batch: int | None,
+    per_statement: int,
+) -> None:
+    """The rows a settlement batch frees are claimed in statements of at most ``claim_batch``
+    rows, in the transaction that writes the batch; unset, it is the thread count, so one
+    statement refills every worker. 1,200 rows, each claimed once and settled under that fence."""
+    registry = Registry()
+    registry.register("quick", Quick())
+    ops = [f"op-{i:04d}" for i in range(1200)]
+    for i in range(0, len(ops), 200):
+        store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
+    lock = threading.Lock()
+    statements: list[int] = []  # rows asked by each claim statement of the current transaction
+    transactions: list[tuple[int, list[int]]] = []  # (rows asked, each statement's rows)
+    execute = postgres_store._execute
+
+    def counting(conn: Any, text: Any, params: Any) -> Any:
+        if "SKIP LOCKED" in text:
+            statements.append(params["limit"])
+        return execute(conn, text, params)
+
+    settle_and_claim = store.settle_and_claim
+
+    def recording(settlements: Any, worker: str, limit: int, *args: Any, **kwargs: Any) -> Any:
+        with lock:  # one claimer: the transactions come one at a time
+            statements.clear()
+            result = settle_and_claim(settlements, worker, limit, *args, **kwargs)
+            transactions.append((limit, list(statements)))
+            return result
+
+    monkeypatch.setattr(postgres_store, "_execute", counting)
+    monkeypatch.setattr(store, "settle_and_claim", recording)
+    pools(registry, threads=16, claim_batch=claim_batch)
+
+    eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
+    fences = db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall()
+    assert fences == [(1, 1)], "every row claimed once and settled under that fence"
+    assert transactions, "settlements were written with the claims that refill their workers"
+    for asked, each in transactions:
+        assert sum(each) == asked
+        assert each == [min(per_statement, asked - k) for k in range(0, asked, per_statement)]
+    assert max(asked for asked, _ in transactions) > 10, "some refill took more than 10 rows"
 
 
 def test_rows_claimed_with_a_settlement_batch_run_on_the_workers_it_freed(
