@@ -1589,19 +1589,14 @@ def _parked_params(row: ParkedRow) -> dict[str, Any]:
 def _execute(
     conn: Connection, text: LiteralString, params: Mapping[str, Any]
 ) -> psycopg.Cursor[tuple[Any, ...]]:
-    """Run one of the store's claims, prepared on the connection from its first execution.
-
-    psycopg prepares a statement at its sixth execution on a connection; until then the server
-    parses and plans it every time (a tenant-fair claim: about 1.5 ms, more than running it). A
-    pool's connections take turns, and a claim's text carries its row limit, so the texts of the
-    rarer limits were planned at nearly every execution. A text past psycopg's conversion cache
-    (the claims of limited job types) goes positional through a raw cursor, converted once
+    """Run one of the store's statements; a text past psycopg's conversion cache (the claims of
+    limited job types) goes positional through a raw cursor, converted once
     (:func:`bridge.sql.positional`), instead of being scanned again at every execution."""
     if len(text) <= sql.CACHED_LENGTH:
-        return conn.execute(text, params, prepare=True)
+        return conn.execute(text, params)
     statement = sql.positional(text)
     cursor: RawCursor[tuple[Any, ...]] = RawCursor(conn)
-    return cursor.execute(statement.text, statement.values(params), prepare=True)
+    return cursor.execute(statement.text, statement.values(params))
 
 
 def _claim_params(

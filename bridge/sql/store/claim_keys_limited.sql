@@ -98,6 +98,7 @@ trimmed AS (
       JOIN candidate c USING (tenant_id, operation_id)
      WHERE %(history)s::integer > 0
        AND l.takeover
+       AND EXISTS (SELECT FROM locked y WHERE y.takeover AND 2 * y.fence - 1 > greatest(%(history)s::integer, 2))
        AND 2 * l.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = l.tenant_id
        AND a.operation_id = l.operation_id

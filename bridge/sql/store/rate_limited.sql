@@ -48,6 +48,7 @@ trimmed AS (
     DELETE FROM work_attempt a
      USING moved m
      WHERE %(history)s::integer > 0
+       AND EXISTS (SELECT FROM moved y WHERE 2 * y.fence - 1 > greatest(%(history)s::integer, 2))
        AND 2 * m.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = m.tenant_id
        AND a.operation_id = m.operation_id

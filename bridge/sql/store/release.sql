@@ -30,6 +30,7 @@ trimmed AS (
     DELETE FROM work_attempt a
      USING released r
      WHERE %(history)s::integer > 0
+       AND EXISTS (SELECT FROM released y WHERE 2 * y.fence - 1 > greatest(%(history)s::integer, 2))
        AND 2 * r.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = r.tenant_id
        AND a.operation_id = r.operation_id

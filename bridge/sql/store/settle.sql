@@ -28,6 +28,7 @@ trimmed AS (
     DELETE FROM work_attempt a
      USING settled s
      WHERE %(history)s::integer > 0
+       AND EXISTS (SELECT FROM settled y WHERE 2 * y.fence - 1 > greatest(%(history)s::integer, 2))
        AND 2 * s.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = s.tenant_id
        AND a.operation_id = s.operation_id

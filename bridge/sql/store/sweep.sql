@@ -40,6 +40,7 @@ trimmed AS (
     DELETE FROM work_attempt a
      USING parked x
      WHERE %(history)s::integer > 0
+       AND EXISTS (SELECT FROM parked y WHERE 2 * y.fence - 1 > greatest(%(history)s::integer, 2))
        AND 2 * x.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = x.tenant_id
        AND a.operation_id = x.operation_id

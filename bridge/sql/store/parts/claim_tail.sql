@@ -26,6 +26,9 @@ claimed AS (
 -- takeover itself if the one before it was lost. Past the newest %(history)s, the oldest
 -- entries of the rows taken over are trimmed (a row has at most two entries per fence: its
 -- attempt and a redrive, so a row whose fence is too low to hold more is not looked at).
+-- The trim runs only when a row was taken over (the EXISTS, a gate evaluated once): a connection
+-- keeps its plan (force_generic_plan), and one planned while work_attempt was empty reads that
+-- table whole for every claim, a read that grows with the history (see settle_many.sql).
 lost AS (
     INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at,
                               ended_at, outcome, outcome_code)
@@ -38,6 +41,7 @@ trimmed AS (
     DELETE FROM work_attempt a
      USING expired e
      WHERE %(history)s::integer > 0
+       AND EXISTS (SELECT FROM expired)
        AND 2 * e.fence - 1 > greatest(%(history)s::integer, 2)
        AND a.tenant_id = e.tenant_id
        AND a.operation_id = e.operation_id
