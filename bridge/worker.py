@@ -43,6 +43,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+from itertools import islice
 
 from bridge.config import default_worker_id
 from bridge.errors import LeaseLost, StoreUnavailable
@@ -282,7 +283,9 @@ class WorkerPool:
                     return  # another claimer took what had gathered
                 self._idle -= want
             self._reserved += want
-            handoff = dict(list(self._handoff.items())[:want])
+            # The oldest keys, without copying the rest: while ingest outruns the pool,
+            # thousands wait here, and a copy per claim made each delivery cost O(backlog).
+            handoff = dict(islice(self._handoff.items(), want))
             for key in handoff:
                 del self._handoff[key]
         claims: list[Claim] = []
