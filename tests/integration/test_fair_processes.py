@@ -45,12 +45,18 @@ SELECT 'flood', 'flood-' || g, 'orders', %(job)s, 'B', sha256(g::text::bytea), '
 """
 
 #: per quiet row: the flood's rows claimed after it was written and before it was claimed
+#: per quiet row, the flood rows claimed by claims that began once the row was committed
+#: (``visible``: the database clock read just after its write returned) and before its claim;
+#: its created_at is the start of its write, and a commit that stalls (a slow fsync on a busy
+#: machine) would count the claims that could not yet see it
 OVERTAKEN = """
 SELECT q.operation_id,
        (SELECT count(*) FROM work_item f
          WHERE f.tenant_id = 'flood'
-           AND f.claimed_at > q.created_at AND f.claimed_at < q.claimed_at)
+           AND f.claimed_at > v.visible AND f.claimed_at < q.claimed_at)
   FROM work_item q
+  JOIN unnest(%(ops)s::text[], %(visible)s::timestamptz[]) AS v(operation_id, visible)
+    ON v.operation_id = q.operation_id
  WHERE q.tenant_id = 'quiet'
 """
 
@@ -109,12 +115,18 @@ def overtaken(
 
             eventually(lambda: claimed("flood") >= 200, "the replicas draining the backlog")
             quick = registry()
+            visible: dict[str, Any] = {}
             for i in range(QUIET_ROWS):
                 store.ingest([for_job(quick, JOB, f"quiet-{i}", tenant="quiet")])
+                found = conn.execute("SELECT now()").fetchone()
+                assert found is not None
+                visible[f"quiet-{i}"] = found[0]
                 time.sleep(0.02)  # a trickle: each row arrives on a busy queue of its own
             eventually(lambda: claimed("quiet") == QUIET_ROWS, "every quiet row claimed", DEADLINE)
             flood = claimed("flood")
-            rows = conn.execute(OVERTAKEN).fetchall()
+            rows = conn.execute(
+                OVERTAKEN, {"ops": list(visible), "visible": list(visible.values())}
+            ).fetchall()
     finally:
         stop.set()
         for process in replicas:
