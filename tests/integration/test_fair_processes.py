@@ -44,7 +44,6 @@ SELECT 'flood', 'flood-' || g, 'orders', %(job)s, 'B', sha256(g::text::bytea), '
   FROM generate_series(1, %(rows)s::int) AS g
 """
 
-#: per quiet row: the flood's rows claimed after it was written and before it was claimed
 #: per quiet row, the flood rows claimed by claims that began once the row was committed
 #: (``visible``: the database clock read just after its write returned) and before its claim;
 #: its created_at is the start of its write, and a commit that stalls (a slow fsync on a busy
