@@ -371,14 +371,24 @@ class WorkerPool:
         """
         claims: list[Claim] = []
         placed = 0
-        if handoff and settling is not None:
-            settling.write(self._store)
-            settling = None
+
+        def place(got: list[Claim], batch: Batch) -> None:
+            self._hand_over(got, sent_at, batch)
+
         by_lease: dict[timedelta, list[Key]] = defaultdict(list)
         for key, job_type in handoff.items():
             by_lease[self._registry[job_type].lease].append(key)
         for lease, keys in by_lease.items():
-            claims += self._store.claim_keys(self.worker_id, keys, lease)
+            if settling is not None:
+                # The first claim carries the settlements: one commit for both.
+                got = settling.write_and_claim_keys(
+                    self._store, self.worker_id, keys, lease, place=place
+                )
+                placed = len(got)
+                settling = None
+            else:
+                got = self._store.claim_keys(self.worker_id, keys, lease)
+            claims += got
         room = want - len(claims)
         if room > 0 and not handoff:
             groups: dict[timedelta, list[str]] = defaultdict(list)
@@ -395,7 +405,7 @@ class WorkerPool:
                         lease,
                         job_types=job_types,
                         per_statement=self._claim_batch,
-                        place=lambda got, batch: self._hand_over(got, sent_at, batch),
+                        place=place,
                     )
                     placed = len(got)
                     settling = None

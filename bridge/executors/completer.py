@@ -5,8 +5,9 @@ workers most of a run's time is that wait. A :class:`BatchCompleter` collects th
 that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
 :class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`, or, when it
 is about to claim work for the workers this batch frees, with
-:meth:`~bridge.store.work.WorkStore.settle_and_claim`: one statement pair, one commit, for the
-lot. While one batch is written the next gathers, so batches grow with the load; the pool
+:meth:`~bridge.store.work.WorkStore.settle_and_claim` (or, for keys a consumer handed over,
+:meth:`~bridge.store.work.WorkStore.settle_and_claim_keys`): one statement pair, one commit,
+for the lot. While one batch is written the next gathers, so batches grow with the load; the pool
 also lets a batch wait a moment (``settle_linger``, 2 ms) for the handlers still running,
 never longer.
 
@@ -37,7 +38,10 @@ from datetime import timedelta
 
 from bridge.errors import LeaseLost
 from bridge.store.work import Settlement, WorkStore
-from bridge.types import Claim, Ticket
+from bridge.types import Claim, Key, Ticket
+
+#: hands a batch's claims over before its runs are answered (see :meth:`Batch.write_and_claim`)
+Placer = Callable[[list[Claim], "Batch"], None]
 
 #: the most settlements one batch writes; a pool never has more runs settling than threads
 MAX_BATCH_DEFAULT = 100
@@ -130,7 +134,7 @@ class Batch:
         *,
         job_types: Sequence[str] | None,
         per_statement: int | None = None,
-        place: Callable[[list[Claim], Batch], None] | None = None,
+        place: Placer | None = None,
     ) -> list[Claim]:
         """Settle the batch and claim up to ``limit`` rows in one transaction; answer every run.
 
@@ -138,15 +142,37 @@ class Batch:
         of them to the batch's own runs (:attr:`RunSettler.next`); every run is answered even
         when it raises.
         """
-        try:
-            stale, claims = store.settle_and_claim(
+        return self._written(
+            lambda: store.settle_and_claim(
                 self.settlements,
                 worker,
                 limit,
                 lease,
                 job_types=job_types,
                 per_statement=per_statement,
-            )
+            ),
+            place,
+        )
+
+    def write_and_claim_keys(
+        self,
+        store: WorkStore,
+        worker: str,
+        keys: Sequence[Key],
+        lease: timedelta,
+        *,
+        place: Placer | None = None,
+    ) -> list[Claim]:
+        """:meth:`write_and_claim` for hand-off: claims exactly these keys where claimable."""
+        return self._written(
+            lambda: store.settle_and_claim_keys(self.settlements, worker, keys, lease), place
+        )
+
+    def _written(
+        self, write: Callable[[], tuple[list[Ticket], list[Claim]]], place: Placer | None
+    ) -> list[Claim]:
+        try:
+            stale, claims = write()
         except BaseException as exc:
             self.fail(exc)
             raise

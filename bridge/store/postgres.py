@@ -598,23 +598,33 @@ class PostgresStore:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
         if not keys:
             return []
-        limits = self._limits(None)
         with self._connection("claim") as conn:
-            rows = _execute(
-                conn,
-                sql.with_limit("claim_keys", len(keys))
-                if limits is None
-                else sql.statement("claim_keys_limited"),
-                {
-                    **_keys_params(keys),
-                    "worker": worker,
-                    "lease": lease,
-                    "identity_keys": self._identity_keys,
-                    "history": self._history,
-                    **_limit_params(limits),
-                    "now": self._now(),
-                },
-            ).fetchall()
+            return self._claim_keys(conn, worker, keys, lease, self._now())
+
+    def _claim_keys(
+        self,
+        conn: Connection,
+        worker: str,
+        keys: Sequence[Key],
+        lease: timedelta,
+        now: datetime | None,
+    ) -> list[Claim]:
+        limits = self._limits(None)
+        rows = _execute(
+            conn,
+            sql.with_limit("claim_keys", len(keys))
+            if limits is None
+            else sql.statement("claim_keys_limited"),
+            {
+                **_keys_params(keys),
+                "worker": worker,
+                "lease": lease,
+                "identity_keys": self._identity_keys,
+                "history": self._history,
+                **_limit_params(limits),
+                "now": now,
+            },
+        ).fetchall()
         return [_claim(r) for r in rows]
 
     # -- fenced writes -----------------------------------------------------------------------
@@ -767,6 +777,27 @@ class PostgresStore:
                 if self._fair is not None and extra:
                     self._fair.served(extra["after"], got)
                 claims += got
+        return _stale([s.ticket for s in settlements], moved), claims
+
+    def settle_and_claim_keys(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        keys: Sequence[Key],
+        lease: timedelta,
+    ) -> tuple[list[Ticket], list[Claim]]:
+        """:meth:`settle_many`, then :meth:`claim_keys`, in one transaction.
+
+        The hand-off's form of :meth:`settle_and_claim`: while a consumer hands keys over, the
+        workers a batch frees are refilled with those keys for the same commit.
+        """
+        _settled_only(settlements, "settle_and_claim_keys")
+        now = self._now()
+        with self._connection("settle and claim") as conn, conn.transaction():
+            moved = conn.execute(
+                sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
+            ).fetchall()
+            claims = self._claim_keys(conn, worker, keys, lease, now) if keys else []
         return _stale([s.ticket for s in settlements], moved), claims
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:

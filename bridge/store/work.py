@@ -316,6 +316,16 @@ class WorkStore(KeyedStore, Protocol):
         """:meth:`settle_many`, then :meth:`claim`, in one transaction and one round trip."""
         ...
 
+    def settle_and_claim_keys(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        keys: Sequence[Key],
+        lease: timedelta,
+    ) -> tuple[list[Ticket], list[Claim]]:
+        """:meth:`settle_many`, then :meth:`claim_keys`, in one transaction."""
+        ...
+
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""
         ...

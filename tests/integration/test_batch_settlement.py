@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from bridge.database import Connection, open_pool
-from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.errors import LeaseLost, StoreError, StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.executors.completer import BatchCompleter
@@ -27,7 +27,7 @@ from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandle
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore, Settlement
-from bridge.types import Claim, Delivery, State, TargetClass, Ticket
+from bridge.types import Claim, Delivery, Key, State, TargetClass, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.waiting import eventually
@@ -165,6 +165,41 @@ def test_settle_and_claim_settles_refuses_stale_and_refills_in_one_transaction(
         store.settle_and_claim([Settlement(a.ticket, State.QUEUED, "no")], "w3", 1, LONG)
 
 
+def test_settle_and_claim_keys_settles_and_claims_only_the_handed_keys_in_one_transaction(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    """The hand-off's refill: the batch settles (the stale ticket refused alone) and exactly the
+    given keys are claimed, skipping one already claimed elsewhere; one commit holds both, so a
+    claim that fails takes the settlements back with it."""
+    store, clock = clocked
+    stale_claim, (a, b) = one_stale_among(store, clock, ["a", "b"])
+    store.ingest(deliveries(["k1", "k2", "k3", "other"]))
+    (taken,) = store.claim_keys("w9", [Key("t1", "k3")], LONG)
+    settlements = [
+        Settlement(a.ticket, State.SUCCEEDED, "ok"),
+        Settlement(stale_claim.ticket, State.SUCCEEDED, "ok"),
+    ]
+    keys = [Key("t1", op) for op in ("k1", "k2", "k3")]
+
+    refused, claims = store.settle_and_claim_keys(settlements, "w3", keys, LONG)
+
+    assert refused == [stale_claim.ticket]
+    assert sorted(c.operation_id for c in claims) == ["k1", "k2"]
+    assert state_of(db, "a") == ("succeeded", 1, "ok")
+    assert state_of(db, "k3") == ("claimed", taken.fence, None)
+    assert state_of(db, "other") == ("queued", 0, None)
+
+    # A claim that fails inside the transaction: the settlement is not written either.
+    with pytest.raises(StoreError, match="InvalidDatetimeFormat"):
+        store.settle_and_claim_keys(
+            [Settlement(b.ticket, State.SUCCEEDED, "ok")],
+            "w3",
+            keys,
+            "not an interval",  # type: ignore[arg-type]
+        )
+    assert state_of(db, "b")[0] == "claimed"
+
+
 def test_a_batch_whose_write_fails_gives_every_run_the_error() -> None:
     # Nothing listens on port 1: the pool cannot hand out a connection.
     unreachable = PostgresStore(open_pool("postgresql://postgres@127.0.0.1:1/none", timeout=0.5))
@@ -285,6 +320,12 @@ class Recording(PostgresStore):
     ) -> tuple[list[Ticket], list[Claim]]:
         self._note(settlements)
         return super().settle_and_claim(settlements, *args, **kwargs)
+
+    def settle_and_claim_keys(
+        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
+    ) -> tuple[list[Ticket], list[Claim]]:
+        self._note(settlements)
+        return super().settle_and_claim_keys(settlements, *args, **kwargs)
 
 
 class Refuses(SameDatabaseHandler):

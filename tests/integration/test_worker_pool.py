@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,15 +18,24 @@ import psycopg
 import pytest
 
 from bridge import sql
+from bridge.decode import RawDelivery
 from bridge.demo import balances, invoices, payments
 from bridge.demo.provider import PaymentClient, PaymentProvider
-from bridge.handlers import ConditionalWriteHandler, Context, RetryPolicy, Success, UnfencedHandler
+from bridge.handlers import (
+    ConditionalWriteHandler,
+    Context,
+    RetryPolicy,
+    Success,
+    TerminalFailure,
+    UnfencedHandler,
+)
 from bridge.identity import IdentityHasher
+from bridge.inbox import Inbox
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.store import postgres as postgres_store
 from bridge.sweeper import Sweeper
-from bridge.types import Claim, Key, State, Ticket
+from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
@@ -222,6 +232,69 @@ def test_hand_off_keys_are_claimed_before_older_queued_rows(
 
     assert quick.ran == ["fresh", *older]
     assert [op for op, _, _ in recorder.of("claimed")] == ["fresh", *older]
+
+
+class FailsEvery(ConditionalWriteHandler):
+    """Refuses every ``n``-th operation (a confirmed failure); the others succeed."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._lock = threading.Lock()
+        self.ran: list[str] = []
+
+    def handle(self, ctx: Context) -> None:
+        with self._lock:
+            self.ran.append(ctx.operation_id)
+        if int(ctx.operation_id.rsplit("-", 1)[1]) % self._n == 0:
+            raise TerminalFailure("refused")
+
+
+def test_settlements_ride_with_the_hand_off_claims_that_refill_their_workers(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a consumer hands keys over, each batch of settlements is written in the
+    transaction of the hand-off claim that refills the workers it frees: no lone settlement
+    write. 1,200 deliveries in batches of 10, every fifth batch sent twice (replays, not handed
+    over again), one conflicting redelivery, every 50th operation refused by its target; each
+    row runs once, under its first fence."""
+    handler = FailsEvery(50)
+    registry = Registry()
+    registry.register("quick", handler)
+    lone: list[int] = []
+    settle_many = store.settle_many
+
+    def counting(settlements: Any) -> Any:
+        lone.append(len(settlements))
+        return settle_many(settlements)
+
+    monkeypatch.setattr(store, "settle_many", counting)
+    pool = pools(registry, threads=8)
+
+    def decode(raw: RawDelivery) -> Delivery:
+        return replace(for_job(registry, "quick", raw.attributes["op"]), payload=raw.body)
+
+    def raw(op: str, body: bytes) -> RawDelivery:
+        return RawDelivery(subscription="jobs", message_id=None, body=body, attributes={"op": op})
+
+    inbox = Inbox(store, decode, hand_off=pool.hand_off)
+    ops = [f"op-{i:04d}" for i in range(1200)]
+    for n, start in enumerate(range(0, len(ops), 10)):
+        batch = [raw(op, b"{}") for op in ops[start : start + 10]]
+        inbox.write(batch)
+        if n % 5 == 0:
+            assert {w.decision for w in inbox.write(batch)} == {Decision.REPLAY}
+    (conflict,) = inbox.write([raw(ops[7], b'{"other": 1}')])
+    assert conflict.decision is Decision.CONFLICT
+
+    refused = {op for op in ops if int(op[3:]) % 50 == 0}
+    eventually(
+        lambda: states(db) == {"succeeded": 1200 - len(refused), "failed_terminal": len(refused)},
+        "every row settled",
+        DEADLINE,
+    )
+    assert lone == [], "a settlement batch was written alone while keys were handed over"
+    assert sorted(handler.ran) == ops
+    assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
 
 
 # -- progress heartbeats -------------------------------------------------------------------------
