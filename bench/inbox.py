@@ -119,7 +119,7 @@ class Round:
 def one_round(url: str, plan: Plan) -> Round:
     claimers = CLAIMERS_DEFAULT
     size = THREADS + claimers + 1 + plan.subscriptions + 2
-    store = PostgresStore.connect(url, min_size=size, max_size=size)
+    store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
     try:
         store.pool.wait()
         registry = Registry()

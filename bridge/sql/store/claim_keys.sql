@@ -5,31 +5,10 @@
 -- claim_keys_limited.sql.
 WITH wanted AS (
     SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
+     ORDER BY tenant_id, operation_id
      LIMIT %(limit)s
 ),
-locked AS (
-    SELECT w.tenant_id, w.operation_id, (w.state = 'claimed') AS takeover, w.job_type, w.seq,
-           w.fence, w.lease_owner, w.claimed_at
-      FROM work_item w
-      JOIN wanted USING (tenant_id, operation_id)
-     WHERE ((w.state = 'queued' AND w.next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
-            OR (w.state = 'claimed'
-                AND w.lease_expires_at < coalesce(%(now)s::timestamptz, now())
-                AND w.attempts < w.max_attempts))
-       AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
-       AND NOT EXISTS (SELECT 1 FROM rate_wait r
-                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
-                          AND r.until > coalesce(%(now)s::timestamptz, now()))
-       AND (w.ordering_key IS NULL OR NOT EXISTS (
-               SELECT 1
-                 FROM work_item p
-                WHERE p.subscription = w.subscription
-                  AND p.ordering_key = w.ordering_key
-                  AND p.seq < w.seq
-                  AND p.state IN ('queued', 'claimed')))
-     ORDER BY w.tenant_id, w.operation_id
-       FOR UPDATE OF w SKIP LOCKED
-),
+\i claim_keys_locked
 claimed AS (
     UPDATE work_item w
        SET state = 'claimed',
