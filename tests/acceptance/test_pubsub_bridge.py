@@ -32,7 +32,7 @@ from tests.support.pubsub_emulator import (
 )
 from tests.support.waiting import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(900)]
 
 RECORD = "record"
 STEADY = "steady"

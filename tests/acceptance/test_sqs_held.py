@@ -40,7 +40,7 @@ from tests.support.sqs_proxy import (
 from tests.support.sqs_server import SqsServer, sqs_server_process
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 STEADY = "steady"
 #: leases renewed by progress; long enough that a busy machine does not lapse them

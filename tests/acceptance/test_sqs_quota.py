@@ -112,6 +112,7 @@ def deferred_count(bridge: BridgeProcess) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.timeout(900)
 def test_the_quota_leaves_a_flooding_tenant_in_the_queue_while_another_tenant_flows(
     tmp_path: Path, moto: SqsServer, db_url: str
