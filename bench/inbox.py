@@ -6,7 +6,9 @@ received batch), as fast as its commits return; the inbox hands the new keys to 
 :class:`~bridge.worker.WorkerPool` (16 threads, a no-op class B handler) that drains them while
 they arrive. The rate is the deliveries over the time from the first work row's creation to
 the last settlement, by the database clock (``work_item.created_at`` and ``settled_at``, read
-after ``ANALYZE``); beside it, the ingest alone (first to last creation).
+after ``ANALYZE``); beside it, the ingest alone (first to last creation). Each round runs twice:
+on a database in use (a settled history, analyzed, before the round: the report's headline) and
+on a new one, whose only statistics are those of the empty tables its migration analyzed.
 
 The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.commit_ceiling`,
 ``pgbench`` inserting one row per transaction) at 1 and at 16 clients, measured in the same
