@@ -48,9 +48,9 @@ def _alone(
     Each drives bridge processes with dozens of workers, and the broker's server, for
     minutes, and asserts that extensions kept up. In a run of the suite on two cores where they
     overlapped with each other and the rest, the broker's server answered extensions in 136 ms
-    (1.4 s at p99) and hundreds of deliveries came back where the bound is 2%: a measure of the
-    machine's load, not of the bridge. The lock file sits in the directory the suite's processes
-    share.
+    (1.4 s at p99) and 428 redeliveries of 1,132 held messages were counted where the bound is
+    2%: a measure of the machine's load, not of the bridge. The lock file sits in the directory
+    the suite's processes share.
     """
     if request.node.get_closest_marker("alone") is None:
         yield
