@@ -348,7 +348,7 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     """One pool in this process, draining until ``left`` (shared by every process) is zero.
     The store is opened as ``fencebridge run`` opens it (one plan per statement, no JIT,
     tenant fairness as configured)."""
-    connections = threads + claimers + 1  # the workers, the claimers and the heartbeater
+    connections = threads + 2 * claimers + 1  # workers, claimers, their settlers, heartbeater
     store = PostgresStore.connect(
         url, min_size=connections, max_size=connections, generic_plans=True
     )

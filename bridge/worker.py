@@ -17,11 +17,13 @@ out of a claim or a run, of whatever type, is logged by type, counted and follow
 jittered, capped backoff, and the loop carries on; while claims fail the pool is not ready.
 
 Final settlements of concurrent runs are written together: runs hand them to a
-:class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered,
-in the same transaction as the claim that refills the workers they free (one commit for both,
-each row under its own fence). A run waits for its own answer, so it ends as it would have;
-the rows claimed for the workers it frees come with the answer, one to each waiting run, which
-runs it next: one wake-up per job, not one for the answer and another for the queue.
+:class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered
+(each row under its own fence) while it claims the rows that refill the workers they free: the
+batch goes to a settler thread with a connection of its own, so the two statements run at once
+and a round costs the longer of them, not both in turn. A run waits for its own answer, so it
+ends as it would have; the rows claimed for the workers it frees come with the answer, one to
+each waiting run, which runs it next: one wake-up per job, not one for the answer and another
+for the queue.
 
 Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
 connection, overlap: while one
@@ -39,6 +41,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -130,6 +133,9 @@ class WorkerPool:
         self._handoff: dict[Key, str] = {}
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
+        #: writes each claimer's settlement batch while that claimer claims (see _claim); a
+        #: task's exception goes to the claimer waiting for it, never ends the thread
+        self._settler = ThreadPoolExecutor(claimers, thread_name_prefix="fencebridge-settler")
         on_restart = telemetry.thread_restarted if telemetry is not None else None
         self.heartbeater = Heartbeater(
             store,
@@ -231,6 +237,8 @@ class WorkerPool:
             self._stopping.set()
             self._cond.notify_all()
         self._claimer_group.join(until)
+        # A claimer the join gave up on still waits for its write: the thread ends after it.
+        self._settler.shutdown(wait=False)
         released = 0
         while True:
             try:
@@ -274,8 +282,8 @@ class WorkerPool:
             self._gather_settlements()
             settling = self._completer.take()
             if settling is not None:
-                # Their workers are free once this write ends: claim for them with it.
-                want = self._idle + len(settling)  # in claims of claim_batch rows, one transaction
+                # Their workers are free once this write ends: claim for them beside it.
+                want = self._idle + len(settling)  # in statements of at most claim_batch rows
                 self._idle = 0
             else:
                 want = min(self._idle, self._claim_batch)
@@ -288,33 +296,40 @@ class WorkerPool:
             handoff = dict(islice(self._handoff.items(), want))
             for key in handoff:
                 del self._handoff[key]
-        claims: list[Claim] = []
-        placed = 0
+        claims: list[Claim] = []  # filled as they are handed over, for the count below
         try:
             sent_at = time.monotonic()  # leases start no earlier than this, by our clock
-            claims, placed = self._claim(want, handoff, settling, sent_at)
+            self._claim(want, handoff, settling, sent_at, claims)
         finally:
             with self._cond:
                 self._reserved -= want
                 self._idle += want - len(claims)
                 if len(claims) < want:
                     self._cond.notify_all()
-        if claims:
-            if len(claims) > placed:
-                self._hand_over(claims[placed:], sent_at)
+        if claims or settling is not None:
+            # Claim again at once: the rows this settlement freed (the next row of an ordered
+            # group, a slot under a concurrency limit) were still claimed for the claim beside it.
             return
         with self._cond:
             if not self._handoff and not self._completer.pending and not self._stopping.is_set():
                 self._cond.wait(timeout=self._poll)
 
-    def _hand_over(self, claims: list[Claim], sent_at: float, batch: Batch | None = None) -> None:
+    def _hand_over(
+        self,
+        claims: list[Claim],
+        sent_at: float,
+        handed: list[Claim],
+        batch: Batch | None = None,
+    ) -> None:
         """Give claims to the workers (already counted busy); once stopping, release them.
 
-        The runs of ``batch``, whose settlements were just written with these claims, take one
+        The runs of ``batch``, whose settlements were written beside these claims, take one
         each (they are waiting for their answer, and run it next); the rest are queued. The
         stop flag is read under the condition ``stop()`` sets it under, so a claim is either
         given or queued before the stop drains the queue, or released here: never stranded.
+        Every claim is added to ``handed`` before anything can raise.
         """
+        handed += claims
         error: Exception | None = None
         for claim in claims:
             try:
@@ -362,60 +377,72 @@ class WorkerPool:
             self._cond.wait(timeout=min(left, quiet))
 
     def _claim(
-        self, want: int, handoff: dict[Key, str], settling: Batch | None, sent_at: float
-    ) -> tuple[list[Claim], int]:
-        """Claim up to ``want`` rows; write ``settling`` first, with the first claim if it can.
+        self,
+        want: int,
+        handoff: dict[Key, str],
+        settling: Batch | None,
+        sent_at: float,
+        handed: list[Claim],
+    ) -> None:
+        """Claim up to ``want`` rows and hand them over (into ``handed``); write ``settling``
+        beside the claims.
 
-        Returns the claims and how many of the first ones were already handed over (to the
-        runs of ``settling`` and the queue, by the claim that wrote it).
+        The batch goes to a settler thread, on a connection of its own, before the first claim
+        is sent, so that the two statements run at once: the round waits for the longer of
+        the two, not for both in turn (measured: docs/benchmarks.md, "Worker tier"). Each is
+        the store's own fenced statement; nothing is decided by their order. The batch's runs
+        are answered once both have ended, each with a row claimed for it to run next where
+        there is one; a failed write answers them with its error and the rows go to the queue.
         """
+        written = None if settling is None else self._settler.submit(settling.settle, self._store)
+        try:
+            claims = self._claim_rows(want, handoff)
+        except BaseException:
+            if written is not None and settling is not None:
+                # Answer the runs whatever happens to the claim: the write's own error, or its
+                # stale tickets once it committed.
+                try:
+                    stale = written.result()
+                except Exception:  # noqa: BLE001, S110  (its runs were answered with it)
+                    pass
+                else:
+                    settling.answer(stale)
+            raise
+        if written is None or settling is None:
+            self._hand_over(claims, sent_at, handed)
+            return
+        try:
+            stale = written.result()
+        except BaseException:
+            self._hand_over(claims, sent_at, handed)  # its runs were answered with the error
+            raise
+        try:
+            self._hand_over(claims, sent_at, handed, settling)
+        finally:
+            settling.answer(stale)
+
+    def _claim_rows(self, want: int, handoff: dict[Key, str]) -> list[Claim]:
+        """Up to ``want`` rows: the handed-off keys, or else claimable rows of the job types this
+        pool runs, in statements of at most ``claim_batch`` rows."""
         claims: list[Claim] = []
-        placed = 0
-
-        def place(got: list[Claim], batch: Batch) -> None:
-            self._hand_over(got, sent_at, batch)
-
         by_lease: dict[timedelta, list[Key]] = defaultdict(list)
         for key, job_type in handoff.items():
             by_lease[self._registry[job_type].lease].append(key)
         for lease, keys in by_lease.items():
-            if settling is not None:
-                # The first claim carries the settlements: one commit for both.
-                got = settling.write_and_claim_keys(
-                    self._store, self.worker_id, keys, lease, place=place
-                )
-                placed = len(got)
-                settling = None
-            else:
-                got = self._store.claim_keys(self.worker_id, keys, lease)
-            claims += got
-        room = want - len(claims)
-        if room > 0 and not handoff:
-            groups: dict[timedelta, list[str]] = defaultdict(list)
-            for spec in self._registry.specs():
-                groups[spec.lease].append(spec.job_type)
-            for lease, job_types in groups.items():
-                if room <= 0:
-                    break
-                if settling is not None:
-                    got = settling.write_and_claim(
-                        self._store,
-                        self.worker_id,
-                        room,
-                        lease,
-                        job_types=job_types,
-                        per_statement=self._claim_batch,
-                        place=place,
-                    )
-                    placed = len(got)
-                    settling = None
-                else:
-                    got = self._store.claim(self.worker_id, room, lease, job_types=job_types)
+            claims += self._store.claim_keys(self.worker_id, keys, lease)
+        if handoff:
+            return claims
+        groups: dict[timedelta, list[str]] = defaultdict(list)
+        for spec in self._registry.specs():
+            groups[spec.lease].append(spec.job_type)
+        for lease, job_types in groups.items():
+            while (room := want - len(claims)) > 0:
+                asked = min(room, self._claim_batch)
+                got = self._store.claim(self.worker_id, asked, lease, job_types=job_types)
                 claims += got
-                room -= len(got)
-        if settling is not None:
-            settling.write(self._store)
-        return claims, placed
+                if len(got) < asked:
+                    break  # none left of these job types
+        return claims
 
     # -- workers ----------------------------------------------------------------------------------
 

@@ -3,13 +3,11 @@
 Written alone, each settlement costs a round trip and a commit (a WAL flush), and with many
 workers most of a run's time is that wait. A :class:`BatchCompleter` collects the settlements
 that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
-:class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`, or, when it
-is about to claim work for the workers this batch frees, with
-:meth:`~bridge.store.work.WorkStore.settle_and_claim` (or, for keys a consumer handed over,
-:meth:`~bridge.store.work.WorkStore.settle_and_claim_keys`): one statement pair, one commit,
-for the lot. While one batch is written the next gathers, so batches grow with the load; the pool
-also lets a batch wait a moment (``settle_linger``, 2 ms) for the handlers still running,
-never longer.
+:class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`: one
+statement, one commit, for the lot (the pool writes it beside the claim that refills the
+workers it frees, on a connection of its own). While one batch is written the next gathers, so
+batches grow with the load; the pool also lets a batch wait a moment (``settle_linger``, 2 ms)
+for the handlers still running, never longer.
 
 Nothing about ownership changes. Every row moves only while its own fence is still current
 (``WHERE fence = t.fence AND state = 'claimed'``, inside the write): a stale ticket in a batch
@@ -33,15 +31,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterable
 
 from bridge.errors import LeaseLost
 from bridge.store.work import Settlement, WorkStore
-from bridge.types import Claim, Key, Ticket
-
-#: hands a batch's claims over before its runs are answered (see :meth:`Batch.write_and_claim`)
-Placer = Callable[[list[Claim], "Batch"], None]
+from bridge.types import Claim, Ticket
 
 #: the most settlements one batch writes; a pool never has more runs settling than threads
 MAX_BATCH_DEFAULT = 100
@@ -113,75 +107,25 @@ class Batch:
 
     def write(self, store: WorkStore) -> None:
         """Settle the batch in one statement and answer every run."""
+        self.answer(self.settle(store))
+
+    def settle(self, store: WorkStore) -> list[Ticket]:
+        """Write the batch in one statement and return its stale tickets, answering nobody yet.
+
+        For a writer with more to do before the runs go on (the pool hands them the rows it
+        claimed meanwhile, then answers); a write that fails answers every run with its error
+        before it is raised.
+        """
         try:
-            stale = store.settle_many(self.settlements)
+            return store.settle_many(self.settlements)
         except BaseException as exc:
             self.fail(exc)
             raise
-        self.answer(stale)
 
     @property
     def runs(self) -> list[RunSettler]:
         """The waiting runs of this batch, each free for a new claim once answered."""
         return [p.run for p in self._pending if p.run is not None]
-
-    def write_and_claim(
-        self,
-        store: WorkStore,
-        worker: str,
-        limit: int,
-        lease: timedelta,
-        *,
-        job_types: Sequence[str] | None,
-        per_statement: int | None = None,
-        place: Placer | None = None,
-    ) -> list[Claim]:
-        """Settle the batch and claim up to ``limit`` rows in one transaction; answer every run.
-
-        ``place`` hands the claims over before the runs are answered, so that it can give some
-        of them to the batch's own runs (:attr:`RunSettler.next`); every run is answered even
-        when it raises.
-        """
-        return self._written(
-            lambda: store.settle_and_claim(
-                self.settlements,
-                worker,
-                limit,
-                lease,
-                job_types=job_types,
-                per_statement=per_statement,
-            ),
-            place,
-        )
-
-    def write_and_claim_keys(
-        self,
-        store: WorkStore,
-        worker: str,
-        keys: Sequence[Key],
-        lease: timedelta,
-        *,
-        place: Placer | None = None,
-    ) -> list[Claim]:
-        """:meth:`write_and_claim` for hand-off: claims exactly these keys where claimable."""
-        return self._written(
-            lambda: store.settle_and_claim_keys(self.settlements, worker, keys, lease), place
-        )
-
-    def _written(
-        self, write: Callable[[], tuple[list[Ticket], list[Claim]]], place: Placer | None
-    ) -> list[Claim]:
-        try:
-            stale, claims = write()
-        except BaseException as exc:
-            self.fail(exc)
-            raise
-        try:
-            if place is not None and claims:
-                place(claims, self)
-        finally:
-            self.answer(stale)
-        return claims
 
     def answer(self, stale: Iterable[Ticket]) -> None:
         """The write committed: the stale tickets lost their rows, the others settled."""

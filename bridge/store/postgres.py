@@ -598,33 +598,23 @@ class PostgresStore:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
         if not keys:
             return []
-        with self._connection("claim") as conn:
-            return self._claim_keys(conn, worker, keys, lease, self._now())
-
-    def _claim_keys(
-        self,
-        conn: Connection,
-        worker: str,
-        keys: Sequence[Key],
-        lease: timedelta,
-        now: datetime | None,
-    ) -> list[Claim]:
         limits = self._limits(None)
-        rows = _execute(
-            conn,
-            sql.with_limit("claim_keys", len(keys))
-            if limits is None
-            else sql.statement("claim_keys_limited"),
-            {
-                **_keys_params(keys),
-                "worker": worker,
-                "lease": lease,
-                "identity_keys": self._identity_keys,
-                "history": self._history,
-                **_limit_params(limits),
-                "now": now,
-            },
-        ).fetchall()
+        with self._connection("claim") as conn:
+            rows = _execute(
+                conn,
+                sql.with_limit("claim_keys", len(keys))
+                if limits is None
+                else sql.statement("claim_keys_limited"),
+                {
+                    **_keys_params(keys),
+                    "worker": worker,
+                    "lease": lease,
+                    "identity_keys": self._identity_keys,
+                    "history": self._history,
+                    **_limit_params(limits),
+                    "now": self._now(),
+                },
+            ).fetchall()
         return [_claim(r) for r in rows]
 
     # -- fenced writes -----------------------------------------------------------------------
@@ -732,73 +722,6 @@ class PostgresStore:
                 _settlements_params(settlements, self._now(), self._history),
             ).fetchall()
         return _stale([s.ticket for s in settlements], rows)
-
-    def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        worker: str,
-        limit: int,
-        lease: timedelta,
-        *,
-        job_types: Sequence[str] | None = None,
-        per_statement: int | None = None,
-    ) -> tuple[list[Ticket], list[Claim]]:
-        """:meth:`settle_many`, then :meth:`claim`, in one transaction.
-
-        Each part is exactly the method it names (the stale tickets are returned, the other rows
-        settle; up to ``limit`` claimable rows are claimed, by claims of at most
-        ``per_statement`` rows each); they share one commit, so a worker tier that frees workers
-        by settling can refill them for the cost of one WAL flush.
-
-        Not in pipeline mode: it saves round trips, but psycopg's pipeline costs about twice the
-        client CPU per transaction (measured: 269 against 138 us for one row, 341 against 203
-        us for ten, on a database on the same host), and the pool is bound by client CPU.
-        """
-        _settled_only(settlements, "settle_and_claim")
-        step = per_statement or limit
-        limits = [min(step, limit - k) for k in range(0, limit, step)] if limit > 0 else []
-        now = self._now()
-        limited = self._limits(job_types)
-        with self._connection("settle and claim") as conn, conn.transaction():
-            moved = conn.execute(
-                sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
-            ).fetchall()
-            claims: list[Claim] = []
-            for n in limits:
-                text, extra = self._claim_statement(limited, n)
-                params = {
-                    **_claim_params(worker, n, lease, job_types, now),
-                    "identity_keys": self._identity_keys,
-                    "history": self._history,
-                    **_limit_params(limited),
-                    **extra,
-                }
-                got = [_claim(r) for r in _execute(conn, text, params).fetchall()]
-                if self._fair is not None and extra:
-                    self._fair.served(extra["after"], got)
-                claims += got
-        return _stale([s.ticket for s in settlements], moved), claims
-
-    def settle_and_claim_keys(
-        self,
-        settlements: Sequence[Settlement],
-        worker: str,
-        keys: Sequence[Key],
-        lease: timedelta,
-    ) -> tuple[list[Ticket], list[Claim]]:
-        """:meth:`settle_many`, then :meth:`claim_keys`, in one transaction.
-
-        The hand-off's form of :meth:`settle_and_claim`: while a consumer hands keys over, the
-        workers a batch frees are refilled with those keys for the same commit.
-        """
-        _settled_only(settlements, "settle_and_claim_keys")
-        now = self._now()
-        with self._connection("settle and claim") as conn, conn.transaction():
-            moved = conn.execute(
-                sql.statement("settle_many"), _settlements_params(settlements, now, self._history)
-            ).fetchall()
-            claims = self._claim_keys(conn, worker, keys, lease, now) if keys else []
-        return _stale([s.ticket for s in settlements], moved), claims
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""

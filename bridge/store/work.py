@@ -303,29 +303,6 @@ class WorkStore(KeyedStore, Protocol):
         """Settle many claims in one statement; returns the tickets whose fence was stale."""
         ...
 
-    def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        worker: str,
-        limit: int,
-        lease: timedelta,
-        *,
-        job_types: Sequence[str] | None = None,
-        per_statement: int | None = None,
-    ) -> tuple[list[Ticket], list[Claim]]:
-        """:meth:`settle_many`, then :meth:`claim`, in one transaction and one round trip."""
-        ...
-
-    def settle_and_claim_keys(
-        self,
-        settlements: Sequence[Settlement],
-        worker: str,
-        keys: Sequence[Key],
-        lease: timedelta,
-    ) -> tuple[list[Ticket], list[Claim]]:
-        """:meth:`settle_many`, then :meth:`claim_keys`, in one transaction."""
-        ...
-
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
         """Mark many operations succeeded; returns the tickets whose fence was stale."""
         ...

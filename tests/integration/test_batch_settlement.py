@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from bridge.database import Connection, open_pool
-from bridge.errors import LeaseLost, StoreError, StoreUnavailable
+from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.executors.completer import BatchCompleter
@@ -27,7 +27,7 @@ from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandle
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore, Settlement
-from bridge.types import Claim, Delivery, Key, State, TargetClass, Ticket
+from bridge.types import Claim, Delivery, State, TargetClass, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.waiting import eventually
@@ -136,68 +136,30 @@ def test_a_batch_refuses_only_its_stale_ticket_and_commits_the_rest(
     assert completer.pending == 0
 
 
-def test_settle_and_claim_settles_refuses_stale_and_refills_in_one_transaction(
+def test_a_batch_settled_for_a_writer_with_more_to_do_waits_for_its_answer(
     clocked: tuple[PostgresStore, Clock], db: Db
 ) -> None:
+    """``Batch.settle`` commits and returns the stale tickets, but no run goes on until the
+    writer answers (the pool first hands the runs the rows it claimed meanwhile)."""
     store, clock = clocked
-    stale_claim, (a, b) = one_stale_among(store, clock, ["a", "b"])
-    stale = stale_claim.ticket
-    store.ingest(deliveries(["q1", "q2", "q3", "q4", "q5"]))
-    settlements = [
-        Settlement(a.ticket, State.SUCCEEDED, "ok"),
-        Settlement(b.ticket, State.FAILED_TERMINAL, "rejected", "no such account"),
-        Settlement(stale, State.SUCCEEDED, "ok"),
-    ]
+    stale_claim, fresh = one_stale_among(store, clock, ["a", "b"])
+    completer = BatchCompleter(store)
+    settlements = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, stale_claim]]
+    threads, answers = settle_in_threads(completer, settlements)
+    batch = completer.take()
+    assert batch is not None
 
-    refused, claims = store.settle_and_claim(settlements, "w3", 5, LONG, per_statement=2)
+    stale = batch.settle(store)
 
-    assert refused == [stale]
-    assert sorted(c.operation_id for c in claims) == ["q1", "q2", "q3", "q4", "q5"]
-    assert all(c.fence == 1 and not c.takeover for c in claims)
-    assert state_of(db, "a") == ("succeeded", 1, "ok")
-    assert state_of(db, "b") == ("failed_terminal", 1, "rejected")
-    assert state_of(db, "stale") == ("claimed", 2, None)
-    owners = db.execute(
-        "SELECT count(*) FROM work_item WHERE state = 'claimed' AND lease_owner = 'w3'"
-    ).fetchone()
-    assert owners == (5,)
-    with pytest.raises(ValueError, match="settled state"):
-        store.settle_and_claim([Settlement(a.ticket, State.QUEUED, "no")], "w3", 1, LONG)
-
-
-def test_settle_and_claim_keys_settles_and_claims_only_the_handed_keys_in_one_transaction(
-    clocked: tuple[PostgresStore, Clock], db: Db
-) -> None:
-    """The hand-off's refill: the batch settles (the stale ticket refused alone) and exactly the
-    given keys are claimed, skipping one already claimed elsewhere; one commit holds both, so a
-    claim that fails takes the settlements back with it."""
-    store, clock = clocked
-    stale_claim, (a, b) = one_stale_among(store, clock, ["a", "b"])
-    store.ingest(deliveries(["k1", "k2", "k3", "other"]))
-    (taken,) = store.claim_keys("w9", [Key("t1", "k3")], LONG)
-    settlements = [
-        Settlement(a.ticket, State.SUCCEEDED, "ok"),
-        Settlement(stale_claim.ticket, State.SUCCEEDED, "ok"),
-    ]
-    keys = [Key("t1", op) for op in ("k1", "k2", "k3")]
-
-    refused, claims = store.settle_and_claim_keys(settlements, "w3", keys, LONG)
-
-    assert refused == [stale_claim.ticket]
-    assert sorted(c.operation_id for c in claims) == ["k1", "k2"]
-    assert state_of(db, "a") == ("succeeded", 1, "ok")
-    assert state_of(db, "k3") == ("claimed", taken.fence, None)
-    assert state_of(db, "other") == ("queued", 0, None)
-
-    # A claim that fails inside the transaction: the settlement is not written either.
-    with pytest.raises(StoreError, match="InvalidDatetimeFormat"):
-        store.settle_and_claim_keys(
-            [Settlement(b.ticket, State.SUCCEEDED, "ok")],
-            "w3",
-            keys,
-            "not an interval",  # type: ignore[arg-type]
-        )
-    assert state_of(db, "b")[0] == "claimed"
+    assert stale == [stale_claim.ticket]
+    assert [state_of(db, op)[0] for op in "ab"] == ["succeeded"] * 2
+    assert all(t.is_alive() for t in threads), "a run went on before it was answered"
+    assert answers == {}
+    batch.answer(stale)
+    for t in threads:
+        t.join(DEADLINE)
+    assert isinstance(answers["stale"], LeaseLost)
+    assert (answers["a"], answers["b"]) == (None, None)
 
 
 def test_a_batch_whose_write_fails_gives_every_run_the_error() -> None:
@@ -314,18 +276,6 @@ class Recording(PostgresStore):
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         self._note(settlements)
         return super().settle_many(settlements)
-
-    def settle_and_claim(
-        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
-    ) -> tuple[list[Ticket], list[Claim]]:
-        self._note(settlements)
-        return super().settle_and_claim(settlements, *args, **kwargs)
-
-    def settle_and_claim_keys(
-        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
-    ) -> tuple[list[Ticket], list[Claim]]:
-        self._note(settlements)
-        return super().settle_and_claim_keys(settlements, *args, **kwargs)
 
 
 class Refuses(SameDatabaseHandler):

@@ -59,9 +59,8 @@ def test_claims_settlements_heartbeats_and_ingest_run_on_generic_plans(
             handed = store.claim_keys("w", keys[:5], LEASE)
             store.heartbeat_many([c.ticket for c in handed], LEASE)
             store.watch(keys)
-            _, claimed = store.settle_and_claim(
-                [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in handed], "w", 5, LEASE
-            )
+            store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in handed])
+            claimed = store.claim("w", 5, LEASE)
             store.complete_many([c.ticket for c in store.claim("w", 5, LEASE)])
             store.complete_many([c.ticket for c in claimed])
         with store.pool.connection() as conn:

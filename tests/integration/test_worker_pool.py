@@ -33,7 +33,6 @@ from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
 from bridge.registry import Registry
 from bridge.store import PostgresStore
-from bridge.store import postgres as postgres_store
 from bridge.sweeper import Sweeper
 from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
 from bridge.worker import WorkerPool
@@ -249,26 +248,70 @@ class FailsEvery(ConditionalWriteHandler):
             raise TerminalFailure("refused")
 
 
-def test_settlements_ride_with_the_hand_off_claims_that_refill_their_workers(
+class Beside:
+    """Notes whether each settlement batch is written while a claim is in flight.
+
+    A batch's write waits (bounded) until a claim is in flight; a claim that ends while a batch
+    handed to the settler has not yet looked waits for it to look. Written before or after the
+    claim in one thread, a batch would find none in flight and wait out the bound."""
+
+    BOUND = 10.0
+
+    def __init__(self, store: PostgresStore, pool: WorkerPool, monkeypatch: pytest.MonkeyPatch):
+        self._cond = threading.Condition()
+        self._claiming = 0
+        self._outstanding = 0  # batches handed to the settler that have not looked yet
+        self.batches: list[tuple[int, bool]] = []  # (settlements, a claim was in flight)
+        settle_many, claim, claim_keys = store.settle_many, store.claim, store.claim_keys
+        settler = pool._settler  # the seam under test
+        submit = settler.submit
+
+        def submitted(*args: Any, **kwargs: Any) -> Any:
+            with self._cond:
+                self._outstanding += 1
+            return submit(*args, **kwargs)
+
+        def settling(settlements: Any) -> Any:
+            with self._cond:
+                beside = self._cond.wait_for(lambda: self._claiming > 0, self.BOUND)
+                self._outstanding -= 1
+                self.batches.append((len(settlements), beside))
+                self._cond.notify_all()
+            return settle_many(settlements)
+
+        def claiming(method: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                with self._cond:
+                    self._claiming += 1
+                    self._cond.notify_all()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    with self._cond:
+                        self._cond.wait_for(lambda: self._outstanding <= 0, self.BOUND)
+                        self._claiming -= 1
+
+            return wrapped
+
+        monkeypatch.setattr(settler, "submit", submitted)
+        monkeypatch.setattr(store, "settle_many", settling)
+        monkeypatch.setattr(store, "claim", claiming(claim))
+        monkeypatch.setattr(store, "claim_keys", claiming(claim_keys))
+
+
+def test_settlements_are_written_beside_the_hand_off_claims_that_refill_their_workers(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While a consumer hands keys over, each batch of settlements is written in the
-    transaction of the hand-off claim that refills the workers it frees: no lone settlement
-    write. 1,200 deliveries in batches of 10, every fifth batch sent twice (replays, not handed
-    over again), one conflicting redelivery, every 50th operation refused by its target; each
-    row runs once, under its first fence."""
+    """While a consumer hands keys over, each batch of settlements is written while the
+    hand-off claim that refills the workers it frees is in flight, on a connection of its own.
+    1,200 deliveries in batches of 10, every fifth batch sent twice (replays, not handed over
+    again), one conflicting redelivery, every 50th operation refused by its target; each row
+    runs once, under its first fence."""
     handler = FailsEvery(50)
     registry = Registry()
     registry.register("quick", handler)
-    lone: list[int] = []
-    settle_many = store.settle_many
-
-    def counting(settlements: Any) -> Any:
-        lone.append(len(settlements))
-        return settle_many(settlements)
-
-    monkeypatch.setattr(store, "settle_many", counting)
     pool = pools(registry, threads=8)
+    beside = Beside(store, pool, monkeypatch)
 
     def decode(raw: RawDelivery) -> Delivery:
         return replace(for_job(registry, "quick", raw.attributes["op"]), payload=raw.body)
@@ -292,7 +335,9 @@ def test_settlements_ride_with_the_hand_off_claims_that_refill_their_workers(
         "every row settled",
         DEADLINE,
     )
-    assert lone == [], "a settlement batch was written alone while keys were handed over"
+    assert beside.batches, "settlements were batched"
+    alone = [n for n, met in beside.batches if not met]
+    assert alone == [], "a settlement batch was written with no claim in flight"
     assert sorted(handler.ran) == ops
     assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
 
@@ -518,14 +563,15 @@ class Gated(ConditionalWriteHandler):
             assert self.gate.wait(DEADLINE), "the gate was never opened"
 
 
-def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once(
+def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
     store: PostgresStore,
     db: Db,
     pools: Callable[..., WorkerPool],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The first two settle-and-claim transactions must meet inside the store at once: one
-    claimer alone could never pass the barrier, since it waits inside its first call."""
+    """The first two settlement writes must meet inside the store at once, each on its
+    claimer's settler: one claimer alone could never pass the barrier, since it waits for its
+    first write before it takes the next batch."""
     registry = Registry()
     gated = Gated()
     registry.register("gated", gated)
@@ -535,7 +581,7 @@ def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once
     meeting = threading.Barrier(2, timeout=DEADLINE)
     met: list[int] = []
     calls = threading.Lock()
-    settle_and_claim = store.settle_and_claim
+    settle_many = store.settle_many
 
     def overlapping(*args: Any, **kwargs: Any) -> Any:
         with calls:
@@ -545,15 +591,15 @@ def test_two_claimers_have_their_settle_and_claim_transactions_in_flight_at_once
         if first_two:
             gated.gate.set()  # the other half of the workers can settle now
             meeting.wait()  # raises BrokenBarrierError unless another transaction comes
-        return settle_and_claim(*args, **kwargs)
+        return settle_many(*args, **kwargs)
 
-    monkeypatch.setattr(store, "settle_and_claim", overlapping)
+    monkeypatch.setattr(store, "settle_many", overlapping)
     events = Recorder()
     pools(registry, threads=8, claimers=2, claim_batch=8, events=events)
 
     eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
     assert met == [0, 1]
-    assert not meeting.broken, "two transactions were in flight at once"
+    assert not meeting.broken, "two settlement writes were in flight at once"
     fences = db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall()
     assert fences == [(1, 1)], "every row claimed once and settled under that fence"
     assert events.of("lease_lost") == []
@@ -580,7 +626,7 @@ class ThreadsOf(Recorder):
 
 
 @pytest.mark.parametrize(("claim_batch", "per_statement"), [(None, 16), (5, 5)])
-def test_a_claim_transaction_refills_the_workers_in_statements_of_claim_batch_rows(  # noqa: PLR0917  (fixtures and parameters)
+def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  # noqa: PLR0917  (fixtures and parameters)
     store: PostgresStore,
     db: Db,
     pools: Callable[..., WorkerPool],
@@ -589,44 +635,43 @@ def test_a_claim_transaction_refills_the_workers_in_statements_of_claim_batch_ro
     per_statement: int,
 ) -> None:
     """The rows a settlement batch frees are claimed in statements of at most ``claim_batch``
-    rows, in the transaction that writes the batch; unset, it is the thread count, so one
-    statement refills every worker. 1,200 rows, each claimed once and settled under that fence."""
+    rows, one after another until the round has its rows or a statement comes back short;
+    unset, it is the thread count, so one statement refills every worker. 1,200 rows, each
+    claimed once and settled under that fence."""
     registry = Registry()
     registry.register("quick", Quick())
     ops = [f"op-{i:04d}" for i in range(1200)]
     for i in range(0, len(ops), 200):
         store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
-    lock = threading.Lock()
-    statements: list[int] = []  # rows asked by each claim statement of the current transaction
-    transactions: list[tuple[int, list[int]]] = []  # (rows asked, each statement's rows)
-    execute = postgres_store._execute
+    statements: list[int] = []  # rows asked by each claim statement of the current round
+    rounds: list[tuple[int, list[int]]] = []  # (rows wanted, each statement's rows)
+    claim = store.claim
 
-    def counting(conn: Any, text: Any, params: Any) -> Any:
-        if "SKIP LOCKED" in text:
-            statements.append(params["limit"])
-        return execute(conn, text, params)
+    def counting(worker: str, limit: int, *args: Any, **kwargs: Any) -> Any:
+        statements.append(limit)
+        return claim(worker, limit, *args, **kwargs)
 
-    settle_and_claim = store.settle_and_claim
+    monkeypatch.setattr(store, "claim", counting)
+    pool = pools(registry, threads=16, claim_batch=claim_batch)
+    claim_rows = pool._claim_rows
 
-    def recording(settlements: Any, worker: str, limit: int, *args: Any, **kwargs: Any) -> Any:
-        with lock:  # one claimer: the transactions come one at a time
-            statements.clear()
-            result = settle_and_claim(settlements, worker, limit, *args, **kwargs)
-            transactions.append((limit, list(statements)))
-            return result
+    def recording(want: int, handoff: Any) -> Any:
+        statements.clear()  # one claimer: the rounds come one at a time
+        got = claim_rows(want, handoff)
+        rounds.append((want, list(statements)))
+        return got
 
-    monkeypatch.setattr(postgres_store, "_execute", counting)
-    monkeypatch.setattr(store, "settle_and_claim", recording)
-    pools(registry, threads=16, claim_batch=claim_batch)
+    monkeypatch.setattr(pool, "_claim_rows", recording)
 
     eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
     fences = db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall()
     assert fences == [(1, 1)], "every row claimed once and settled under that fence"
-    assert transactions, "settlements were written with the claims that refill their workers"
-    for asked, each in transactions:
-        assert sum(each) == asked
-        assert each == [min(per_statement, asked - k) for k in range(0, asked, per_statement)]
-    assert max(asked for asked, _ in transactions) > 10, "some refill took more than 10 rows"
+    full = 0
+    for want, each in rounds:
+        planned = [min(per_statement, want - k) for k in range(0, want, per_statement)]
+        assert each == planned[: len(each)]
+        full += each == planned and len(planned) == -(-16 // per_statement)
+    assert full, "some round refilled all sixteen workers, in statements of claim_batch rows"
 
 
 def test_rows_claimed_with_a_settlement_batch_run_on_the_workers_it_freed(
