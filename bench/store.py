@@ -797,6 +797,29 @@ def load_average() -> str:
         return "unknown"
 
 
+def cpu_times() -> tuple[int, int, int] | None:
+    """Busy, stolen and total CPU time of the machine so far (``/proc/stat``, in ticks)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(fields[:8])  # guest time is counted in user time already
+    idle = fields[3] + fields[4]
+    stolen = fields[7] if len(fields) > 7 else 0
+    return total - idle - stolen, stolen, total
+
+
+def cpu_share(start: tuple[int, int, int] | None) -> str:
+    """The machine's CPU time since ``start``: busy, and stolen by the hypervisor (time a
+    virtual machine's processors wanted to run and another guest ran instead)."""
+    end = cpu_times()
+    if start is None or end is None or end[2] <= start[2]:
+        return "unknown"
+    busy, stolen, total = (b - a for a, b in zip(start, end, strict=True))
+    return f"{busy / total:.0%} busy, {stolen / total:.0%} stolen"
+
+
 def _with_unit(setting: str, unit: str | None) -> str:
     """pg_settings counts memory in pages; say it in MB like SHOW does."""
     if unit == "8kB":
@@ -811,14 +834,17 @@ def report_facts(
     admin_url: str, argv: Sequence[str], *extra: tuple[str, str]
 ) -> Iterator[list[tuple[str, str]]]:
     """A report's header facts: the machine's (``extra`` before the command), then the load
-    average at the start and end of the ``with`` body and its duration."""
+    average at the start and end of the ``with`` body, the CPU time it saw (busy, and stolen
+    by the hypervisor: on a shared host, what other guests took), and its duration."""
     facts = machine_facts(admin_url, argv)
     facts[-1:-1] = [("fsync", fsync_rate(admin_url)), *extra]
     load = load_average()
+    cpu = cpu_times()
     started = time.perf_counter()
     yield facts
     took = time.perf_counter() - started
     facts.append(("load average 1/5/15 min", f"{load} at start, {load_average()} at end"))
+    facts.append(("CPU time during the run", cpu_share(cpu)))
     facts.append(("duration", f"{took:.0f}s"))
 
 
