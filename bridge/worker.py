@@ -1,8 +1,9 @@
 """The worker pool: claimer threads on one side of a queue, worker threads on the other.
 
-A claimer claims only as many rows as there are idle workers, and reserves those workers while
-its statement runs, so a claimed row never waits in memory while its lease runs and two
-claimers never claim for the same worker. Keys a consumer has just inserted are claimed
+A claimer claims only as many rows as there are idle workers (or workers whose settlements it
+is writing), and reserves those workers while its statement runs, so a claimed row waits in
+memory at most for the settlement written beside its claim, and two claimers never claim for
+the same worker. Keys a consumer has just inserted are claimed
 first, by key (hand-off); otherwise it claims any claimable row of the job types it can run
 (rescue: queued rows nobody handed off, retries that came due, expired leases of crashed
 workers).
@@ -26,9 +27,8 @@ each waiting run, which runs it next: one wake-up per job, not one for the answe
 for the queue.
 
 Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
-connection, overlap: while one
-transaction is in flight the next batch of settlements gathers and another claimer writes it,
-so the pool is not bound by one stop-and-wait loop. Before writing, a claimer lingers for the
+connection and settler, overlap: while one claimer's round is in flight the next batch of
+settlements gathers and another claimer writes it. Before writing, a claimer lingers for the
 handlers still running (``settle_linger`` at most), and stops as soon as its share of the
 workers has settled or no settlement arrived for a quarter of the linger.
 """
@@ -65,10 +65,10 @@ from bridge.types import Claim, Key, State, TargetClass
 log = logging.getLogger(__name__)
 
 WORKER_THREADS_DEFAULT = 8
-#: claim/settle transactions in flight at once, by default. One: measured on two cores with the
-#: database beside the pool, a second claimer split the batches and cost more CPU per job than
-#: its overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are
-#: long (a remote database); measure before raising it.
+#: claim rounds in flight at once, by default. One: measured on two cores with the database
+#: beside the pool, a second claimer split the batches and cost more CPU per job than its
+#: overlap saved, settlers or not (docs/benchmarks.md, "Worker tier"). More may pay where round
+#: trips are long (a remote database); measure before raising it.
 CLAIMERS_DEFAULT = 1
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
