@@ -42,7 +42,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -394,23 +394,18 @@ class WorkerPool:
         are answered once both have ended, each with a row claimed for it to run next where
         there is one; a failed write answers them with its error and the rows go to the queue.
         """
-        written = None if settling is None else self._settler.submit(settling.settle, self._store)
+        if settling is None:
+            self._hand_over(self._claim_rows(want, handoff), sent_at, handed)
+            return
+        written = self._settler.submit(settling.settle, self._store)
         try:
             claims = self._claim_rows(want, handoff)
         except BaseException:
-            if written is not None and settling is not None:
-                # Answer the runs whatever happens to the claim: the write's own error, or its
-                # stale tickets once it committed.
-                try:
-                    stale = written.result()
-                except Exception:  # noqa: BLE001, S110  (its runs were answered with it)
-                    pass
-                else:
-                    settling.answer(stale)
+            # Answer the runs whatever happens to the claim: with the stale tickets once the
+            # write committed (a failed write answered them with its error already).
+            with suppress(Exception):
+                settling.answer(written.result())
             raise
-        if written is None or settling is None:
-            self._hand_over(claims, sent_at, handed)
-            return
         try:
             stale = written.result()
         except BaseException:
