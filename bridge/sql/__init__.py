@@ -46,7 +46,7 @@ def statement(name: str) -> LiteralString:
     What is sent is kept short: psycopg caches the conversion of a query's placeholders only
     for texts of up to 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``) and otherwise converts the
     whole text again at every execution. A line ``\\i <part>`` takes in a part that several
-    statements share (the claims' takeovers and their end), written once.
+    statements share (the claims' takeovers, filters and end), written once.
     """
     return _compact(_read("store", f"{name}.sql"))
 

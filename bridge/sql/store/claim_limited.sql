@@ -52,17 +52,7 @@ due AS (
      WHERE w.state = 'queued'
        AND w.next_attempt_at <= (SELECT coalesce(%(now)s::timestamptz, now()))
        AND (%(job_types)s::text[] IS NULL OR w.job_type = ANY (%(job_types)s::text[]))
-       AND (%(identity_keys)s::smallint[] IS NULL OR w.identity_key_id = ANY (%(identity_keys)s::smallint[]))
-       AND NOT EXISTS (SELECT 1 FROM rate_wait r
-                        WHERE r.job_type = w.job_type AND r.tenant_id = w.tenant_id
-                          AND r.until > coalesce(%(now)s::timestamptz, now()))
-       AND (w.ordering_key IS NULL OR NOT EXISTS (
-               SELECT 1
-                 FROM work_item p
-                WHERE p.subscription = w.subscription
-                  AND p.ordering_key = w.ordering_key
-                  AND p.seq < w.seq
-                  AND p.state IN ('queued', 'claimed')))
+       \i claimable
        AND NOT EXISTS (SELECT 1 FROM room r
                         WHERE r.job_type = w.job_type AND r.room <= 0
                           AND coalesce(r.tenant_id, w.tenant_id) = w.tenant_id)
