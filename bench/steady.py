@@ -62,7 +62,7 @@ from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 WINDOW_SECONDS = 30.0
 PURGE_BATCH = 1000
 #: the partial indexes whose dead entries a claim or a purge walks through
-INDEXES = ("work_item_queued", "work_item_claimed", "work_item_terminal")
+INDEXES = ("work_item_due", "work_item_lease", "work_item_terminal")
 
 TABLE_STATS = """
 SELECT n_dead_tup, n_live_tup, autovacuum_count,
