@@ -19,6 +19,7 @@ import pytest
 
 from bridge import sql
 from bridge.store import PostgresStore, Settlement
+from bridge.store.work import ConcurrencyLimit
 from bridge.types import Claim, Key, State
 from tests.support.deliveries import delivery
 
@@ -336,3 +337,50 @@ def test_plans_made_from_a_drained_tables_statistics_read_only_the_rows_they_mov
         store.close()
     wide = {step: n for step, n in reads.items() if n >= 100}
     assert not wide, f"index entries read per statement: {reads}"
+
+
+#: rows of work_item read by scans and index entries, as far as flushed
+WORK_ITEM_READS = """
+SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)
+       + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+           WHERE relname = 'work_item')
+  FROM pg_stat_user_tables WHERE relname = 'work_item'
+"""
+
+
+def test_the_statements_that_count_claimed_rows_read_those_rows_not_the_table(
+    db_url: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """A concurrency-limited claim counts the claimed rows of its job types (migration 0011's
+    fencebridge_concurrency_room), as do `status`'s waiting counts and the identity key
+    checks. Claimed rows are exactly the rows with a lease: read through work_item_lease,
+    each reads the rows in flight, not the 20,000 settled rows beside them."""
+    store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
+    store.use_concurrency_limits({"refund": ConcurrencyLimit(total=50, per_tenant=20)})
+    db.execute(GROWTH)
+    db.execute("ANALYZE work_item")
+    reads: dict[str, int] = {}
+
+    def read(step: str, action: Callable[[], object]) -> None:
+        before = int(str(flushed(store, db, WORK_ITEM_READS)[0] or 0))
+        action()
+        reads[step] = int(str(flushed(store, db, WORK_ITEM_READS)[0] or 0)) - before
+
+    try:
+        for i in range(ROUNDS):  # planned, and prepared
+            store.ingest([delivery(f"op-{i}-{j}") for j in range(5)])
+            claimed = store.claim("w", 3, LEASE)
+            assert len(claimed) == 3
+            store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed[1:]])
+        read("limited claim", lambda: store.claim("w", 3, LEASE))
+        read("waiting", store.waiting)
+
+        def open_rows() -> object:
+            with store.pool.connection() as conn:
+                return conn.execute(sql.statement("identity_open_rows"), {"held": [1]}).fetchall()
+
+        read("identity open rows", open_rows)
+    finally:
+        store.close()
+    wide = {step: n for step, n in reads.items() if n >= 1000}
+    assert not wide, f"work_item rows and index entries read: {reads}"

@@ -16,6 +16,7 @@ held AS (
       FROM work_item w
       JOIN l ON l.job_type = w.job_type
      WHERE w.state = 'claimed'
+       AND w.lease_expires_at IS NOT NULL  -- the same rows, read from work_item_lease
      GROUP BY w.job_type, w.tenant_id
 ),
 full_type AS (
