@@ -23,17 +23,18 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import psycopg
 
 from bench.store import (
     arguments,
     bench_database,
+    cell,
     command_line,
     facts_table,
     log,
+    planned,
     report_facts,
     server,
 )
@@ -182,12 +183,12 @@ class Report:
                 continue
             lines.append(
                 f"| {'on' if fair else 'off'} "
-                f"| {_cell([statistics.median(r.waits_ms) for r in rounds])} "
-                f"| {_cell([_p99(r.waits_ms) for r in rounds])} "
-                f"| {_cell([max(r.waits_ms) for r in rounds])} "
-                f"| {_cell([statistics.median(r.overtaken) for r in rounds])} "
-                f"| {_cell([max(r.overtaken) for r in rounds])} "
-                f"| {_cell([r.flood_rate for r in rounds])} |"
+                f"| {cell([statistics.median(r.waits_ms) for r in rounds])} "
+                f"| {cell([_p99(r.waits_ms) for r in rounds])} "
+                f"| {cell([max(r.waits_ms) for r in rounds])} "
+                f"| {cell([statistics.median(r.overtaken) for r in rounds])} "
+                f"| {cell([max(r.overtaken) for r in rounds])} "
+                f"| {cell([r.flood_rate for r in rounds])} |"
             )
         return "\n".join(lines) + "\n"
 
@@ -195,13 +196,6 @@ class Report:
 def _p99(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
-def _cell(values: Sequence[float]) -> str:
-    text = f"{statistics.median(values):,.0f}"
-    if len(values) > 1:
-        text += f" ({min(values):,.0f}..{max(values):,.0f})"
-    return text
 
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
@@ -227,12 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, help="the flooding tenant's queued rows")
     parser.add_argument("--quiet", type=int, help="the quiet tenant's operations")
     args, command = command_line(parser, argv)
-    plan = QUICK if args.quick else FULL
-    overrides: dict[str, Any] = {}
-    for name in ("runs", "backlog", "quiet"):
-        if getattr(args, name):
-            overrides[name] = getattr(args, name)
-    plan = replace(plan, **overrides)
+    plan = planned(QUICK if args.quick else FULL, args, ("runs", "backlog", "quiet"))
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

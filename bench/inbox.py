@@ -29,8 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -39,9 +38,11 @@ from bench.store import (
     BODY,
     arguments,
     bench_database,
+    cell,
     command_line,
     facts_table,
     log,
+    planned,
     report_facts,
     server,
 )
@@ -212,14 +213,14 @@ class Report:
         for kind, rounds in self.rounds.items():
             lines += [
                 f"| end to end, {kind}: first ingest to last settlement | "
-                f"{_cell([r.end_to_end for r in rounds])} |",
+                f"{cell([r.end_to_end for r in rounds])} |",
                 f"| ingest alone, {kind}: first to last work row | "
-                f"{_cell([r.ingest for r in rounds])} |",
+                f"{cell([r.ingest for r in rounds])} |",
             ]
         for clients, rates in sorted(self.ceilings.items()):
             lines.append(
                 f"| single-row commits, pgbench, {clients} client(s) | "
-                f"{_cell([r.per_second for r in rates])} |"
+                f"{cell([r.per_second for r in rates])} |"
             )
         lines.append("")
         for kind, rounds in self.rounds.items():
@@ -234,13 +235,6 @@ class Report:
                 f"({top:,.0f} commits/s)."
             )
         return "\n".join(lines) + "\n"
-
-
-def _cell(values: Sequence[float]) -> str:
-    text = f"{statistics.median(values):,.0f}"
-    if len(values) > 1:
-        text += f" ({min(values):,.0f}..{max(values):,.0f})"
-    return text
 
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
@@ -267,12 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deliveries", type=int, help="deliveries per round")
     parser.add_argument("--subscriptions", type=int, help="writer threads, one per subscription")
     args, command = command_line(parser, argv)
-    plan = QUICK if args.quick else FULL
-    overrides: dict[str, Any] = {}
-    for name in ("runs", "deliveries", "subscriptions"):
-        if getattr(args, name):
-            overrides[name] = getattr(args, name)
-    plan = replace(plan, **overrides)
+    plan = planned(QUICK if args.quick else FULL, args, ("runs", "deliveries", "subscriptions"))
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

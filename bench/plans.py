@@ -25,18 +25,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 
 from bench.store import (
     arguments,
     bench_database,
+    cell,
     command_line,
     facts_table,
     log,
+    planned,
     report_facts,
     server,
 )
@@ -141,16 +142,9 @@ class Report:
         for arm in ARMS:
             rounds = self.rounds.get(arm, [])
             if rounds:
-                cells = " | ".join(_cell([r[step] for r in rounds]) for step in STEPS)
+                cells = " | ".join(cell([r[step] for r in rounds], digits=2) for step in STEPS)
                 lines.append(f"| {arm} | {cells} |")
         return "\n".join(lines) + "\n"
-
-
-def _cell(values: Sequence[float]) -> str:
-    text = f"{statistics.median(values):.2f}"
-    if len(values) > 1:
-        text += f" ({min(values):.2f}..{max(values):.2f})"
-    return text
 
 
 def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
@@ -174,12 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--claimed", type=int, help="of the queued rows, how many are claimed")
     parser.add_argument("--repeat", type=int, help="rounds of the four statements per database")
     args, command = command_line(parser, argv)
-    plan = QUICK if args.quick else FULL
-    overrides: dict[str, Any] = {}
-    for name in ("runs", "terminal", "queued", "claimed", "repeat"):
-        if getattr(args, name):
-            overrides[name] = getattr(args, name)
-    plan = replace(plan, **overrides)
+    plan = planned(
+        QUICK if args.quick else FULL, args, ("runs", "terminal", "queued", "claimed", "repeat")
+    )
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

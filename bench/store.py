@@ -80,6 +80,8 @@ Step = Callable[[], int]
 #: an arm is one step per thread
 Arm = Sequence[Step]
 K = TypeVar("K")
+#: a benchmark's plan (a dataclass of its sizes), as `planned` returns it
+PlanT = TypeVar("PlanT")
 
 LEASE = timedelta(minutes=5)
 INGEST_BATCH = 10
@@ -862,6 +864,20 @@ def _mode(batch: int) -> str:
 def spread(values: Sequence[float]) -> str:
     """The median, with min..max."""
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
+
+
+def cell(values: Sequence[float], digits: int = 0) -> str:
+    """The median, with min..max when there is more than one value."""
+    text = f"{statistics.median(values):,.{digits}f}"
+    if len(values) > 1:
+        text += f" ({min(values):,.{digits}f}..{max(values):,.{digits}f})"
+    return text
+
+
+def planned(plan: PlanT, args: argparse.Namespace, names: Sequence[str]) -> PlanT:
+    """``plan`` with each of the options ``names`` that the command line gave."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name)}
+    return replace(plan, **given)
 
 
 @dataclass
