@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
 BENCH_PEERS := 'pgqueuer[asyncpg,psycopg]==1.6.0' 'procrastinate==3.10.0'
-BENCHMARKS  ?= store workers fairness inbox sqs pubsub migrations steady
+BENCHMARKS  ?= store workers fairness plans inbox sqs pubsub migrations steady
 
 .PHONY: help test demo lint format bench clean
 
