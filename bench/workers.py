@@ -25,6 +25,10 @@ overall, whatever its jobs in flight.
 * ``pgqueuer``: consumers x batch, with no limit, with the entrypoint's ``concurrency_limit``
   and with ``max_concurrent_tasks`` (:mod:`bench.peers.pgqueuer_drain`).
 * ``procrastinate``: the worker's ``concurrency`` (:mod:`bench.peers.procrastinate_drain`).
+* ``loop``: the same statements driven by a bare Python loop of worker threads, none of the
+  pool's machinery (:mod:`bench.loop`), with the settlements beside the claim or within its
+  transaction: what a Python process gets out of them here, so that the report shows how much
+  of the gap is the pool's.
 * ``ceiling``: ``pgbench`` running fencebridge's own ``claim.sql`` (10 rows) and
   ``settle_many.sql`` at 16 clients (:mod:`bench.ceiling`): what its statements can do here.
 
@@ -66,6 +70,8 @@ import psycopg
 from psycopg import conninfo
 
 from bench.ceiling import claim_settle_ceiling
+from bench.loop import BESIDE, SHAPES, WITHIN, PinnedStore
+from bench.loop import drain as loop_drain
 from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, emit, settle_database, summarize
 from bench.store import (
     arguments,
@@ -77,6 +83,7 @@ from bench.store import (
     report_facts,
     server,
 )
+from bridge.database import open_pool
 from bridge.events import EventCounter
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
@@ -86,16 +93,18 @@ from bridge.store import PostgresStore
 from bridge.types import Claim, Delivery, State, TargetClass
 from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
-FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING = (
+FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING, LOOP = (
     "fencebridge",
     "pgqueuer",
     "procrastinate",
     "ceiling",
+    "loop",
 )
-SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING)
+SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING, LOOP)
 PEERS = (PGQUEUER, PROCRASTINATE)
 MODULES = {
     FENCEBRIDGE: "bench.workers",
+    LOOP: "bench.workers",
     PGQUEUER: "bench.peers.pgqueuer_drain",
     PROCRASTINATE: "bench.peers.procrastinate_drain",
 }
@@ -160,6 +169,14 @@ def fencebridge(
     return Config(FENCEBRIDGE, label, threads * processes, args, spin)
 
 
+def loop(threads: int, claimers: int, shape: str) -> Config:
+    """The pool's statements in a bare loop (:mod:`bench.loop`): ``claimers`` loops sharing
+    ``threads``, the settlements written beside the claim or within its transaction."""
+    label = f"{claimers} x {threads // claimers} threads, settlements {shape} the claim"
+    args = ("--threads", str(threads), "--claimers", str(claimers), "--loop", shape)
+    return Config(LOOP, label, threads, args)
+
+
 def pgqueuer(consumers: int, batch: int, limit: int = 0, max_tasks: int = 0) -> Config:
     """``limit``: the entrypoint's ``concurrency_limit``; ``max_tasks``: ``max_concurrent_tasks``
     over all consumers (each gets its share). With neither, nothing bounds the jobs in flight."""
@@ -221,6 +238,10 @@ SWEEP: tuple[Config, ...] = (
     fencebridge(4, processes=4, spin=True),
     fencebridge(32),
     fencebridge(16, processes=2),
+    loop(8, 1, BESIDE),
+    loop(16, 1, BESIDE),
+    loop(16, 1, WITHIN),
+    loop(16, 2, WITHIN),
     pgqueuer(1, 4),
     pgqueuer(1, 8),
     pgqueuer(2, 4),
@@ -348,10 +369,23 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     left: Any,
     done: Any,
     problems: Any,
+    shape: str | None = None,
 ) -> None:
     """One pool in this process, draining until ``left`` (shared by every process) is zero.
     The store is opened as ``fencebridge run`` opens it (one plan per statement, no JIT,
-    tenant fairness as configured)."""
+    tenant fairness as configured). With ``shape``, the bare loop of :mod:`bench.loop`
+    instead of the pool, on a store opened the same way."""
+    if shape is not None:
+        size = 2 * claimers  # a claim and a settlement connection per claimer
+        bare = PinnedStore(open_pool(url, min_size=size, max_size=size, generic_plans=True))
+        if fair:
+            bare.use_tenant_fairness()
+        try:
+            bare.pool.wait()
+            loop_drain(bare, threads, claimers, shape)
+        finally:
+            bare.close()
+        return
     connections = threads + 2 * claimers + 1  # workers, claimers, their settlers, heartbeater
     store = PostgresStore.connect(
         url, min_size=connections, max_size=connections, generic_plans=True
@@ -434,6 +468,7 @@ def fencebridge_drain(  # noqa: PLR0917
     spin: bool = False,
     fair: bool = True,
     batch: int | None = None,
+    shape: str | None = None,
 ) -> Drain:
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -448,7 +483,7 @@ def fencebridge_drain(  # noqa: PLR0917
     children = [
         context.Process(
             target=fencebridge_drain_process,
-            args=(url, threads, claimers, spin, fair, batch, left, done, problems),
+            args=(url, threads, claimers, spin, fair, batch, left, done, problems, shape),
         )
         for _ in range(processes)
     ]
@@ -464,7 +499,7 @@ def fencebridge_drain(  # noqa: PLR0917
         return summarize(
             conn,
             FENCEBRIDGE_PAIRS,
-            system=FENCEBRIDGE,
+            system=FENCEBRIDGE if shape is None else LOOP,
             concurrency=threads * processes,
             jobs=jobs,
             wall=wall,
@@ -513,7 +548,7 @@ def drain(admin_url: str, config: Config, jobs: int) -> Drain:
             str(jobs),
             *config.args,
         ]
-        if config.system == FENCEBRIDGE:
+        if config.system in {FENCEBRIDGE, LOOP}:
             command.append("--drain")
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=DRAIN_TIMEOUT, check=False
@@ -628,6 +663,13 @@ class Report:
                     f"{theirs:,.0f} jobs/s; fencebridge's best within {IN_FLIGHT} / {peer}: "
                     f"{mine / theirs:.2f}x."
                 )
+        bare = self.best(LOOP, IN_FLIGHT)
+        if bare is not None:
+            theirs = median_rate(self.drains[bare])
+            out.append(
+                f"- the bare loop's best within {IN_FLIGHT} in flight (the same statements, "
+                f"no pool): {bare.label}, {theirs:,.0f} jobs/s; the pool at {mine / theirs:.2f}x."
+            )
         ceiling = self.best(CEILING)
         if ceiling is not None:
             top = median_rate(self.drains[ceiling])
@@ -703,6 +745,7 @@ def options() -> argparse.ArgumentParser:
     parser.add_argument("--processes", type=int, default=1, help="internal, with --drain")
     parser.add_argument("--claim-batch", type=int, help="internal, with --drain")
     parser.add_argument("--spin", action="store_true", help="internal: the CPU-bound handler")
+    parser.add_argument("--loop", choices=SHAPES, help="internal: the bare loop, not the pool")
     parser.add_argument(
         "--due-order", action="store_true", help="internal: claims without tenant fairness"
     )
@@ -722,6 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.spin,
                 not args.due_order,
                 args.claim_batch,
+                args.loop,
             )
         )
         return 0
