@@ -98,8 +98,9 @@ def overtaken(
     db_url: str, store: PostgresStore, *, backlog: int, fairness: bool
 ) -> tuple[list[tuple[int, int]], int]:
     """Run three replicas on a backlog while the quiet tenant trickles in; per quiet row, the
-    flood rows claimed between its write and its claim and the flood rows still queued at its
-    write; and the flood rows claimed in all."""
+    flood rows claimed between its write and its claim and those claimed at any time after its
+    write (in due order, the backlog still queued ahead of it); and the flood rows claimed in
+    all."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(BACKLOG, {"job": JOB, "rows": backlog})
         conn.execute("VACUUM ANALYZE work_item")
