@@ -139,7 +139,7 @@ def one_round(url: str, plan: Plan, *, in_use: bool) -> Round:
             conn.execute(HISTORY, {"rows": HISTORY_ROWS})
             conn.execute("ANALYZE")
     claimers = CLAIMERS_DEFAULT
-    size = THREADS + 2 * claimers + 1 + plan.subscriptions + 2  # the settlers too
+    size = THREADS + claimers + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
     try:
         store.pool.wait()

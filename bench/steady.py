@@ -230,11 +230,12 @@ def steady(url: str, plan: Plan, report: Report) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE work_item SET settled_at = now(), updated_at = now()")
         conn.execute("VACUUM ANALYZE work_item")
-    size = THREADS + 2 * CLAIMERS_DEFAULT + 1 + 1 + 1 + 2  # claimers and their settlers
+    size = THREADS + CLAIMERS_DEFAULT + 1 + 1 + 1 + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size)
     latencies = Latencies()
     store.claim = latencies.wrap(store.claim)  # type: ignore[method-assign]
     store.claim_keys = latencies.wrap(store.claim_keys)  # type: ignore[method-assign]
+    store.settle_and_claim = latencies.wrap(store.settle_and_claim)  # type: ignore[method-assign]
     stop_purge = threading.Event()
 
     def purge_round() -> None:

@@ -46,11 +46,10 @@ from bridge.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 
 log = logging.getLogger(__name__)
 
-#: threads of the core that use a connection besides the workers: the first claimer and its
-#: settler (which writes the completer's batches while the claimer claims), heartbeater,
-#: sweeper, database gauges; each further claimer (:data:`~bridge.worker.CLAIMERS_DEFAULT`)
-#: takes two more
-CORE_CONNECTIONS = 5
+#: threads of the core that use a connection besides the workers: the first claimer (which
+#: keeps one, and writes the completer's batches with its claims), heartbeater, sweeper,
+#: database gauges; each further claimer (:data:`~bridge.worker.CLAIMERS_DEFAULT`) takes one more
+CORE_CONNECTIONS = 4
 #: spare connections: a command-line check, a connection being replaced after an error
 POOL_MARGIN = 2
 
@@ -235,7 +234,7 @@ def pool_size(config: BridgeConfig) -> int:
         sub.settings.receivers() + (1 if sub.ack_mode is AckMode.AFTER_OUTCOME else 0)
         for sub in config.subscriptions.values()
     )
-    claimers = 2 * (CLAIMERS_DEFAULT - 1)  # the first and its settler are in CORE_CONNECTIONS
+    claimers = CLAIMERS_DEFAULT - 1  # the first is in CORE_CONNECTIONS
     relays = len(config.outbox)  # one relay loop per outbox destination
     return (
         config.bridge.worker_threads

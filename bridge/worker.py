@@ -1,12 +1,11 @@
 """The worker pool: claimer threads on one side of a queue, worker threads on the other.
 
 A claimer claims only as many rows as there are idle workers (or workers whose settlements it
-is writing), and reserves those workers while its statement runs, so a claimed row waits in
-memory at most for the settlement written beside its claim, and two claimers never claim for
-the same worker. Keys a consumer has just inserted are claimed
-first, by key (hand-off); otherwise it claims any claimable row of the job types it can run
-(rescue: queued rows nobody handed off, retries that came due, expired leases of crashed
-workers).
+is writing), and reserves those workers while its statement runs, so the rows a pool holds
+never exceed its threads, and two claimers never claim for the same worker. Keys a consumer
+has just inserted are claimed first, by key (hand-off); otherwise it claims any claimable row
+of the job types it can run (rescue: queued rows nobody handed off, retries that came due,
+expired leases of crashed workers).
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
 attempt is not counted); running handlers get until the deadline to finish. Past it they are
@@ -19,16 +18,16 @@ jittered, capped backoff, and the loop carries on; while claims fail the pool is
 
 Final settlements of concurrent runs are written together: runs hand them to a
 :class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered
-(each row under its own fence) while it claims the rows that refill the workers they free: the
-batch goes to a settler thread with a connection of its own, so the two statements run at once
-and a round costs the longer of them, not both in turn. A run waits for its own answer, so it
-ends as it would have; the rows claimed for the workers it frees come with the answer, one to
-each waiting run, which runs it next: one wake-up per job, not one for the answer and another
-for the queue.
+(each row under its own fence) in the transaction of the claim that refills the workers they
+free: one commit for both (:meth:`~bridge.store.work.WorkStore.settle_and_claim`). A run waits
+for its own answer, so it ends as it would have; the rows claimed for the workers it frees come
+with the answer, one to each waiting run, which runs it next: one wake-up per job, not one for
+the answer and another for the queue. A claimer keeps one connection for its statements
+(:meth:`~bridge.store.work.WorkStore.keep_connection`).
 
 Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
-connection and settler, overlap: while one claimer's round is in flight the next batch of
-settlements gathers and another claimer writes it. Before writing, a claimer lingers for the
+connection, overlap: while one claimer's round is in flight the next batch of settlements
+gathers and another claimer writes it. Before writing, a claimer lingers for the
 handlers still running (``settle_linger`` at most), and stops as soon as its share of the
 workers has settled or no settlement arrived for a quarter of the linger.
 """
@@ -41,8 +40,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -60,7 +58,7 @@ from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
 from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
-from bridge.types import Claim, Key, State, TargetClass
+from bridge.types import Claim, Key, State, TargetClass, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +131,6 @@ class WorkerPool:
         self._handoff: dict[Key, str] = {}
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
-        #: writes each claimer's settlement batch while that claimer claims (see _claim); a
-        #: task's exception goes to the claimer waiting for it, never ends the thread
-        self._settler = ThreadPoolExecutor(claimers, thread_name_prefix="fencebridge-settler")
         on_restart = telemetry.thread_restarted if telemetry is not None else None
         self.heartbeater = Heartbeater(
             store,
@@ -154,8 +149,7 @@ class WorkerPool:
                 label="claimer",
                 stop=self._stopping,
                 wake=self.wake,
-                # From then on, every run writes its own settlement (none is left waiting).
-                after=self._completer.close,
+                after=self._claimer_ended,
                 backoff=backoff,
                 limits=limits,
                 on_restart=on_restart,
@@ -237,8 +231,6 @@ class WorkerPool:
             self._stopping.set()
             self._cond.notify_all()
         self._claimer_group.join(until)
-        # A claimer the join gave up on still waits for its write: the thread ends after it.
-        self._settler.shutdown(wait=False)
         released = 0
         while True:
             try:
@@ -266,6 +258,14 @@ class WorkerPool:
 
     # -- claimer ----------------------------------------------------------------------------------
 
+    def _claimer_ended(self) -> None:
+        """From then on, every run writes its own settlement (none is left waiting); the
+        connection the claimer kept goes back to the pool."""
+        try:
+            self._completer.close()
+        finally:
+            self._store.release_connection()
+
     def _claim_round(self) -> None:
         """One claim: wait for room, write gathered settlements, claim, hand over or release.
 
@@ -274,6 +274,7 @@ class WorkerPool:
         twice. A failure is raised to the supervisor, which logs, counts and backs off.
         Hand-off keys taken for a failed claim stay claimable by the general claim.
         """
+        self._store.keep_connection()  # its round trips are the pool's pace: one warm backend
         with self._cond:
             while self._idle == 0 and not self._completer.pending and not self._stopping.is_set():
                 self._cond.wait()
@@ -282,7 +283,7 @@ class WorkerPool:
             self._gather_settlements()
             settling = self._completer.take()
             if settling is not None:
-                # Their workers are free once this write ends: claim for them beside it.
+                # Their workers are free once this write commits: claim for them with it.
                 want = self._idle + len(settling)  # in statements of at most claim_batch rows
                 self._idle = 0
             else:
@@ -307,8 +308,8 @@ class WorkerPool:
                 if len(claims) < want:
                     self._cond.notify_all()
         if claims or settling is not None:
-            # Claim again at once: the rows this settlement freed (the next row of an ordered
-            # group, a slot under a concurrency limit) were still claimed for the claim beside it.
+            # Claim again at once: a round of hand-off keys claims those keys alone, not the
+            # rows its settlements freed (the next row of an ordered group, a limit's slot).
             return
         with self._cond:
             if not self._handoff and not self._completer.pending and not self._stopping.is_set():
@@ -384,60 +385,56 @@ class WorkerPool:
         sent_at: float,
         handed: list[Claim],
     ) -> None:
-        """Claim up to ``want`` rows and hand them over (into ``handed``); write ``settling``
-        beside the claims.
+        """Claim up to ``want`` rows and hand them over (into ``handed``); write ``settling`` in
+        the transaction of the first claim.
 
-        The batch goes to a settler thread, on a connection of its own, before the first claim
-        is sent, so that the two statements run at once: the round waits for the longer of
-        the two, not for both in turn (measured: docs/benchmarks.md, "Worker tier"). Each is
-        the store's own fenced statement; nothing is decided by their order. The batch's runs
-        are answered once both have ended, each with a row claimed for it to run next where
-        there is one; a failed write answers them with its error and the rows go to the queue.
+        One transaction, one commit, for the settlements and the rows that refill the workers
+        they free, so the rows held never exceed the threads, and the claim sees what the
+        settlements freed (measured: docs/benchmarks.md, "Worker tier"). Each row moves under
+        its own fence, inside its statement; nothing is decided by their order. The batch's
+        runs are answered once the rows are handed over, each with a row claimed for it to run
+        next where there is one. A write that failed, or whose commit is in doubt, answers them
+        with its error and the rows go to the queue; a claim that failed had the settlements
+        written alone, and its error is raised once they are answered.
         """
-        if settling is None:
-            self._hand_over(self._claim_rows(want, handoff), sent_at, handed)
-            return
-        written = self._settler.submit(settling.settle, self._store)
+        claiming = _ClaimRound(self._store, self.worker_id, settling)
+        claims: list[Claim] = []  # grows statement by statement: kept when a later one fails
+        error: BaseException | None = None
         try:
-            claims = self._claim_rows(want, handoff)
-        except BaseException:
-            # Answer the runs whatever happens to the claim: with the stale tickets once the
-            # write committed (a failed write answered them with its error already).
-            with suppress(Exception):
-                settling.answer(written.result())
-            raise
+            self._claim_rows(want, handoff, claiming, claims)
+            claiming.finish()
+        except BaseException as exc:  # noqa: BLE001  (raised below, once every claim is placed)
+            claiming.failed(exc)
+            error = exc
         try:
-            stale = written.result()
-        except BaseException:
-            self._hand_over(claims, sent_at, handed)  # its runs were answered with the error
-            raise
-        try:
-            self._hand_over(claims, sent_at, handed, settling)
+            self._hand_over(claims, sent_at, handed, claiming.written)
         finally:
-            settling.answer(stale)
+            claiming.answer()
+        if error is not None:
+            raise error
 
-    def _claim_rows(self, want: int, handoff: dict[Key, str]) -> list[Claim]:
-        """Up to ``want`` rows: the handed-off keys, or else claimable rows of the job types this
-        pool runs, in statements of at most ``claim_batch`` rows."""
-        claims: list[Claim] = []
+    def _claim_rows(
+        self, want: int, handoff: dict[Key, str], claiming: _ClaimRound, claims: list[Claim]
+    ) -> None:
+        """Up to ``want`` rows into ``claims``: the handed-off keys, or else claimable rows of the
+        job types this pool runs, in statements of at most ``claim_batch`` rows."""
         by_lease: dict[timedelta, list[Key]] = defaultdict(list)
         for key, job_type in handoff.items():
             by_lease[self._registry[job_type].lease].append(key)
         for lease, keys in by_lease.items():
-            claims += self._store.claim_keys(self.worker_id, keys, lease)
+            claims += claiming.claim(lease, keys=keys)
         if handoff:
-            return claims
+            return
         groups: dict[timedelta, list[str]] = defaultdict(list)
         for spec in self._registry.specs():
             groups[spec.lease].append(spec.job_type)
         for lease, job_types in groups.items():
             while (room := want - len(claims)) > 0:
                 asked = min(room, self._claim_batch)
-                got = self._store.claim(self.worker_id, asked, lease, job_types=job_types)
+                got = claiming.claim(lease, limit=asked, job_types=job_types)
                 claims += got
                 if len(got) < asked:
                     break  # none left of these job types
-        return claims
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -505,6 +502,59 @@ class WorkerPool:
         except StoreUnavailable:
             return False  # its lease will lapse; the next claim takes it over
         return True
+
+
+class _ClaimRound:
+    """The claim statements of one round; the first carries the round's settlement batch.
+
+    :meth:`finish` writes the batch alone when no claim statement ran; :meth:`failed` answers
+    its runs with an error when it was not written; :meth:`answer` answers them once it was.
+    """
+
+    def __init__(self, store: WorkStore, worker: str, settling: Batch | None) -> None:
+        self._store = store
+        self._worker = worker
+        self._settling = settling
+        #: the batch's stale tickets once it was written
+        self._stale: list[Ticket] | None = None
+
+    @property
+    def written(self) -> Batch | None:
+        """The batch, once written: its runs take the rows claimed, one each."""
+        return self._settling if self._stale is not None else None
+
+    def claim(
+        self,
+        lease: timedelta,
+        *,
+        limit: int = 0,
+        keys: list[Key] | None = None,
+        job_types: list[str] | None = None,
+    ) -> list[Claim]:
+        store, worker = self._store, self._worker
+        if self._settling is None or self._stale is not None:
+            if keys:
+                return store.claim_keys(worker, keys, lease)
+            return store.claim(worker, limit, lease, job_types=job_types)
+        done = store.settle_and_claim(
+            self._settling.settlements, worker, lease, limit=limit, keys=keys, job_types=job_types
+        )
+        self._stale = done.stale
+        if done.claim_error is not None:
+            raise done.claim_error
+        return done.claims
+
+    def finish(self) -> None:
+        if self._settling is not None and self._stale is None:
+            self._stale = self._store.settle_many(self._settling.settlements)
+
+    def failed(self, exc: BaseException) -> None:
+        if self._settling is not None and self._stale is None:
+            self._settling.fail(exc)
+
+    def answer(self) -> None:
+        if self._settling is not None and self._stale is not None:
+            self._settling.answer(self._stale)
 
 
 class _RunEvents:

@@ -64,26 +64,31 @@ class RunSettler:
 
 
 class _Pending:
-    __slots__ = ("error", "run", "settlement")
+    """One settlement and the run waiting for its answer.
+
+    The run waits on a lock of its own, taken at once and released by the writer once the
+    answer is in place: one wake-up of one thread, where an event shared by the batch made
+    every run of it queue for the event's own lock before going on (measured:
+    docs/benchmarks.md, "Worker tier").
+    """
+
+    __slots__ = ("answered", "error", "run", "settlement")
 
     def __init__(self, settlement: Settlement, run: RunSettler | None) -> None:
         self.settlement = settlement
         self.run = run
         self.error: BaseException | None = None
+        self.answered = threading.Lock()
+        self.answered.acquire()
 
 
 class _Slot:
-    """The settlements one batch will carry, and the one event that answers all of them.
+    """The settlements one batch will carry."""
 
-    One wake-up per batch: the runs of a slot wait on its event, and the writer sets it once,
-    after every run's own answer (its error, if any) is in place.
-    """
-
-    __slots__ = ("done", "pending")
+    __slots__ = ("pending",)
 
     def __init__(self) -> None:
         self.pending: list[_Pending] = []
-        self.done = threading.Event()
 
 
 def _key_order(p: _Pending) -> tuple[str, str]:
@@ -95,8 +100,8 @@ class Batch:
 
     def __init__(self, slot: _Slot) -> None:
         slot.pending.sort(key=_key_order)
-        self._slot = slot
         self._pending = slot.pending
+        self._answered = False
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -128,7 +133,10 @@ class Batch:
         return [p.run for p in self._pending if p.run is not None]
 
     def answer(self, stale: Iterable[Ticket]) -> None:
-        """The write committed: the stale tickets lost their rows, the others settled."""
+        """The write committed: the stale tickets lost their rows, the others settled. Only the
+        first answer (or :meth:`fail`) counts: a batch is answered once."""
+        if self._answered:
+            return
         refused = set(stale)
         if refused:
             for p in self._pending:
@@ -140,13 +148,20 @@ class Batch:
                         s.ticket.fence,
                         f"settle as {s.state.value}",
                     )
-        self._slot.done.set()
+        self._release()
 
     def fail(self, exc: BaseException) -> None:
-        """The write failed as a whole: every run gets the error."""
+        """The write failed as a whole: every run gets the error (unless answered already)."""
+        if self._answered:
+            return
         for p in self._pending:
             p.error = exc
-        self._slot.done.set()
+        self._release()
+
+    def _release(self) -> None:
+        self._answered = True
+        for p in self._pending:
+            p.answered.release()
 
 
 class BatchCompleter:
@@ -199,7 +214,7 @@ class BatchCompleter:
         else:
             if self._on_pending is not None:
                 self._on_pending()
-            slot.done.wait()
+            pending.answered.acquire()
         if pending.error is not None:
             raise pending.error
 

@@ -25,6 +25,7 @@ from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     FencedTransaction,
     KeyedStore,
+    SettledClaim,
     Settlement,
     WorkStore,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "KeyedStore",
     "OperatorStore",
     "PostgresStore",
+    "SettledClaim",
     "Settlement",
     "WorkStore",
 ]

@@ -35,6 +35,7 @@ the store was given a clock (tests do, to expire leases without sleeping).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -82,6 +83,7 @@ from bridge.store.work import (
     TOMBSTONE_DAYS_DEFAULT,
     ConcurrencyLimit,
     QuotaDeferred,
+    SettledClaim,
     Settlement,
     TokenRate,
     WaitingCount,
@@ -103,6 +105,10 @@ from bridge.types import (
 )
 
 Clock = Callable[[], datetime | None]
+
+#: how long a thread keeps one connection (:meth:`PostgresStore.keep_connection`) before it
+#: hands it back and takes another: the pool renews connections only as they come back
+KEEP_SECONDS = 60.0
 
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
@@ -194,6 +200,8 @@ class PostgresStore:
         self._rates: dict[str, TokenRate] = {}
         #: set by :meth:`use_tenant_fairness`: claims take tenants in turn (claim_fair.sql)
         self._fair: _FairWalk | None = None
+        #: the connection each thread that called :meth:`keep_connection` uses
+        self._kept = threading.local()
 
     @classmethod
     def connect(
@@ -283,10 +291,44 @@ class PostgresStore:
             return None
         return _Limits(Jsonb(slots) if slots else None, Jsonb(rates) if rates else None)
 
+    def keep_connection(self) -> None:
+        """From now on this thread's calls use one connection (until :meth:`release_connection`
+        or a call that fails), not the pool's oldest idle one each time: a loop that calls many
+        times a second keeps its server process, and that process's caches, warm (measured:
+        docs/benchmarks.md, "Worker tier"). The connection goes back to the pool every
+        :data:`KEEP_SECONDS`, so the pool's own age limit still renews it."""
+        self._kept.on = True
+
+    def release_connection(self) -> None:
+        """Give the connection this thread kept back to the pool (nothing if it kept none)."""
+        self._kept.on = False
+        self._return_kept()
+
+    def _return_kept(self) -> None:
+        conn: Connection | None = getattr(self._kept, "conn", None)
+        self._kept.conn = None
+        if conn is not None:
+            self._pool.putconn(conn)  # a broken one is discarded, an open transaction rolled back
+
     @contextmanager
     def _connection(self, action: str) -> Iterator[Connection]:
-        with translate_errors(action), self._pool.connection() as conn:
-            yield conn
+        if not getattr(self._kept, "on", False):
+            with translate_errors(action), self._pool.connection() as conn:
+                yield conn
+            return
+        kept: Connection | None = getattr(self._kept, "conn", None)
+        if kept is not None and time.monotonic() >= self._kept.until:
+            self._return_kept()
+            kept = None
+        try:
+            with translate_errors(action):
+                if kept is None:
+                    kept = self._kept.conn = self._pool.getconn()
+                    self._kept.until = time.monotonic() + KEEP_SECONDS
+                yield kept
+        except BaseException:
+            self._return_kept()  # the next call takes a connection known to be good
+            raise
 
     def _fenced_write(
         self, action: str, name: str, ticket: Ticket, /, **params: Any
@@ -575,47 +617,117 @@ class PostgresStore:
         """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
         if limit < 1:
             return []
-        limits = self._limits(job_types)
-        text, extra = self._claim_statement(limits, limit)
+        text, params, after = self._claim_request(worker, lease, limit, None, job_types)
         with self._connection("claim") as conn:
-            rows = _execute(
-                conn,
-                text,
-                {
-                    **_claim_params(worker, limit, lease, job_types, self._now()),
-                    "identity_keys": self._identity_keys,
-                    "history": self._history,
-                    **_limit_params(limits),
-                    **extra,
-                },
-            ).fetchall()
-        claims = [_claim(r) for r in rows]
-        if self._fair is not None and extra:
-            self._fair.served(extra["after"], claims)
-        return claims
+            rows = _execute(conn, text, params).fetchall()
+        return self._claimed(rows, after)
 
     def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
         """Claim exactly these rows where they are claimable (hand-off after ingest)."""
         if not keys:
             return []
-        limits = self._limits(None)
+        text, params, after = self._claim_request(worker, lease, 0, keys, None)
         with self._connection("claim") as conn:
-            rows = _execute(
-                conn,
+            rows = _execute(conn, text, params).fetchall()
+        return self._claimed(rows, after)
+
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        lease: timedelta,
+        *,
+        limit: int = 0,
+        keys: Sequence[Key] | None = None,
+        job_types: Sequence[str] | None = None,
+    ) -> SettledClaim:
+        """:meth:`settle_many`, then :meth:`claim_keys` of ``keys`` (or else :meth:`claim` of
+        ``limit`` rows), in one transaction: one commit for both, and the claim sees the rows
+        the settlements freed (the next row of an ordered group, a slot under a limit).
+
+        Each row still moves only under its own fence, inside its statement. A claim that fails
+        rolls the transaction back before its commit was sent, so the settlements certainly did
+        not commit: they are written alone then, and the claim's error is returned (translated,
+        as :meth:`claim` would raise it). A failed settlement raises, as :meth:`settle_many`
+        would; so does a failed commit, whose outcome is not known."""
+        _settled_only(settlements, "settle_and_claim")
+        if not settlements:
+            return SettledClaim([], self._claim_any(worker, lease, limit, keys, job_types))
+        if not keys and limit < 1:
+            return SettledClaim(self.settle_many(settlements), [])
+        text, params, after = self._claim_request(worker, lease, limit, keys, job_types)
+        claiming = False  # set while the claim runs: an error then is the claim's
+        try:
+            with self._connection("settle and claim") as conn, conn.transaction():
+                moved = conn.execute(
+                    sql.statement("settle_many"),
+                    _settlements_params(settlements, self._now(), self._history),
+                ).fetchall()
+                claiming = True
+                rows = _execute(conn, text, params).fetchall()
+                claiming = False
+        except Exception as exc:
+            if not claiming:
+                raise  # the settlement, or the commit, failed: the batch's error
+            # Rolled back before COMMIT was sent: the settlements did not commit either.
+            return SettledClaim(self.settle_many(settlements), [], exc)
+        return SettledClaim(
+            _stale([s.ticket for s in settlements], moved), self._claimed(rows, after)
+        )
+
+    def _claim_any(
+        self,
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        keys: Sequence[Key] | None,
+        job_types: Sequence[str] | None,
+    ) -> list[Claim]:
+        if keys:
+            return self.claim_keys(worker, keys, lease)
+        return self.claim(worker, limit, lease, job_types=job_types)
+
+    def _claim_request(
+        self,
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        keys: Sequence[Key] | None,
+        job_types: Sequence[str] | None,
+    ) -> tuple[LiteralString, dict[str, Any], str | None]:
+        """The statement claiming ``keys`` (else up to ``limit`` rows of ``job_types``), its
+        parameters, and the tenant a tenant-fair claim walks from (None for the others)."""
+        common = {
+            "worker": worker,
+            "lease": lease,
+            "identity_keys": self._identity_keys,
+            "history": self._history,
+            "now": self._now(),
+        }
+        if keys:
+            limits = self._limits(None)
+            text = (
                 sql.with_limit("claim_keys", len(keys))
                 if limits is None
-                else sql.statement("claim_keys_limited"),
-                {
-                    **_keys_params(keys),
-                    "worker": worker,
-                    "lease": lease,
-                    "identity_keys": self._identity_keys,
-                    "history": self._history,
-                    **_limit_params(limits),
-                    "now": self._now(),
-                },
-            ).fetchall()
-        return [_claim(r) for r in rows]
+                else sql.statement("claim_keys_limited")
+            )
+            return text, {**common, **_keys_params(keys), **_limit_params(limits)}, None
+        limits = self._limits(job_types)
+        text, extra = self._claim_statement(limits, limit)
+        params = {
+            **common,
+            "limit": limit,
+            "job_types": list(job_types) if job_types is not None else None,
+            **_limit_params(limits),
+            **extra,
+        }
+        return text, params, extra.get("after")
+
+    def _claimed(self, rows: Sequence[tuple[Any, ...]], after: str | None) -> list[Claim]:
+        claims = [_claim(r) for r in rows]
+        if self._fair is not None and after is not None:
+            self._fair.served(after, claims)
+        return claims
 
     # -- fenced writes -----------------------------------------------------------------------
 
@@ -1551,18 +1663,6 @@ def _execute(
     statement = sql.positional(text)
     cursor: RawCursor[tuple[Any, ...]] = RawCursor(conn)
     return cursor.execute(statement.text, statement.values(params))
-
-
-def _claim_params(
-    worker: str, limit: int, lease: timedelta, job_types: Sequence[str] | None, now: datetime | None
-) -> dict[str, Any]:
-    return {
-        "worker": worker,
-        "limit": limit,
-        "lease": lease,
-        "job_types": list(job_types) if job_types is not None else None,
-        "now": now,
-    }
 
 
 class _FairWalk:

@@ -51,6 +51,17 @@ class Settlement:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledClaim:
+    """What :meth:`WorkStore.settle_and_claim` did: the settlements' stale tickets, the rows
+    claimed, and the claim's error when the claim failed (the settlements were then written
+    alone, and ``claims`` is empty)."""
+
+    stale: list[Ticket]
+    claims: list[Claim]
+    claim_error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ConcurrencyLimit:
     """At most ``total`` rows of a job type claimed at once, and ``per_tenant`` of one
     (job type, tenant), across every process (``None``: no such limit). The claim statements
@@ -301,6 +312,32 @@ class WorkStore(KeyedStore, Protocol):
 
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         """Settle many claims in one statement; returns the tickets whose fence was stale."""
+        ...
+
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Settlement],
+        worker: str,
+        lease: timedelta,
+        *,
+        limit: int = 0,
+        keys: Sequence[Key] | None = None,
+        job_types: Sequence[str] | None = None,
+    ) -> SettledClaim:
+        """:meth:`settle_many`, then :meth:`claim_keys` of ``keys`` (or else :meth:`claim` of
+        ``limit`` rows), in one transaction: one commit for both, and the claim sees the rows
+        the settlements freed. A failed claim takes the settlements with it, so they are then
+        written alone and the claim's error returned; a failed settlement or commit raises."""
+        ...
+
+    def keep_connection(self) -> None:
+        """From now on this thread's calls use one connection (until :meth:`release_connection`
+        or a call that fails), not the pool's oldest idle one each time: a loop that calls many
+        times a second keeps its server process, and that process's caches, warm."""
+        ...
+
+    def release_connection(self) -> None:
+        """Give the connection this thread kept back to the pool (nothing if it kept none)."""
         ...
 
     def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bridge.database import Connection, open_pool
+from bridge.database import APPLICATION_NAME, Connection, SessionTimeouts, open_pool
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
@@ -26,7 +26,7 @@ from bridge.executors.completer import BatchCompleter
 from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandler, TerminalFailure
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
-from bridge.store import PostgresStore, Settlement
+from bridge.store import PostgresStore, SettledClaim, Settlement
 from bridge.types import Claim, Delivery, State, TargetClass, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
@@ -277,6 +277,12 @@ class Recording(PostgresStore):
         self._note(settlements)
         return super().settle_many(settlements)
 
+    def settle_and_claim(
+        self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
+    ) -> SettledClaim:
+        self._note(settlements)
+        return super().settle_and_claim(settlements, *args, **kwargs)
+
 
 class Refuses(SameDatabaseHandler):
     def handle(self, ctx: Context, tx: Connection) -> None:
@@ -313,3 +319,132 @@ def test_the_pool_batches_final_settlements_but_never_class_a(recording: Recordi
     assert pool.counts["lease_lost"] == 0
     counts = dict(db.execute("SELECT state, count(*) FROM work_item GROUP BY state").fetchall())
     assert counts == {"succeeded": 30, "failed_terminal": 6}
+
+
+# -- settlements written with the claim that follows them ---------------------------------------
+
+
+def test_settle_and_claim_commits_both_and_the_claim_takes_the_rows_the_settlements_freed(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    """One call settles a batch (its stale ticket refused alone) and claims in the same
+    transaction: the second row of an ordered group, claimable only once the first settled,
+    comes back from the same call, claimed at the moment the batch settled."""
+    store, clock = clocked
+    stale_claim, fresh = one_stale_among(store, clock, ["a", "b"])
+    ordered = [
+        Delivery(
+            tenant_id="t1",
+            operation_id=op,
+            subscription="batch",
+            job_type="job",
+            target_class=TargetClass.B,
+            payload=b"{}",
+            ordering_key="g",
+        )
+        for op in ("g1", "g2")
+    ]
+    store.ingest(ordered)
+    (g1,) = store.claim("w1", 5, LONG)
+    assert g1.operation_id == "g1"
+    assert store.claim("w1", 5, LONG) == [], "g2 waits behind g1"
+    clock.advance(timedelta(seconds=1))
+
+    batch = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, g1, stale_claim]]
+    done = store.settle_and_claim(batch, "w1", LONG, limit=5)
+
+    assert done.stale == [stale_claim.ticket]
+    assert done.claim_error is None
+    assert [c.operation_id for c in done.claims] == ["g2"]
+    assert {op: state_of(db, op)[0] for op in ("a", "b", "g1", "g2", "stale")} == {
+        "a": "succeeded",
+        "b": "succeeded",
+        "g1": "succeeded",
+        "g2": "claimed",
+        "stale": "claimed",  # the takeover's claim, untouched
+    }
+    (same,) = db.execute(
+        "SELECT count(DISTINCT t) FROM (SELECT settled_at AS t FROM work_item"
+        " WHERE operation_id IN ('a', 'b', 'g1') UNION ALL"
+        " SELECT claimed_at FROM work_item WHERE operation_id = 'g2') x"
+    ).fetchone() or (0,)
+    assert same == 1, "settled and claimed in one transaction"
+
+
+def test_a_claim_that_fails_leaves_the_settlements_written_alone(db_url: str, db: Db) -> None:
+    """The claim waits for a lock another session holds on a table only the claim reads and
+    runs out of lock_timeout: its transaction rolls back, the settlements with it, so they are
+    written again alone; the claim's error comes back, and no row is claimed."""
+    store = PostgresStore.connect(
+        db_url, max_size=2, timeouts=SessionTimeouts(lock=timedelta(milliseconds=200))
+    )
+    try:
+        store.ingest(deliveries(["a", "b", "c"]))
+        claims = store.claim("w1", 2, LONG)
+        batch = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claims]
+        with db.transaction():
+            db.execute("LOCK TABLE rate_wait IN ACCESS EXCLUSIVE MODE")
+            done = store.settle_and_claim(batch, "w1", LONG, limit=2)
+        assert isinstance(done.claim_error, StoreUnavailable)
+        assert "lock_timeout" in str(done.claim_error)
+        assert done.claims == []
+        assert done.stale == []
+        assert sorted(state_of(db, c.operation_id)[0] for c in claims) == ["succeeded"] * 2
+        assert state_of(db, "c")[0] == "queued"
+        (ended,) = db.execute(
+            "SELECT count(*) FROM work_attempt WHERE outcome = 'succeeded'"
+        ).fetchone() or (0,)
+        assert ended == 2, "each attempt recorded once"
+    finally:
+        store.close()
+
+
+def _backends_that_claimed(db: Db) -> list[int]:
+    rows = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        " AND query LIKE '%%expired AS (%%'",  # the claim's start (the text shown is cut)
+        (APPLICATION_NAME,),
+    ).fetchall()
+    return [int(pid) for (pid,) in rows]
+
+
+def test_a_thread_that_keeps_its_connection_claims_on_one_server_process_until_it_breaks(
+    db_url: str, db: Db
+) -> None:
+    """Without keeping, a pool of four hands its oldest idle connection to each call, so eight
+    claims run on four server processes; a thread that keeps one runs all of its calls on one.
+    That process killed, the next call fails and gives it up, and the one after runs on
+    another; released, it goes back to the pool."""
+    store = PostgresStore.connect(db_url, min_size=4, max_size=4)
+    try:
+        store.pool.wait()
+        for _ in range(8):
+            store.claim("w1", 1, LONG)
+        assert len(_backends_that_claimed(db)) == 4
+
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (APPLICATION_NAME,),
+        )
+        store.pool.check()
+        eventually(lambda: store.pool.get_stats()["pool_available"] == 4, "the pool refilled")
+        store.keep_connection()
+        for _ in range(8):
+            store.claim("w1", 1, LONG)
+        (kept,) = _backends_that_claimed(db)
+
+        db.execute("SELECT pg_terminate_backend(%s)", (kept,))
+        with pytest.raises(StoreUnavailable):
+            store.claim("w1", 1, LONG)
+        store.claim("w1", 1, LONG)
+        store.claim("w1", 1, LONG)
+        (other,) = _backends_that_claimed(db)
+        assert other != kept
+
+        available = store.pool.get_stats
+        # the broken connection is replaced in the background; the kept one stays out
+        eventually(lambda: available()["pool_available"] == 3, "the pool replaced the broken one")
+        store.release_connection()
+        assert available()["pool_available"] == 4
+    finally:
+        store.close()

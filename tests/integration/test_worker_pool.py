@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from bridge import sql
+from bridge.database import APPLICATION_NAME
 from bridge.decode import RawDelivery
 from bridge.demo import balances, invoices, payments
 from bridge.demo.provider import PaymentClient, PaymentProvider
@@ -248,70 +249,52 @@ class FailsEvery(ConditionalWriteHandler):
             raise TerminalFailure("refused")
 
 
-class Beside:
-    """Notes whether each settlement batch is written while a claim is in flight.
+class Together:
+    """Records what each settlement batch was written with: the keys it settled and the keys
+    the claim in its transaction took, or that it was written alone."""
 
-    A batch's write waits (bounded) until a claim is in flight; a claim that ends while a batch
-    handed to the settler has not yet looked waits for it to look. Written before or after the
-    claim in one thread, a batch would find none in flight and wait out the bound."""
+    def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._lock = threading.Lock()
+        #: (keys settled, keys claimed in the same transaction, whether by hand-off keys)
+        self.batches: list[tuple[list[Key], list[Key], bool]] = []
+        self.alone: list[int] = []  # sizes of batches written with no claim
+        settle_and_claim, settle_many = store.settle_and_claim, store.settle_many
 
-    BOUND = 10.0
+        def together(settlements: Any, *args: Any, **kwargs: Any) -> Any:
+            done = settle_and_claim(settlements, *args, **kwargs)
+            with self._lock:
+                self.batches.append(
+                    (
+                        [s.ticket.key for s in settlements],
+                        [c.key for c in done.claims],
+                        bool(kwargs.get("keys")),
+                    )
+                )
+            return done
 
-    def __init__(self, store: PostgresStore, pool: WorkerPool, monkeypatch: pytest.MonkeyPatch):
-        self._cond = threading.Condition()
-        self._claiming = 0
-        self._outstanding = 0  # batches handed to the settler that have not looked yet
-        self.batches: list[tuple[int, bool]] = []  # (settlements, a claim was in flight)
-        settle_many, claim, claim_keys = store.settle_many, store.claim, store.claim_keys
-        settler = pool._settler  # the seam under test
-        submit = settler.submit
-
-        def submitted(*args: Any, **kwargs: Any) -> Any:
-            with self._cond:
-                self._outstanding += 1
-            return submit(*args, **kwargs)
-
-        def settling(settlements: Any) -> Any:
-            with self._cond:
-                beside = self._cond.wait_for(lambda: self._claiming > 0, self.BOUND)
-                self._outstanding -= 1
-                self.batches.append((len(settlements), beside))
-                self._cond.notify_all()
+        def alone(settlements: Any) -> Any:
+            with self._lock:
+                self.alone.append(len(settlements))
             return settle_many(settlements)
 
-        def claiming(method: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                with self._cond:
-                    self._claiming += 1
-                    self._cond.notify_all()
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    with self._cond:
-                        self._cond.wait_for(lambda: self._outstanding <= 0, self.BOUND)
-                        self._claiming -= 1
-
-            return wrapped
-
-        monkeypatch.setattr(settler, "submit", submitted)
-        monkeypatch.setattr(store, "settle_many", settling)
-        monkeypatch.setattr(store, "claim", claiming(claim))
-        monkeypatch.setattr(store, "claim_keys", claiming(claim_keys))
+        monkeypatch.setattr(store, "settle_and_claim", together)
+        monkeypatch.setattr(store, "settle_many", alone)
 
 
-def test_settlements_are_written_beside_the_hand_off_claims_that_refill_their_workers(
+def test_settlements_commit_with_the_hand_off_claims_that_refill_their_workers(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While a consumer hands keys over, each batch of settlements is written while the
-    hand-off claim that refills the workers it frees is in flight, on a connection of its own.
-    1,200 deliveries in batches of 10, every fifth batch sent twice (replays, not handed over
-    again), one conflicting redelivery, every 50th operation refused by its target; each row
-    runs once, under its first fence."""
+    """While a consumer hands keys over, each batch of settlements is written in the
+    transaction of the hand-off claim that refills the workers it frees: one commit, so the
+    rows it settled and the rows it claimed carry the same transaction time. 1,200 deliveries
+    in batches of 10, every fifth batch sent twice (replays, not handed over again), one
+    conflicting redelivery, every 50th operation refused by its target; each row runs once,
+    under its first fence."""
     handler = FailsEvery(50)
     registry = Registry()
     registry.register("quick", handler)
     pool = pools(registry, threads=8)
-    beside = Beside(store, pool, monkeypatch)
+    together = Together(store, monkeypatch)
 
     def decode(raw: RawDelivery) -> Delivery:
         return replace(for_job(registry, "quick", raw.attributes["op"]), payload=raw.body)
@@ -335,11 +318,91 @@ def test_settlements_are_written_beside_the_hand_off_claims_that_refill_their_wo
         "every row settled",
         DEADLINE,
     )
-    assert beside.batches, "settlements were batched"
-    alone = [n for n, met in beside.batches if not met]
-    assert alone == [], "a settlement batch was written with no claim in flight"
+    assert together.alone == [], "a settlement batch was written with no claim"
+    assert sum(len(settled) for settled, _, _ in together.batches) == len(ops)
+    handed = [b for b in together.batches if b[2] and b[1]]
+    assert handed, "some batch was written with a hand-off claim that took rows"
+    times = {
+        op: (settled, claimed)
+        for op, settled, claimed in db.execute(
+            "SELECT operation_id, settled_at, claimed_at FROM work_item"
+        ).fetchall()
+    }
+    for settled, claimed, _ in together.batches:
+        committed = {times[k.operation_id][0] for k in settled}
+        assert len(committed) == 1, "a batch's rows settle in one transaction"
+        assert {times[k.operation_id][1] for k in claimed} <= committed, (
+            "the rows claimed with a batch were claimed in its transaction"
+        )
     assert sorted(handler.ran) == ops
     assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
+
+
+def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connection(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    """Settlements commit with the claim that refills their workers, so the rows a pool of 8
+    holds, sampled from another session all along, never number more than 8; not even when
+    every connection of the pool is killed mid-drain. That fault costs the rows whose batch it
+    cut their first claim (their runs report the outcome unknown) and nothing else: they come back
+    once their short leases lapse and settle under fence 2. 1,500 rows, each batch of 100 sent
+    twice, one conflicting redelivery, every 50th refused by its target."""
+    handler = FailsEvery(50)
+    registry = Registry()
+    registry.register("quick", handler, lease=timedelta(seconds=2))
+    ops = [f"op-{i:04d}" for i in range(1500)]
+    for i in range(0, len(ops), 100):
+        batch = [for_job(registry, "quick", op) for op in ops[i : i + 100]]
+        store.ingest(batch)
+        store.ingest(batch)  # replays
+    (conflict,) = store.ingest([for_job(registry, "quick", ops[3], {"other": 1})])
+    assert conflict.decision is Decision.CONFLICT
+
+    held: list[list[tuple[str, int]]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(db.info.dsn, autocommit=True) as conn:
+            while not sampling.is_set():
+                rows = conn.execute(
+                    "SELECT operation_id, fence FROM work_item WHERE state = 'claimed'"
+                ).fetchall()
+                held.append([(op, int(fence)) for op, fence in rows])
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    events = Recorder()
+    try:
+        pools(registry, threads=8, events=events)
+        eventually(lambda: len(events.of("settled")) >= 300, "a fifth of the rows settled")
+        killed = db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (APPLICATION_NAME,),
+        ).fetchall()
+        assert killed, "the pool's connections were found and killed"
+        refused = {op for op in ops if int(op[3:]) % 50 == 0}
+        eventually(
+            lambda: (
+                states(db)
+                == {"succeeded": len(ops) - len(refused), "failed_terminal": len(refused)}
+            ),
+            "every row settled",
+            DEADLINE,
+        )
+    finally:
+        sampling.set()
+        sampler.join()
+
+    lost = {op for op, _, _ in events.of("settle_unknown")}
+    assert lost, "the fault cut a batch"
+    assert events.of("lease_lost") == []
+    twice = db.execute("SELECT operation_id FROM work_item WHERE fence > 1").fetchall()
+    assert {op for (op,) in twice} == lost, "only the rows of the batch cut ran again"
+    abandoned = {(op, 1) for op in lost}
+    most = max(len(set(rows) - abandoned) for rows in held)
+    assert len(held) > 100, "the drain was sampled all along"
+    assert most <= 8, f"the pool held {most} rows at once with 8 threads"
+    assert set(handler.ran) == set(ops)
 
 
 # -- progress heartbeats -------------------------------------------------------------------------
@@ -569,9 +632,9 @@ def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
     pools: Callable[..., WorkerPool],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The first two settlement writes must meet inside the store at once, each on its
-    claimer's settler: one claimer alone could never pass the barrier, since it waits for its
-    first write before it takes the next batch."""
+    """The first two settlement writes must meet inside the store at once, each in its
+    claimer's transaction: one claimer alone could never pass the barrier, since it waits for
+    its first write before it takes the next batch."""
     registry = Registry()
     gated = Gated()
     registry.register("gated", gated)
@@ -581,7 +644,7 @@ def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
     meeting = threading.Barrier(2, timeout=DEADLINE)
     met: list[int] = []
     calls = threading.Lock()
-    settle_many = store.settle_many
+    settle_and_claim = store.settle_and_claim
 
     def overlapping(*args: Any, **kwargs: Any) -> Any:
         with calls:
@@ -591,9 +654,9 @@ def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
         if first_two:
             gated.gate.set()  # the other half of the workers can settle now
             meeting.wait()  # raises BrokenBarrierError unless another transaction comes
-        return settle_many(*args, **kwargs)
+        return settle_and_claim(*args, **kwargs)
 
-    monkeypatch.setattr(store, "settle_many", overlapping)
+    monkeypatch.setattr(store, "settle_and_claim", overlapping)
     events = Recorder()
     pools(registry, threads=8, claimers=2, claim_batch=8, events=events)
 
@@ -645,19 +708,24 @@ def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  #
         store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
     statements: list[int] = []  # rows asked by each claim statement of the current round
     rounds: list[tuple[int, list[int]]] = []  # (rows wanted, each statement's rows)
-    claim = store.claim
+    claim, settle_and_claim = store.claim, store.settle_and_claim
 
     def counting(worker: str, limit: int, *args: Any, **kwargs: Any) -> Any:
         statements.append(limit)
         return claim(worker, limit, *args, **kwargs)
 
+    def counting_with(settlements: Any, worker: str, lease: Any, **kwargs: Any) -> Any:
+        statements.append(kwargs["limit"])  # the first statement of a round that settles
+        return settle_and_claim(settlements, worker, lease, **kwargs)
+
     monkeypatch.setattr(store, "claim", counting)
+    monkeypatch.setattr(store, "settle_and_claim", counting_with)
     pool = pools(registry, threads=16, claim_batch=claim_batch)
     claim_rows = pool._claim_rows
 
-    def recording(want: int, handoff: Any) -> Any:
+    def recording(want: int, handoff: Any, *args: Any) -> Any:
         statements.clear()  # one claimer: the rounds come one at a time
-        got = claim_rows(want, handoff)
+        got = claim_rows(want, handoff, *args)
         rounds.append((want, list(statements)))
         return got
 
