@@ -46,14 +46,14 @@ from typing import Any, LiteralString
 
 import psycopg
 import psycopg.sql
-from psycopg import RawCursor
+from psycopg import RawCursor, pq
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
 from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
-from bridge.errors import ConfigError, ErasureRefused, LeaseLost, StoreUnavailable
+from bridge.errors import ConfigError, ErasureRefused, LeaseLost, StoreError, StoreUnavailable
 from bridge.records import (
     AttemptRecord,
     ErasureCounts,
@@ -202,6 +202,8 @@ class PostgresStore:
         self._fair: _FairWalk | None = None
         #: the connection each thread that called :meth:`keep_connection` uses
         self._kept = threading.local()
+        self._kept_lock = threading.Lock()
+        self._kept_open: set[Connection] = set()
 
     @classmethod
     def connect(
@@ -235,6 +237,12 @@ class PostgresStore:
         return self._pool
 
     def close(self) -> None:
+        """Close the pool, and the connections threads still keep (the pool closes those only
+        once they come back)."""
+        with self._kept_lock:
+            kept, self._kept_open = self._kept_open, set()
+        for conn in kept:
+            conn.close()
         self._pool.close()
 
     def use_identity_keys(
@@ -308,6 +316,8 @@ class PostgresStore:
         conn: Connection | None = getattr(self._kept, "conn", None)
         self._kept.conn = None
         if conn is not None:
+            with self._kept_lock:
+                self._kept_open.discard(conn)
             self._pool.putconn(conn)  # a broken one is discarded, an open transaction rolled back
 
     @contextmanager
@@ -325,6 +335,8 @@ class PostgresStore:
                 if kept is None:
                     kept = self._kept.conn = self._pool.getconn()
                     self._kept.until = time.monotonic() + KEEP_SECONDS
+                    with self._kept_lock:
+                        self._kept_open.add(kept)
                 yield kept
         except BaseException:
             self._return_kept()  # the next call takes a connection known to be good
@@ -656,20 +668,25 @@ class PostgresStore:
         if not keys and limit < 1:
             return SettledClaim(self.settle_many(settlements), [])
         text, params, after = self._claim_request(worker, lease, limit, keys, job_types)
-        claiming = False  # set while the claim runs: an error then is the claim's
+        settled: psycopg.Cursor[tuple[Any, ...]] | None = None
         try:
-            with self._connection("settle and claim") as conn, conn.transaction():
-                moved = conn.execute(
-                    sql.statement("settle_many"),
-                    _settlements_params(settlements, self._now(), self._history),
-                ).fetchall()
-                claiming = True
-                rows = _execute(conn, text, params).fetchall()
-                claiming = False
+            with self._connection("settle and claim") as conn:
+                # One pipeline, one Sync: the two statements go out in one round trip and run
+                # as one implicit transaction, which the Sync commits, or rolls back whole
+                # once either fails (no BEGIN, no COMMIT, no round trip of their own).
+                with conn.pipeline():
+                    settled = conn.execute(
+                        sql.statement("settle_many"),
+                        _settlements_params(settlements, self._now(), self._history),
+                    )
+                    claimed = _execute(conn, text, params)
+                moved = settled.fetchall()
+                rows = claimed.fetchall()
         except Exception as exc:
-            if not claiming:
-                raise  # the settlement, or the commit, failed: the batch's error
-            # Rolled back before COMMIT was sent: the settlements did not commit either.
+            if not _only_the_claim_failed(settled, exc):
+                raise  # the settlement failed, or the outcome is unknown: the batch's error
+            # The server refused the claim on a live connection: nothing of the transaction
+            # committed, the settlements included; they are written alone.
             return SettledClaim(self.settle_many(settlements), [], exc)
         return SettledClaim(
             _stale([s.ticket for s in settlements], moved), self._claimed(rows, after)
@@ -1707,6 +1724,17 @@ class _FairWalk:
                     return  # start at this tenant again: its turn is not over
             self._staying = None
             self._after = last
+
+
+def _only_the_claim_failed(settled: psycopg.Cursor[tuple[Any, ...]] | None, exc: Exception) -> bool:
+    """Whether a settle-and-claim failed in its claim alone, as the server reported on a live
+    connection (so the transaction certainly rolled back), after its settlement ran."""
+    if isinstance(exc, StoreUnavailable) and exc.outcome_unknown:
+        return False
+    if not isinstance(exc, (StoreUnavailable, StoreError)) or settled is None:
+        return False
+    result = settled.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
 def _settled_only(settlements: Sequence[Settlement], method: str) -> None:
