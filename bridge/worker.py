@@ -65,8 +65,8 @@ log = logging.getLogger(__name__)
 WORKER_THREADS_DEFAULT = 8
 #: claim rounds in flight at once, by default. One: measured on two cores with the database
 #: beside the pool, a second claimer split the batches and cost more CPU per job than its
-#: overlap saved, settlers or not (docs/benchmarks.md, "Worker tier"). More may pay where round
-#: trips are long (a remote database); measure before raising it.
+#: overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are long
+#: (a remote database); measure before raising it. Where the CPU is the limit, run replicas.
 CLAIMERS_DEFAULT = 1
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
@@ -324,7 +324,7 @@ class WorkerPool:
     ) -> None:
         """Give claims to the workers (already counted busy); once stopping, release them.
 
-        The runs of ``batch``, whose settlements were written beside these claims, take one
+        The runs of ``batch``, whose settlements were written with these claims, take one
         each (they are waiting for their answer, and run it next); the rest are queued. The
         stop flag is read under the condition ``stop()`` sets it under, so a claim is either
         given or queued before the stop drains the queue, or released here: never stranded.

@@ -4,10 +4,10 @@ Written alone, each settlement costs a round trip and a commit (a WAL flush), an
 workers most of a run's time is that wait. A :class:`BatchCompleter` collects the settlements
 that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
 :class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`: one
-statement, one commit, for the lot (the pool writes it beside the claim that refills the
-workers it frees, on a connection of its own). While one batch is written the next gathers, so
-batches grow with the load; the pool also lets a batch wait a moment (``settle_linger``, 2 ms)
-for the handlers still running, never longer.
+statement, one commit, for the lot (the pool writes it in the transaction of the claim that
+refills the workers it frees: :meth:`~bridge.store.work.WorkStore.settle_and_claim`). While one
+batch is written the next gathers, so batches grow with the load; the pool also lets a batch
+wait a moment (``settle_linger``, 2 ms) for the handlers still running, never longer.
 
 Nothing about ownership changes. Every row moves only while its own fence is still current
 (``WHERE fence = t.fence AND state = 'claimed'``, inside the write): a stale ticket in a batch
