@@ -653,18 +653,17 @@ class PostgresStore:
         keys: Sequence[Key] | None = None,
         job_types: Sequence[str] | None = None,
     ) -> SettledClaim:
-        """:meth:`settle_many`, then :meth:`claim_keys` of ``keys`` (or else :meth:`claim` of
-        ``limit`` rows), in one transaction: one commit for both, and the claim sees the rows
-        the settlements freed (the next row of an ordered group, a slot under a limit).
-
-        Each row still moves only under its own fence, inside its statement. A claim that fails
-        rolls the transaction back before its commit was sent, so the settlements certainly did
-        not commit: they are written alone then, and the claim's error is returned (translated,
-        as :meth:`claim` would raise it). A failed settlement raises, as :meth:`settle_many`
-        would; so does a failed commit, whose outcome is not known."""
+        """See :meth:`~bridge.store.work.WorkStore.settle_and_claim`: the claim sees the rows
+        the settlements freed (the next row of an ordered group, a slot under a limit), and
+        each row still moves only under its own fence, inside its statement. A claim the server
+        refuses rolls the whole transaction back before it commits, so the settlements are then
+        written alone; a broken connection leaves the outcome unknown and raises, as a failed
+        settlement does."""
         _settled_only(settlements, "settle_and_claim")
         if not settlements:
-            return SettledClaim([], self._claim_any(worker, lease, limit, keys, job_types))
+            if keys:
+                return SettledClaim([], self.claim_keys(worker, keys, lease))
+            return SettledClaim([], self.claim(worker, limit, lease, job_types=job_types))
         if not keys and limit < 1:
             return SettledClaim(self.settle_many(settlements), [])
         text, params, after = self._claim_request(worker, lease, limit, keys, job_types)
@@ -691,18 +690,6 @@ class PostgresStore:
         return SettledClaim(
             _stale([s.ticket for s in settlements], moved), self._claimed(rows, after)
         )
-
-    def _claim_any(
-        self,
-        worker: str,
-        lease: timedelta,
-        limit: int,
-        keys: Sequence[Key] | None,
-        job_types: Sequence[str] | None,
-    ) -> list[Claim]:
-        if keys:
-            return self.claim_keys(worker, keys, lease)
-        return self.claim(worker, limit, lease, job_types=job_types)
 
     def _claim_request(
         self,
