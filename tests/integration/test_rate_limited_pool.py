@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from bridge.handlers import ConditionalWriteHandler, Context, RateLimited, Retry
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
+from bridge.types import Ticket
 from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
@@ -81,6 +82,19 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
     for start in range(0, len(batch), 500):
         pool_store.ingest(batch[start : start + 500])
 
+    # When each limit's write had committed, by the database clock (an upper bound: read once
+    # the write returned). A claim already under way then may not have seen the wait yet; one
+    # that began after it must skip the key.
+    committed: dict[str, datetime] = {}
+    rate_limited = pool_store.rate_limited
+
+    def noting(ticket: Ticket, *args: Any, **kwargs: Any) -> None:
+        rate_limited(ticket, *args, **kwargs)
+        with psycopg.connect(db.info.dsn, autocommit=True) as conn:
+            (now,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+        committed[ticket.operation_id] = now
+
+    pool_store.rate_limited = noting  # type: ignore[method-assign]
     pool = WorkerPool(pool_store, registry, HASHER, threads=4, poll_interval=0.05)
     pool.start()
     try:
@@ -105,17 +119,20 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
     assert "settled.failed_terminal" not in counts
 
     # The database's attempt records: every limit ended an attempt as queued, and no attempt
-    # of the limited key started while that key's wait was on.
+    # of the limited key started while that key's wait was on, from its commit to its end.
     limits = db.execute(
-        "SELECT tenant_id, ended_at FROM work_attempt WHERE outcome_code = 'rate_limited'"
+        "SELECT tenant_id, operation_id, ended_at FROM work_attempt"
+        " WHERE outcome_code = 'rate_limited'"
     ).fetchall()
-    assert [t for t, _ in limits] == [LIMITED] * LIMITS
-    during = count(
-        db,
-        "SELECT count(*) FROM work_attempt a JOIN work_attempt l"
-        "    ON l.outcome_code = 'rate_limited' AND a.tenant_id = l.tenant_id"
-        " WHERE a.started_at > l.ended_at"
-        "   AND a.started_at < l.ended_at + interval '1 second'",
-    )
-    assert during == 0
+    assert [t for t, _, _ in limits] == [LIMITED] * LIMITS
+    assert sorted(committed) == sorted(op for _, op, _ in limits)
+    waits = [(committed[op], ended + WAIT) for _, op, ended in limits]
+    started = [
+        s
+        for (s,) in db.execute(
+            "SELECT started_at FROM work_attempt WHERE tenant_id = %s", (LIMITED,)
+        ).fetchall()
+    ]
+    during = [s for s in started for begun, end in waits if begun < s < end]
+    assert during == [], "an attempt of the limited key started while its wait was on"
     assert count(db, "SELECT count(*) FROM rate_wait WHERE tenant_id <> 't0'") == 0
