@@ -401,7 +401,8 @@ def test_a_claim_that_fails_leaves_the_settlements_written_alone(db_url: str, db
 
 def _backends_that_claimed(db: Db) -> list[int]:
     rows = db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        "SELECT pid FROM pg_stat_activity"
+        " WHERE application_name = %s AND datname = current_database()"
         " AND query LIKE '%%expired AS (%%'",  # the claim's start (the text shown is cut)
         (APPLICATION_NAME,),
     ).fetchall()
@@ -423,7 +424,8 @@ def test_a_thread_that_keeps_its_connection_claims_on_one_server_process_until_i
         assert len(_backends_that_claimed(db)) == 4
 
         db.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
             (APPLICATION_NAME,),
         )
         store.pool.check()

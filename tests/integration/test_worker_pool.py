@@ -376,7 +376,8 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
         pools(registry, threads=8, events=events)
         eventually(lambda: len(events.of("settled")) >= 300, "a fifth of the rows settled")
         killed = db.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
             (APPLICATION_NAME,),
         ).fetchall()
         assert killed, "the pool's connections were found and killed"
