@@ -71,6 +71,7 @@ from bridge import embedded, sql
 from bridge.database import DATABASE_URL_ENV
 from bridge.migrate import migrate
 from bridge.store import PostgresStore
+from bridge.store.postgres import insert_params
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 from bridge.types import Delivery, TargetClass
 
@@ -443,22 +444,12 @@ def deliveries(run: str, count: int) -> Iterator[list[Delivery]]:
 
 
 def raw_insert_params(batch: Sequence[Delivery]) -> dict[str, Any]:
-    """What hand-written code passes to ingest_insert.sql: one array per column."""
+    """What hand-written code passes to ingest_insert.sql: the batch as the store sends it, the
+    process's identity key and the clock left to the database, no priority aging."""
     return {
-        "tenant_id": [d.tenant_id for d in batch],
-        "operation_id": [d.operation_id for d in batch],
-        "subscription": [d.subscription for d in batch],
-        "job_type": [d.job_type for d in batch],
-        "target_class": [d.target_class.value for d in batch],
-        "schema_version": [d.schema_version for d in batch],
-        "payload_hash": [d.payload_hash for d in batch],
-        "payload_ref": [f"pg:{secrets.token_hex(16)}" for _ in batch],
-        "body": [d.payload for d in batch],
-        "max_attempts": [d.max_attempts for d in batch],
-        "ordering_key": [d.ordering_key for d in batch],
-        "broker_message_id": [d.broker_message_id for d in batch],
-        "receive_count": [d.receive_count for d in batch],
-        "trace_context": [d.trace_context for d in batch],
+        **insert_params(batch, [f"pg:{secrets.token_hex(16)}" for _ in batch]),
+        "identity_key_id": None,
+        "aging": 0.0,
         "now": None,
     }
 

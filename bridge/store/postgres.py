@@ -34,6 +34,7 @@ the store was given a clock (tests do, to expire leases without sleeping).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -403,7 +404,7 @@ class PostgresStore:
                 rows_cursor = conn.execute(
                     sql.statement("ingest_insert"),
                     {
-                        **_insert_params(fresh, refs),
+                        **insert_params(fresh, refs),
                         "identity_key_id": self._identity_key,
                         "aging": self._aging,
                         "now": self._now(),
@@ -1760,24 +1761,31 @@ def _firsts(batch: Sequence[Delivery | Rejection]) -> dict[Key, Delivery]:
     return firsts
 
 
-def _insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:
-    return {
-        "tenant_id": [d.tenant_id for d in fresh],
-        "operation_id": [d.operation_id for d in fresh],
-        "subscription": [d.subscription for d in fresh],
-        "job_type": [d.job_type for d in fresh],
-        "target_class": [d.target_class.value for d in fresh],
-        "schema_version": [d.schema_version for d in fresh],
-        "payload_hash": [d.payload_hash for d in fresh],
-        "payload_ref": list(refs),
-        "body": [d.payload for d in fresh],
-        "max_attempts": [d.max_attempts for d in fresh],
-        "ordering_key": [d.ordering_key for d in fresh],
-        "broker_message_id": [d.broker_message_id for d in fresh],
-        "receive_count": [d.receive_count for d in fresh],
-        "trace_context": [d.trace_context for d in fresh],
-        "priority": [d.priority for d in fresh],
-    }
+def insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:
+    """ingest_insert.sql's batch: one JSON array of each delivery's columns, in the order the
+    statement reads them, and the bodies beside it as one binary array."""
+    rows = json.dumps(
+        [
+            [
+                d.tenant_id,
+                d.operation_id,
+                d.subscription,
+                d.job_type,
+                d.target_class.value,
+                d.schema_version,
+                d.payload_hash.hex(),
+                ref,
+                d.max_attempts,
+                d.ordering_key,
+                d.broker_message_id,
+                d.receive_count,
+                d.trace_context,
+                d.priority,
+            ]
+            for d, ref in zip(fresh, refs, strict=True)
+        ]
+    )
+    return {"rows": rows, "body": [d.payload for d in fresh]}
 
 
 def _rejection_key(item: Rejection) -> Key | None:

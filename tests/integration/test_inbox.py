@@ -45,6 +45,56 @@ def test_same_payload_twice_is_a_replay(store: PostgresStore) -> None:
     assert second[0].state is State.QUEUED
 
 
+def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
+    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """The batch travels as one JSON text and one bytea array: text outside ASCII, quotes,
+    backslashes and absent fields come back as they were, and the body byte for byte."""
+    body = bytes(range(256)) + b'"\\'
+    given = [
+        delivery(
+            "tenant-é\"q\\",
+            "op-\U0001f600-𝔘",
+            body,
+            schema_version="v2 \"quoted\"",
+            max_attempts=7,
+            ordering_key="group-ü",
+            broker_message_id="m-1",
+            receive_count=3,
+            trace_context="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            priority=-2,
+        ),
+        delivery("t2", "op-2", b""),
+    ]
+    results = store.ingest(given)
+    assert [r.decision for r in results] == [Decision.NEW, Decision.NEW]
+    rows = db.execute(
+        "SELECT w.tenant_id, w.operation_id, w.subscription, w.job_type, w.target_class,"
+        " w.schema_version, w.payload_hash, w.max_attempts, w.ordering_key,"
+        " w.broker_message_id, w.receive_count, w.trace_context, w.priority, p.body"
+        " FROM work_item w JOIN payload p USING (payload_ref) ORDER BY w.seq"
+    ).fetchall()
+    assert rows == [
+        (
+            d.tenant_id,
+            d.operation_id,
+            d.subscription,
+            d.job_type,
+            d.target_class.value,
+            d.schema_version,
+            d.payload_hash,
+            d.max_attempts,
+            d.ordering_key,
+            d.broker_message_id,
+            d.receive_count,
+            d.trace_context,
+            d.priority,
+            d.payload,
+        )
+        for d in given
+    ]
+
+
 def test_changed_payload_is_a_conflict_that_mutates_nothing(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:

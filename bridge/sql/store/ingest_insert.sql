@@ -6,20 +6,21 @@
 -- is written under the process's identity key (%(identity_key_id)s), or else the database's
 -- current (newest) key.
 --
--- Its claim order (migration 0012) is now moved earlier by its %(priority)s times %(aging)s
+-- Its claim order (migration 0012) is now moved earlier by its priority times %(aging)s
 -- seconds.
+--
+-- The batch comes as one JSON array (%(rows)s), one array of columns per delivery in the order
+-- the input below reads them (the payload hash in hex), and the bodies as one binary bytea[]
+-- (%(body)b), in the same order: a Python client converts fifteen arrays of ten elements in
+-- about nine times the CPU it takes to write that one JSON text.
 WITH input AS (
-    SELECT t.*, nextval('work_item_seq') AS seq
-      FROM unnest(
-               %(tenant_id)s::text[], %(operation_id)s::text[], %(subscription)s::text[],
-               %(job_type)s::text[], %(target_class)s::text[], %(schema_version)s::text[],
-               %(payload_hash)s::bytea[], %(payload_ref)s::text[], %(body)s::bytea[],
-               %(max_attempts)s::int[], %(ordering_key)s::text[], %(broker_message_id)s::text[],
-               %(receive_count)s::int[], %(trace_context)s::text[], %(priority)s::int[]
-           ) WITH ORDINALITY AS t(tenant_id, operation_id, subscription, job_type, target_class,
-                                  schema_version, payload_hash, payload_ref, body, max_attempts,
-                                  ordering_key, broker_message_id, receive_count, trace_context,
-                                  priority, ord)
+    SELECT r->>0 AS tenant_id, r->>1 AS operation_id, r->>2 AS subscription, r->>3 AS job_type,
+           r->>4 AS target_class, r->>5 AS schema_version, decode(r->>6, 'hex') AS payload_hash,
+           r->>7 AS payload_ref, (%(body)b::bytea[])[t.ord] AS body, (r->>8)::int AS max_attempts,
+           r->>9 AS ordering_key, r->>10 AS broker_message_id, (r->>11)::int AS receive_count,
+           r->>12 AS trace_context, (r->>13)::int AS priority, t.ord,
+           nextval('work_item_seq') AS seq
+      FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS t(r, ord)
      ORDER BY t.ord
 ),
 inserted AS (
