@@ -54,7 +54,7 @@ def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
     given = [
         delivery(
             "tenant-é\"q\\",
-            "op-\U0001f600-𝔘",
+            "op-\U0001f600-\u65e5\u672c",
             body,
             schema_version="v2 \"quoted\"",
             max_attempts=7,
