@@ -53,10 +53,10 @@ def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
     body = bytes(range(256)) + b'"\\'
     given = [
         delivery(
-            "tenant-é\"q\\",
+            'tenant-é"q\\',
             "op-\U0001f600-\u65e5\u672c",
             body,
-            schema_version="v2 \"quoted\"",
+            schema_version='v2 "quoted"',
             max_attempts=7,
             ordering_key="group-ü",
             broker_message_id="m-1",
