@@ -10,6 +10,13 @@ after ``ANALYZE``); beside it, the ingest alone (first to last creation). Each r
 on a database in use (a settled history, analyzed, before the round: the report's headline) and
 on a new one, whose only statistics are those of the empty tables its migration analyzed.
 
+Each kind of round also runs as replicas (``--replicas``, 2 by default): as many processes,
+each one a whole bridge as ``fencebridge run`` would be, with its own writer per subscription
+and a pool of 16 / N threads, so the jobs in flight stay 16. The deliveries are shared between
+them as a broker shares one subscription's messages among its consumers: each replica writes
+its own part. docs/operations.md ("Scaling: threads or replicas") recommends replicas where one
+process's interpreter is the limit, about one per core.
+
 The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.commit_ceiling`,
 ``pgbench`` inserting one row per transaction) at 1 and at 16 clients, measured in the same
 run, between the rounds: each delivery costs at least its share of an inbox commit and of a
@@ -20,16 +27,19 @@ attributes), so decoding rules do not enter the measure::
     python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 2 subscriptions
     python -m bench.inbox --quick          # 1 round of 4,000
     python -m bench.inbox --subscriptions 4 --deliveries 40000 --database-url postgresql://...
+    python -m bench.inbox --replicas 1     # one process only
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -46,7 +56,7 @@ from bench.store import (
     report_facts,
     server,
 )
-from bench.workers import JOB_TYPE, Noop, Settled
+from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled, children_cpu
 from bridge.decode import RawDelivery
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -85,6 +95,8 @@ class Plan:
     deliveries: int
     subscriptions: int
     ceiling_seconds: int
+    #: processes of the replicas' rounds (1: none)
+    replicas: int = 2
 
 
 FULL = Plan(runs=3, deliveries=20_000, subscriptions=2, ceiling_seconds=10)
@@ -104,9 +116,12 @@ def decoder(raw: RawDelivery) -> Delivery | Rejection:
     )
 
 
-def writer(inbox: Inbox, subscription: str, count: int, errors: list[Exception]) -> None:
+def writer(
+    inbox: Inbox, subscription: str, count: int, errors: list[Exception], first: int = 0
+) -> None:
+    """``count`` new deliveries of ``subscription`` in batches, numbered from ``first``."""
     try:
-        for start in range(0, count, BATCH):
+        for start in range(first, first + count, BATCH):
             inbox.write(
                 [
                     RawDelivery(
@@ -115,7 +130,7 @@ def writer(inbox: Inbox, subscription: str, count: int, errors: list[Exception])
                         body=BODY,
                         attributes={"tenant": "bench", "operation": f"{subscription}-{i}"},
                     )
-                    for i in range(start, min(start + BATCH, count))
+                    for i in range(start, min(start + BATCH, first + count))
                 ]
             )
     except Exception as exc:  # noqa: BLE001  (reported by the round: never a silent failure)
@@ -130,35 +145,58 @@ class Round:
     cpu_ms: float
 
 
-def one_round(url: str, plan: Plan, *, in_use: bool) -> Round:
+def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round:
     """One round on a new database, or (``in_use``) on one that already holds a settled
     history, analyzed: a new deployment's connections plan their statements on the empty
-    tables a migration analyzed, until autovacuum's first ANALYZE replans them."""
+    tables a migration analyzed, until autovacuum's first ANALYZE replans them. With
+    ``replicas`` above 1, the bridge runs as that many processes."""
     if in_use:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(HISTORY, {"rows": HISTORY_ROWS})
             conn.execute("ANALYZE")
-    claimers = CLAIMERS_DEFAULT
-    size = THREADS + claimers + 1 + plan.subscriptions + 2
+    if replicas == 1:
+        used = serve(url, plan, 0, 1, Settled(plan.deliveries))
+    else:
+        used = serve_replicas(url, plan, replicas)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE work_item")
+        row = conn.execute(SPANS).fetchone()
+    assert row is not None
+    count, span, ingest = int(row[0]), float(row[1] or 0), float(row[2] or 0)
+    expected = _share(plan, replicas) * plan.subscriptions * replicas
+    if count != expected:
+        raise RuntimeError(f"settled {count} of {expected} deliveries")
+    return Round(count, count / span, count / ingest if ingest else 0.0, used * 1000 / count)
+
+
+def _share(plan: Plan, replicas: int) -> int:
+    """The deliveries of one subscription that one replica writes."""
+    return plan.deliveries // plan.subscriptions // replicas
+
+
+def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> float:
+    """One bridge: a writer per subscription and a pool of ``THREADS / replicas`` threads,
+    until ``settled`` says every delivery of the round settled; its CPU seconds."""
+    threads = THREADS // replicas
+    size = threads + CLAIMERS_DEFAULT + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
     try:
         store.pool.wait()
         registry = Registry()
         registry.register(JOB_TYPE, Noop())
-        settled = Settled(plan.deliveries)
         pool = WorkerPool(
             store,
             registry,
             IdentityHasher.ephemeral(),
-            worker_id="bench",
-            threads=THREADS,
+            worker_id=f"bench-{index}",
+            threads=threads,
             events=settled,
         )
         inbox = Inbox(store, decoder, hand_off=pool.hand_off)
-        per = plan.deliveries // plan.subscriptions
+        per = _share(plan, replicas)
         errors: list[Exception] = []
         writers = [
-            threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors))
+            threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors, index * per))
             for s in range(plan.subscriptions)
         ]
         cpu_started = time.process_time()
@@ -171,39 +209,96 @@ def one_round(url: str, plan: Plan, *, in_use: bool) -> Round:
             raise RuntimeError(f"a writer failed: {type(errors[0]).__name__}") from errors[0]
         settled.done.wait(ROUND_TIMEOUT)
         pool.stop()
-        used = time.process_time() - cpu_started
+        return time.process_time() - cpu_started
     finally:
         store.close()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ANALYZE work_item")
-        row = conn.execute(SPANS).fetchone()
-    assert row is not None
-    count, span, ingest = int(row[0]), float(row[1] or 0), float(row[2] or 0)
-    if count != per * plan.subscriptions:
-        raise RuntimeError(f"settled {count} of {per * plan.subscriptions} deliveries")
-    return Round(count, count / span, count / ingest if ingest else 0.0, used * 1000 / count)
 
 
-#: the two kinds of round, the headline first
+def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
+    """The round as ``replicas`` processes sharing the deliveries; their CPU seconds."""
+    context = multiprocessing.get_context("spawn")
+    left, done = context.Value("l", plan.deliveries), context.Event()
+    children = [
+        context.Process(target=replica, args=(url, plan, i, replicas, left, done))
+        for i in range(replicas)
+    ]
+    before = children_cpu()
+    for child in children:
+        child.start()
+    deadline = time.monotonic() + ROUND_TIMEOUT
+    while any(c.is_alive() for c in children) and time.monotonic() < deadline:
+        if any(c.exitcode not in (None, 0) for c in children):
+            done.set()  # the others stop; the round is reported as failed below
+        time.sleep(0.1)
+    for child in children:
+        child.join(1.0)
+    failed = [c.exitcode for c in children if c.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"a replica ended with exit code {failed[0]}")
+    return children_cpu() - before
+
+
+def replica(  # noqa: PLR0917  (a process's target takes its arguments in order)
+    url: str, plan: Plan, index: int, replicas: int, left: Any, done: Any
+) -> None:
+    """A replica's process: one bridge, counting its settlements into the shared count."""
+    settled = SharedSettled(left, done)
+    try:
+        serve(url, plan, index, replicas, settled)
+    finally:
+        settled.close()
+
+
+#: the two kinds of database a round runs on, the headline first
 IN_USE = "database in use"
 NEW = "new database"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of round: its database, and the processes the bridge runs as."""
+
+    database: str
+    replicas: int = 1
+
+    def __str__(self) -> str:
+        if self.replicas == 1:
+            return self.database
+        return f"{self.database}, {self.replicas} replicas"
+
+
+def kinds(plan: Plan) -> list[Kind]:
+    """The rounds of one run, the headline first; replicas on a database in use."""
+    shapes = [Kind(IN_USE), Kind(NEW)]
+    if plan.replicas > 1:
+        shapes.append(Kind(IN_USE, plan.replicas))
+    return shapes
 
 
 @dataclass
 class Report:
     plan: Plan
     facts: list[tuple[str, str]] = field(default_factory=list)
-    rounds: dict[str, list[Round]] = field(default_factory=dict)
+    rounds: dict[Kind, list[Round]] = field(default_factory=dict)
     ceilings: dict[int, list[Rate]] = field(default_factory=dict)
 
     def markdown(self) -> str:
+        plan = self.plan
+        replicas = (
+            f" The replicas' rounds run the bridge as {plan.replicas} processes, each with its "
+            f"own writer per subscription, writing its share of the deliveries, and a pool of "
+            f"{THREADS // plan.replicas} threads ({THREADS} in flight in all)."
+            if plan.replicas > 1
+            else ""
+        )
         lines = [
-            f"{self.plan.runs} round(s) of each kind, {self.plan.deliveries:,} deliveries each: "
-            f"{self.plan.subscriptions} subscription(s), one writer thread each, batches of "
+            f"{plan.runs} round(s) of each kind, {plan.deliveries:,} deliveries each: "
+            f"{plan.subscriptions} subscription(s), one writer thread each, batches of "
             f"{BATCH}; a pool of {THREADS} threads draining; medians with min..max. A database "
             f"in use holds {HISTORY_ROWS:,} settled rows, analyzed, before the round; a new "
             "database has only the statistics of the empty tables its migration analyzed (the "
-            "bridge's connections plan on those until autovacuum analyzes the grown tables).",
+            "bridge's connections plan on those until autovacuum analyzes the grown tables)."
+            + replicas,
             "",
             *facts_table(self.facts),
             "",
@@ -225,15 +320,18 @@ class Report:
         lines.append("")
         for kind, rounds in self.rounds.items():
             cpu = statistics.median(r.cpu_ms for r in rounds)
-            lines.append(f"Client CPU (the whole process), {kind}: {cpu:.2f} ms per delivery.")
-        if self.ceilings and self.rounds:
+            whole = "the whole process" if kind.replicas == 1 else "every replica's process"
+            lines.append(f"Client CPU ({whole}), {kind}: {cpu:.2f} ms per delivery.")
+        if self.ceilings:
             top = max(statistics.median(r.per_second for r in v) for v in self.ceilings.values())
-            kind, rounds = next(iter(self.rounds.items()))
-            e2e = statistics.median(r.end_to_end for r in rounds)
-            lines.append(
-                f"End to end ({kind}) at {e2e / top:.2f}x the best single-row commit ceiling "
-                f"({top:,.0f} commits/s)."
-            )
+            for kind, rounds in self.rounds.items():
+                if kind.database != IN_USE:
+                    continue
+                e2e = statistics.median(r.end_to_end for r in rounds)
+                lines.append(
+                    f"End to end ({kind}) at {e2e / top:.2f}x the best single-row commit "
+                    f"ceiling ({top:,.0f} commits/s)."
+                )
         return "\n".join(lines) + "\n"
 
 
@@ -242,9 +340,11 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
     with server(database_url) as admin_url, report_facts(admin_url, argv) as facts:
         report.facts = facts
         for k in range(plan.runs):
-            for kind in (IN_USE, NEW):
+            for kind in kinds(plan):
                 with bench_database(admin_url, "inbox") as url:
-                    result = one_round(url, plan, in_use=kind == IN_USE)
+                    result = one_round(
+                        url, plan, in_use=kind.database == IN_USE, replicas=kind.replicas
+                    )
                 log(f"round {k + 1}, {kind}: end to end {result.end_to_end:,.0f}/s")
                 report.rounds.setdefault(kind, []).append(result)
             with bench_database(admin_url, "commits") as url:
@@ -260,8 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, help="rounds")
     parser.add_argument("--deliveries", type=int, help="deliveries per round")
     parser.add_argument("--subscriptions", type=int, help="writer threads, one per subscription")
+    parser.add_argument(
+        "--replicas", type=int, help="processes of the replicas' rounds (default 2; 1: none)"
+    )
     args, command = command_line(parser, argv)
-    plan = planned(QUICK if args.quick else FULL, args, ("runs", "deliveries", "subscriptions"))
+    names = ("runs", "deliveries", "subscriptions", "replicas")
+    plan = planned(QUICK if args.quick else FULL, args, names)
+    if plan.replicas < 1 or THREADS % plan.replicas:
+        parser.error(f"--replicas must divide the pool's {THREADS} threads")
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

@@ -87,13 +87,12 @@ class Delivery:
     #: claimed ahead of lower priorities, by ``priority`` times the priority aging
     priority: int = 0
     payload_hash: bytes = field(init=False)
+    #: the operation's identity, made once: the inbox looks it up several times per delivery
+    key: Key = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "payload_hash", payload_digest(self.payload))
-
-    @property
-    def key(self) -> Key:
-        return Key(self.tenant_id, self.operation_id)
+        object.__setattr__(self, "key", Key(self.tenant_id, self.operation_id))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,6 +35,7 @@ the store was given a clock (tests do, to expire leases without sleeping).
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -392,41 +393,15 @@ class PostgresStore:
     ) -> list[IngestResult]:
         """:meth:`ingest`'s statements, inside the caller's transaction."""
         firsts = _firsts(batch)
-        fresh = list(firsts.values())
-        refs = [f"pg:{uuid.uuid4().hex}" for _ in fresh]
         inserted: set[Key] = set()
         erased: dict[Key, _Tombstone] = {}
-        if fresh:
-            lookup = self._erased_lookup(list(firsts))
-            # One round trip: the tombstone lookup is sent with the insert and runs after it,
-            # on a snapshot of its own (see ingest_erased.sql for why it must come after).
-            with conn.pipeline():
-                rows_cursor = conn.execute(
-                    sql.statement("ingest_insert"),
-                    {
-                        **insert_params(fresh, refs),
-                        "identity_key_id": self._identity_key,
-                        "aging": self._aging,
-                        "now": self._now(),
-                    },
-                )
-                hits_cursor = conn.execute(*lookup)
-                inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
-                hits = hits_cursor.fetchall()
-            erased = self._erased(conn, inserted, hits)
+        if firsts:
+            inserted, erased = self._insert(conn, firsts)
+        if not erased and len(inserted) == len(firsts) == len(batch):
+            # Every delivery a new operation (the common batch): nothing else to decide.
+            return [IngestResult(Decision.NEW, d.key, State.QUEUED) for d in firsts.values()]
         inserted -= erased.keys()
-        others = [k for k in firsts if k not in inserted and k not in erased]
-        stored: dict[Key, tuple[bytes, State]] = {}
-        if others:
-            rows = conn.execute(sql.statement("ingest_existing"), _keys_params(others)).fetchall()
-            stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
-        missing = [k for k in others if k not in stored]
-        if missing:
-            # Neither inserted nor visible: the row was deleted between the two statements
-            # (purge or erasure). Nothing can be decided; the batch is not acknowledged.
-            raise StoreUnavailable(
-                f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
-            )
+        stored = _existing(conn, [k for k in firsts if k not in inserted and k not in erased])
         for key in inserted:
             stored[key] = (firsts[key].payload_hash, State.QUEUED)
 
@@ -456,6 +431,31 @@ class PostgresStore:
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
         return results
+
+    def _insert(
+        self, conn: Connection, firsts: dict[Key, Delivery]
+    ) -> tuple[set[Key], dict[Key, _Tombstone]]:
+        """Insert a batch's new operations: the keys inserted, and those of them that match a
+        tombstone (taken back out again)."""
+        fresh = list(firsts.values())
+        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
+        lookup = self._erased_lookup(list(firsts))
+        # One round trip: the tombstone lookup is sent with the insert and runs after it,
+        # on a snapshot of its own (see ingest_erased.sql for why it must come after).
+        with conn.pipeline():
+            rows_cursor = conn.execute(
+                sql.statement("ingest_insert"),
+                {
+                    **insert_params(fresh, refs),
+                    "identity_key_id": self._identity_key,
+                    "aging": self._aging,
+                    "now": self._now(),
+                },
+            )
+            hits_cursor = conn.execute(*lookup)
+            inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
+            hits = hits_cursor.fetchall()
+        return inserted, self._erased(conn, inserted, hits)
 
     def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
         """Record one batch of a shadow subscription in one transaction, deciding each delivery
@@ -1750,6 +1750,22 @@ def _stale(tickets: Sequence[Ticket], moved: Sequence[tuple[Any, ...]]) -> list[
     was no longer current, so the batch statement left their rows alone."""
     current = {(t, o, int(f)) for t, o, f in moved}
     return [t for t in tickets if (t.tenant_id, t.operation_id, t.fence) not in current]
+
+
+def _existing(conn: Connection, keys: Sequence[Key]) -> dict[Key, tuple[bytes, State]]:
+    """The stored payload hash and state of operations an ingest did not insert."""
+    if not keys:
+        return {}
+    rows = conn.execute(sql.statement("ingest_existing"), _keys_params(keys)).fetchall()
+    stored = {Key(t, o): (bytes(h), State(s)) for t, o, h, s in rows}
+    missing = [k for k in keys if k not in stored]
+    if missing:
+        # Neither inserted nor visible: the row was deleted between the two statements
+        # (purge or erasure). Nothing can be decided; the batch is not acknowledged.
+        raise StoreUnavailable(
+            f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
+        )
+    return stored
 
 
 def _firsts(batch: Sequence[Delivery | Rejection]) -> dict[Key, Delivery]:
