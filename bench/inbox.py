@@ -56,7 +56,7 @@ from bench.store import (
     report_facts,
     server,
 )
-from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled, children_cpu
+from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled
 from bridge.decode import RawDelivery
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -218,11 +218,11 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
     """The round as ``replicas`` processes sharing the deliveries; their CPU seconds."""
     context = multiprocessing.get_context("spawn")
     left, done = context.Value("l", plan.deliveries), context.Event()
+    cpu = context.Value("d", 0.0)
     children = [
-        context.Process(target=replica, args=(url, plan, i, replicas, left, done))
+        context.Process(target=replica, args=(url, plan, i, replicas, left, done, cpu))
         for i in range(replicas)
     ]
-    before = children_cpu()
     for child in children:
         child.start()
     deadline = time.monotonic() + ROUND_TIMEOUT
@@ -235,18 +235,21 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
     failed = [c.exitcode for c in children if c.exitcode != 0]
     if failed:
         raise RuntimeError(f"a replica ended with exit code {failed[0]}")
-    return children_cpu() - before
+    return float(cpu.value)
 
 
 def replica(  # noqa: PLR0917  (a process's target takes its arguments in order)
-    url: str, plan: Plan, index: int, replicas: int, left: Any, done: Any
+    url: str, plan: Plan, index: int, replicas: int, left: Any, done: Any, cpu: Any
 ) -> None:
-    """A replica's process: one bridge, counting its settlements into the shared count."""
+    """A replica's process: one bridge, counting its settlements into the shared count and
+    its CPU seconds (from its pool's start, as in one process) into ``cpu``."""
     settled = SharedSettled(left, done)
     try:
-        serve(url, plan, index, replicas, settled)
+        used = serve(url, plan, index, replicas, settled)
     finally:
         settled.close()
+    with cpu.get_lock():
+        cpu.value += used
 
 
 #: the two kinds of database a round runs on, the headline first
