@@ -10,11 +10,11 @@ after ``ANALYZE``); beside it, the ingest alone (first to last creation). Each r
 on a database in use (a settled history, analyzed, before the round: the report's headline) and
 on a new one, whose only statistics are those of the empty tables its migration analyzed.
 
-Each kind of round also runs as replicas (``--replicas``, 2 by default): as many processes,
-each one a whole bridge as ``fencebridge run`` would be, with its own writer per subscription
-and a pool of 16 / N threads, so the jobs in flight stay 16. The deliveries are shared between
-them as a broker shares one subscription's messages among its consumers: each replica writes
-its own part. docs/operations.md ("Scaling: threads or replicas") recommends replicas where one
+The round on a database in use also runs as replicas (``--replicas``, 2 by default): as many
+processes, each one a whole bridge as ``fencebridge run`` would be, with its own writer per
+subscription and a pool of 16 / N threads, so the jobs in flight stay 16. The deliveries are
+shared between them as a broker shares one subscription's messages among its consumers: each
+replica writes its own part. docs/operations.md ("Scaling: threads or replicas") recommends replicas where one
 process's interpreter is the limit, about one per core.
 
 The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.commit_ceiling`,
@@ -230,8 +230,12 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
         if any(c.exitcode not in (None, 0) for c in children):
             done.set()  # the others stop; the round is reported as failed below
         time.sleep(0.1)
+    done.set()  # past the deadline, the replicas still running stop too
     for child in children:
-        child.join(1.0)
+        child.join(10.0)
+        if child.is_alive():
+            child.terminate()
+            child.join()
     failed = [c.exitcode for c in children if c.exitcode != 0]
     if failed:
         raise RuntimeError(f"a replica ended with exit code {failed[0]}")
