@@ -14,8 +14,8 @@ The round on a database in use also runs as replicas (``--replicas``, 2 by defau
 processes, each one a whole bridge as ``fencebridge run`` would be, with its own writer per
 subscription and a pool of 16 / N threads, so the jobs in flight stay 16. The deliveries are
 shared between them as a broker shares one subscription's messages among its consumers: each
-replica writes its own part. docs/operations.md ("Scaling: threads or replicas") recommends replicas where one
-process's interpreter is the limit, about one per core.
+replica writes its own part. docs/operations.md ("Scaling: threads or replicas") recommends
+replicas where one process's interpreter is the limit, about one per core.
 
 The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.commit_ceiling`,
 ``pgbench`` inserting one row per transaction) at 1 and at 16 clients, measured in the same
