@@ -66,6 +66,8 @@ _RETRY_INITIAL = 0.1
 _RETRY_MAX = 2.0
 #: seconds an acknowledgement is retried in one round before its copy goes back to being held
 _SETTLE_TRY = 4.0
+#: share of the margin by which a copy's extension may come early to fill a batch
+_BATCH_AHEAD = 0.5
 #: seconds an extension is retried at least (a copy past its estimated deadline may still be
 #: leased: the estimate errs early)
 _EXTEND_BUDGET_MIN = 2.0
@@ -403,10 +405,19 @@ class Holder(Generic[T]):
         return out.extend
 
     def _pop_due(self, now: float) -> set[str]:
-        """Handles whose extension is due (lock held); stale timetable entries are dropped."""
+        """Handles whose extension is due (lock held); stale timetable entries are dropped.
+
+        Copies due soon after (within half the margin) come along until the last batch is
+        full: deadlines spread out, and one call per copy or two would multiply the broker
+        calls (and their latency under load) for leases that end moments apart.
+        """
         due: set[str] = set()
-        while self._due and self._due[0][0] <= now:
-            _, _, version, handle = heapq.heappop(self._due)
+        ahead = now + self._margin * _BATCH_AHEAD
+        while self._due:
+            at, _, version, handle = self._due[0]
+            if at > now and (not due or at > ahead or len(due) % self._broker.max_batch == 0):
+                break
+            heapq.heappop(self._due)
             entry = self._entries.get(handle)
             if entry is not None and entry.version == version:
                 due.add(handle)

@@ -99,6 +99,10 @@ BACKOFF_MAX: Final = 10.0
 #: the holder's threads for deletes and extensions: SQS calls are short but many (ten copies
 #: each), and one slow call must not hold up the extensions queued behind it
 HOLD_CALL_THREADS: Final = 8
+#: connect and read timeout of a delete or visibility change (seconds): a call that hangs is
+#: given up and tried again while its copies are leased; the broker may have applied it, and
+#: both calls are safe to repeat
+CALL_TIMEOUT_SECONDS: Final = 10.0
 #: a receive round running this much longer than its long poll is reported as stalled
 _STALL_MARGIN = 120.0
 #: what a hand-back on stop may spend retrying a failed call
@@ -168,7 +172,11 @@ class SqsConsumer:
         threads: int = 1,
         tenant_backlog_quota: int | None = None,
         quota_backoff_seconds: int | None = None,
+        calls_client: Any = None,
     ) -> None:
+        """``calls_client`` makes the deletes and visibility changes (``client`` when None): one
+        that does not retry on its own, since those calls are retried within the copy's
+        deadline by :func:`~bridge.holding.confirm`."""
         if ack_mode not in ("after_inbox", "after_outcome"):
             raise ValueError(f"unknown ack mode {ack_mode!r}")
         if tenant_backlog_quota is not None and tenant_backlog_quota < 1:
@@ -194,7 +202,13 @@ class SqsConsumer:
         #: set once held deliveries are released: a batch written after that is handed back
         self._closed = False
         self._counts: Counter[str] = Counter()
-        self._calls = QueueCalls(client, queue_url, subscription, inbox, self._count)
+        self._calls = QueueCalls(
+            client if calls_client is None else calls_client,
+            queue_url,
+            subscription,
+            inbox,
+            self._count,
+        )
         self._holder: Holder[Held] | None = None
         if ack_mode == "after_outcome":
             assert store is not None
@@ -681,12 +695,26 @@ def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsC
     from botocore.config import Config  # noqa: PLC0415
 
     settings = SqsSettings.of(sub)
-    client = boto3.session.Session().client(
+    session = boto3.session.Session()
+    client = session.client(
         "sqs",
         region_name=settings.region,
         endpoint_url=settings.endpoint_url,
         # The long poll must finish before the read times out.
         config=Config(read_timeout=settings.wait_seconds + 10, retries={"mode": "standard"}),
+    )
+    # Deletes and visibility changes are retried by the consumer within each copy's deadline
+    # (jittered, from 0.1 s): botocore's own retries under them (up to three tries, pauses of
+    # up to seconds) would spend that deadline before the consumer could try again.
+    calls_client = session.client(
+        "sqs",
+        region_name=settings.region,
+        endpoint_url=settings.endpoint_url,
+        config=Config(
+            connect_timeout=CALL_TIMEOUT_SECONDS,
+            read_timeout=CALL_TIMEOUT_SECONDS,
+            retries={"mode": "standard", "total_max_attempts": 1},
+        ),
     )
     return SqsConsumer(
         client,
@@ -701,6 +729,7 @@ def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsC
         threads=settings.consumers,
         tenant_backlog_quota=sub.backlog_quota,
         quota_backoff_seconds=settings.quota_backoff_seconds,
+        calls_client=calls_client,
     )
 
 

@@ -33,10 +33,22 @@ def pytest_report_header(config: pytest.Config) -> str:
 ALONE_TIMEOUT = 900
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Timeouts for the tests marked ``alone``; under ``--dist loadgroup``, their files' groups.
+
+    The files holding a test marked ``alone`` form one group, run by one process of the suite
+    one test after another, so no process sits waiting on the lock below for another; every
+    other file is a group of its own, its tests together (a module's broker server starts once).
+    """
+    grouped = config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "loadgroup"
+    alone_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone")}
     for item in items:
         if item.get_closest_marker("alone") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(ALONE_TIMEOUT))
+        if grouped:
+            path = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group("alone" if path in alone_files else path))
 
 
 @pytest.fixture(autouse=True)

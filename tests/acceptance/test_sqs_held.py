@@ -311,9 +311,18 @@ def test_held_deliveries_survive_faults_on_a_tenth_of_the_calls(
     assert proxy.in_flight(queue_url) == 0
     assert queue_empty(moto.client(), queue_url)
     assert counts["proxy_error"] == 0
-    # What redeliveries there were came from the faults (a reset receive's messages, an
-    # extension that failed three times), not from extensions falling behind.
-    assert redeliveries(proxy, queue_url) < 0.10 * len(work.messages), (counts, timings(proxy))
+    # What redeliveries there were came from the faults, not from extensions falling behind:
+    # a receive whose answer a reset kept from the bridge hands out messages that can only come
+    # back after their visibility, and moto's lag under load is bounded apart, as above.
+    redelivered = redeliveries(proxy, queue_url)
+    unheard = counts["unheard_received"]
+    early = counts["redelivered_in_flight"]
+    assert redelivered - unheard - early < 0.05 * len(work.messages), (
+        f"{redelivered} redelivered, {unheard} unheard, {early} early",
+        counts,
+        timings(proxy),
+        f"refused extensions came up to {max(proxy.late, default=0):.2f}s late",
+    )
 
 
 def test_sigterm_hands_back_unwritten_and_held_deliveries_at_once(

@@ -129,6 +129,8 @@ class SqsProxy:
         #: ``redelivered_in_flight`` (received again before its deadline as the proxy counts it:
         #: moto starts the clock when it picks a message, not when its late answer arrives, and
         #: applies an extension forwarded in time only when it gets to it),
+        #: ``unheard_received`` (messages moto handed out in a receive whose answer a reset
+        #: kept from the client: each comes back after its visibility timeout),
         #: ``proxy_error`` (a bug here: tests assert there is none)
         self.counts: Counter[str] = Counter()
         #: seconds moto took to answer each forwarded call, by action (for diagnostics)
@@ -287,6 +289,10 @@ class SqsProxy:
             self._reply(request, _error(500, "InternalError", "Receiver", type(exc).__name__))
             return
         if fault is Fault.RESET:
+            if action == RECEIVE and answer.status == 200:
+                unheard = len(answer.json().get("Messages", []))
+                with self._lock:
+                    self.counts["unheard_received"] += unheard
             self._reset(request)  # applied by moto; the client never hears it
             return
         self._reply(request, answer)

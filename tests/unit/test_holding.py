@@ -120,6 +120,20 @@ def test_each_copy_is_extended_from_its_own_deadline_earliest_first(
     assert broker.of("extend", "h1")[0] - broker.of("extend", "h2")[0] > 1.0
 
 
+def test_copies_whose_deadlines_are_moments_apart_are_extended_in_one_call(
+    holder: Holder[Copy], rows: Rows, broker: Broker
+) -> None:
+    copies = [copy(n) for n in range(10)]
+    now = time.monotonic()
+    for n, c in enumerate(copies):
+        rows.rows[c.key] = (State.CLAIMED, True)  # type: ignore[index]
+        # 20 ms apart: each would be due in its own round, and extended in its own call
+        holder.hold([c], deadline=now + 1.0 + n * 0.02)
+    eventually(lambda: bool(broker.of("extend", "h0")), "the first extension", timeout=5)
+    first = next(handles for kind, _, handles in broker.calls if kind == "extend")
+    assert sorted(first) == sorted(c.handle for c in copies)
+
+
 def test_a_slow_acknowledgement_never_delays_another_copys_extension(
     holder: Holder[Copy], rows: Rows, broker: Broker
 ) -> None:
