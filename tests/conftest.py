@@ -11,12 +11,14 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from bridge import embedded
 from bridge.store import PostgresStore
+from tests.support.alone_scheduling import ALONE_FILES, AloneTogether, file_of
 from tests.support.postgres import (
     TEST_DATABASE_URL_ENV,
     database_from,
@@ -33,22 +35,23 @@ def pytest_report_header(config: pytest.Config) -> str:
 ALONE_TIMEOUT = 900
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Timeouts for the tests marked ``alone``; under ``--dist loadgroup``, their files' groups.
-
-    The files holding a test marked ``alone`` form one group, run by one process of the suite
-    one test after another, so no process sits waiting on the lock below for another; every
-    other file is a group of its own, its tests together (a module's broker server starts once).
-    """
-    grouped = config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "loadgroup"
-    alone_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone")}
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("alone") and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(ALONE_TIMEOUT))
-        if grouped:
-            path = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group("alone" if path in alone_files else path))
+        if item.get_closest_marker("alone"):
+            if file_of(item.nodeid) not in ALONE_FILES:
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked alone: list its file in ALONE_FILES"
+                    " (tests/support/alone_scheduling.py)"
+                )
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(ALONE_TIMEOUT))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``: whole files, the files of the tests marked alone as one unit."""
+    if config.getoption("dist") == "loadfile":
+        return AloneTogether(config, log)
+    return None
 
 
 @pytest.fixture(autouse=True)
