@@ -9,6 +9,8 @@ processes take the remaining files.
 
 from __future__ import annotations
 
+from typing import Any
+
 from xdist.scheduler import LoadFileScheduling
 
 #: the files holding tests marked ``alone``; collection fails if a marked test is elsewhere
@@ -27,7 +29,16 @@ def file_of(nodeid: str) -> str:
 
 
 class AloneTogether(LoadFileScheduling):
-    """Load-file scheduling where the alone files are one unit of work."""
+    """Load-file scheduling where the alone files are one unit of work, handed out first.
+
+    It is the longest unit (minutes per test, one after another): started last, as xdist's
+    order by number of tests would have it, the run ends on it while the other process idles.
+    """
+
+    def _assign_work_unit(self, node: Any) -> None:
+        if ALONE_UNIT in self.workqueue:
+            self.workqueue.move_to_end(ALONE_UNIT, last=False)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         path = file_of(nodeid)
