@@ -5,6 +5,11 @@
   pair, prepared, with no Python in the way: the most the pool's statements can do here.
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
+* :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
+  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and the tombstone
+  check, one transaction), then claimed by key (``claim_keys.sql``, the hand-off claim) and
+  settled (``settle_many.sql``) in a second: the most the protocol's statements do here, with
+  no Python in the way.
 
 ``pgbench`` reads and writes through libpq in C, so these are ceilings for the statements, not
 rates a Python process can reach; they say how far from the database's speed a system is.
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import conninfo
 
-from bench.store import binary, prepare_queue
+from bench.store import BODY, binary, prepare_queue
 from bridge import sql
 from bridge.database import GENERIC_PLANS
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
@@ -36,6 +41,11 @@ SELECT count(*), extract(epoch FROM max(settled) - min(picked)) FROM t
 """
 COMMIT_TABLE = "CREATE TABLE IF NOT EXISTS bench_commit (id bigserial, at timestamptz)"
 COMMIT_SCRIPT = "INSERT INTO bench_commit (at) VALUES (now());\n"
+INBOX_SPAN = """
+SELECT count(*) FILTER (WHERE state = 'succeeded'),
+       extract(epoch FROM max(settled_at) - min(created_at))
+  FROM work_item
+"""
 
 
 @dataclass(frozen=True)
@@ -71,46 +81,128 @@ def claim_settle_script() -> str:
     in its text) for 10 rows, settle_many.sql for what it claimed. Run prepared (``-M
     prepared``), as the pool's statements run: planned once, the claimed keys bound as
     parameters."""
-    claim = _strip(sql.with_limit("claim_fair", CEILING_BATCH))
-    for name, value in {
-        "now": "NULL",
-        "job_types": "NULL",
-        "worker": "'pgbench'",
-        "lease": "'5 minutes'",
-        "identity_keys": "NULL",  # any identity key, as a process holding every key claims
-        "history": str(ATTEMPT_HISTORY_DEFAULT),
-        "after": "''",  # every claim walks from the first tenant: one tenant here
-        "weights": "NULL",
-    }.items():
-        claim = claim.replace(f"%({name})s", value)
-    settle = _strip(sql.statement("settle_many"))
-    count = "ARRAY[cardinality(:f::bigint[])]"
-    for name, value in {
-        "now": "NULL",
-        "tenant_id": ":t",
-        "operation_id": ":o",
-        "fence": ":f",
-        "state": f"array_fill('succeeded'::text, {count})",
-        "outcome_code": f"array_fill('ok'::text, {count})",
-        "outcome_detail": f"array_fill(NULL::text, {count})",
-        "error_class": f"array_fill(NULL::text, {count})",
-        "finding": f"array_fill(NULL::text, {count})",
-        "history": str(ATTEMPT_HISTORY_DEFAULT),
-    }.items():
-        settle = settle.replace(f"%({name})s", value)
-    if "%(" in claim or "%(" in settle:
-        raise RuntimeError("claim.sql or settle_many.sql has a parameter the ceiling does not set")
-    # claim.sql writes its attempt history in data-modifying CTEs, which cannot be nested: its
-    # final SELECT over the claimed rows becomes the aggregate pgbench reads.
-    head, _, source = claim.rpartition(" SELECT ")
-    if not source.endswith("FROM claimed"):
-        raise RuntimeError("claim.sql no longer ends with its SELECT over the claimed rows")
-    keys = (
-        f"{head} SELECT coalesce(array_agg(tenant_id), '{{}}') AS t, "
-        "coalesce(array_agg(operation_id), '{}') AS o, coalesce(array_agg(fence), '{}') AS f "
-        "FROM claimed"
+    claim = _bind(
+        _strip(sql.with_limit("claim_fair", CEILING_BATCH)),
+        {
+            "now": "NULL",
+            "job_types": "NULL",
+            "worker": "'pgbench'",
+            "lease": "'5 minutes'",
+            "identity_keys": "NULL",  # any identity key, as a process holding every key claims
+            "history": str(ATTEMPT_HISTORY_DEFAULT),
+            "after": "''",  # every claim walks from the first tenant: one tenant here
+            "weights": "NULL",
+        },
     )
-    return f"BEGIN;\n{keys}\n\\gset\n{settle};\nCOMMIT;\n"
+    keys = _aggregated(
+        claim,
+        "claimed",
+        "coalesce(array_agg(tenant_id), '{}') AS t, coalesce(array_agg(operation_id), '{}') AS o, "
+        "coalesce(array_agg(fence), '{}') AS f",
+    )
+    return f"BEGIN;\n{keys}\n\\gset\n{_settle_text()};\nCOMMIT;\n"
+
+
+def _settle_text() -> str:
+    """settle_many.sql as every claimed row's success, for the arrays ``:t``, ``:o``, ``:f``
+    a claim's ``\\gset`` left."""
+    count = "ARRAY[cardinality(:f::bigint[])]"
+    return _bind(
+        _strip(sql.statement("settle_many")),
+        {
+            "now": "NULL",
+            "tenant_id": ":t",
+            "operation_id": ":o",
+            "fence": ":f",
+            "state": f"array_fill('succeeded'::text, {count})",
+            "outcome_code": f"array_fill('ok'::text, {count})",
+            "outcome_detail": f"array_fill(NULL::text, {count})",
+            "error_class": f"array_fill(NULL::text, {count})",
+            "finding": f"array_fill(NULL::text, {count})",
+            "history": str(ATTEMPT_HISTORY_DEFAULT),
+        },
+    )
+
+
+def _bind(text: str, values: dict[str, str]) -> str:
+    """A statement's named parameters replaced by pgbench expressions; every one must be."""
+    for name, value in values.items():
+        text = text.replace(f"%({name})s", value).replace(f"%({name})b", value)
+    if "%(" in text:
+        raise RuntimeError(f"a statement has a parameter the ceiling does not set: {text[:80]}")
+    return text
+
+
+def _aggregated(statement: str, source: str, columns: str) -> str:
+    """A statement whose final SELECT over its data-modifying CTE ``source`` becomes one row of
+    arrays (``columns``) for pgbench's ``\\gset``: such CTEs cannot be nested in another query."""
+    head, _, tail = statement.rpartition(" SELECT ")
+    if not tail.endswith(f"FROM {source}"):
+        raise RuntimeError(f"a statement no longer ends with its SELECT over {source}")
+    return f"{head} SELECT {columns} FROM {source}"
+
+
+def inbox_script() -> str:
+    """Two pgbench transactions per batch of 10 new deliveries: the inbox's insert (its batch
+    as the JSON text and binary bodies the store sends, built by ``format``, so the server
+    parses what it parses for a Python client) with its tombstone check, then the hand-off
+    claim of the keys it inserted and the settlement of the rows claimed."""
+    row = (
+        '["bench","%1$s-%2$s-{g}","sub","noop","B",null,"{digest}","pg:%1$s-%2$s-{g}",5,null,'
+        '"m-{g}",null,null,0]'
+    )
+    digest = "00" * 32
+    body = f"convert_to(repeat('x', {len(BODY)}), 'UTF8')"  # the benchmark's body's size
+    template = "[" + ",".join(row.format(g=g, digest=digest) for g in range(CEILING_BATCH)) + "]"
+    insert = _bind(
+        _strip(sql.statement("ingest_insert")),
+        {
+            "rows": f"format('{template}', :client_id::int, :n::bigint)",
+            "body": f"array_fill({body}, ARRAY[{CEILING_BATCH}])",
+            "now": "NULL",
+            "identity_key_id": "NULL",
+            "aging": "0",
+        },
+    )
+    insert = _aggregated(
+        insert, "inserted", "array_agg(tenant_id) AS t, array_agg(operation_id) AS o"
+    )
+    claim = _bind(
+        _strip(sql.statement("claim_keys")),
+        {
+            "tenant_id": ":t",
+            "operation_id": ":o",
+            "limit": str(CEILING_BATCH),
+            "now": "NULL",
+            "worker": "'pgbench'",
+            "lease": "'5 minutes'",
+            "identity_keys": "NULL",
+            "history": str(ATTEMPT_HISTORY_DEFAULT),
+        },
+    )
+    claim = _aggregated(
+        claim,
+        "claimed",
+        "coalesce(array_agg(tenant_id), '{}') AS t, coalesce(array_agg(operation_id), '{}') AS o, "
+        "coalesce(array_agg(fence), '{}') AS f",
+    )
+    return (
+        f"\\set n random(1, 2000000000)\nBEGIN;\n{insert}\n\\gset\n"
+        f"{_strip(sql.statement('erased_any'))};\nCOMMIT;\n"
+        f"BEGIN;\n{claim}\n\\gset\n{_settle_text()};\nCOMMIT;\n"
+    )
+
+
+def inbox_ceiling(url: str, clients: int, seconds: int) -> Rate:
+    """:func:`inbox_script` at ``clients`` connections for ``seconds``; the rows settled over
+    first row created to last settlement, database clock. ``url`` is a migrated database of
+    its own."""
+    _pgbench(url, inbox_script(), clients, "-T", str(seconds))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE work_item")
+        row = conn.execute(INBOX_SPAN).fetchone()
+    assert row is not None
+    return Rate(int(row[0]), float(row[1] or 0.0))
 
 
 def _pgbench(url: str, script: str, clients: int, *limit: str) -> None:

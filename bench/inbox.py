@@ -21,7 +21,11 @@ The ceiling is the same server's single-row commit rate (:func:`bench.ceiling.co
 ``pgbench`` inserting one row per transaction) at 1 and at 16 clients, measured in the same
 run, between the rounds: each delivery costs at least its share of an inbox commit and of a
 settle commit, so end to end at 0.3x the single-row ceiling means the two commit paths are
-batched well. The decoder is the benchmark's own (the delivery's identifiers are its
+batched well. Beside it, the ceiling of the protocol's own statements
+(:func:`bench.ceiling.inbox_ceiling`: ``pgbench`` inserting batches of 10 as the inbox does, then
+claiming them by key and settling them, at 16 clients, with no Python in the way): how much of
+the gap to the commit ceiling is the server's work per delivery, how much the process's. The
+decoder is the benchmark's own (the delivery's identifiers are its
 attributes), so decoding rules do not enter the measure::
 
     python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 2 subscriptions
@@ -43,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from bench.ceiling import Rate, commit_ceiling
+from bench.ceiling import Rate, commit_ceiling, inbox_ceiling
 from bench.store import (
     BODY,
     arguments,
@@ -288,6 +292,8 @@ class Report:
     facts: list[tuple[str, str]] = field(default_factory=list)
     rounds: dict[Kind, list[Round]] = field(default_factory=dict)
     ceilings: dict[int, list[Rate]] = field(default_factory=dict)
+    #: the inbox's own statements through pgbench, at THREADS clients
+    statements: list[Rate] = field(default_factory=list)
 
     def markdown(self) -> str:
         plan = self.plan
@@ -324,6 +330,11 @@ class Report:
                 f"| single-row commits, pgbench, {clients} client(s) | "
                 f"{cell([r.per_second for r in rates])} |"
             )
+        if self.statements:
+            lines.append(
+                f"| the inbox's statements alone, pgbench, {THREADS} clients: insert, claim by "
+                f"key, settle | {cell([r.per_second for r in self.statements])} |"
+            )
         lines.append("")
         for kind, rounds in self.rounds.items():
             cpu = statistics.median(r.cpu_ms for r in rounds)
@@ -339,6 +350,15 @@ class Report:
                     f"End to end ({kind}) at {e2e / top:.2f}x the best single-row commit "
                     f"ceiling ({top:,.0f} commits/s)."
                 )
+        if self.ceilings and self.statements:
+            top = max(statistics.median(r.per_second for r in v) for v in self.ceilings.values())
+            own = statistics.median(r.per_second for r in self.statements)
+            lines.append(
+                f"The inbox's statements alone at {own / top:.2f}x that ceiling "
+                f"({own:,.0f} rows/s); end to end ({IN_USE}) at "
+                f"{statistics.median(r.end_to_end for r in self.rounds[Kind(IN_USE)]) / own:.2f}x "
+                "of them."
+            )
         return "\n".join(lines) + "\n"
 
 
@@ -359,6 +379,10 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
                     rate = commit_ceiling(url, clients, plan.ceiling_seconds)
                     log(f"round {k + 1}: {clients} client(s): {rate.per_second:,.0f} commits/s")
                     report.ceilings.setdefault(clients, []).append(rate)
+            with bench_database(admin_url, "statements") as url:
+                rate = inbox_ceiling(url, THREADS, plan.ceiling_seconds)
+                log(f"round {k + 1}: the inbox's statements: {rate.per_second:,.0f} rows/s")
+                report.statements.append(rate)
     return report
 
 
