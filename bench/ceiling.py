@@ -198,11 +198,7 @@ def inbox_ceiling(url: str, clients: int, seconds: int) -> Rate:
     first row created to last settlement, database clock. ``url`` is a migrated database of
     its own."""
     _pgbench(url, inbox_script(), clients, "-T", str(seconds))
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ANALYZE work_item")
-        row = conn.execute(INBOX_SPAN).fetchone()
-    assert row is not None
-    return Rate(int(row[0]), float(row[1] or 0.0))
+    return _read_back(url, INBOX_SPAN)
 
 
 def _pgbench(url: str, script: str, clients: int, *limit: str) -> None:
@@ -236,9 +232,14 @@ def claim_settle_ceiling(url: str, jobs: int, clients: int) -> Rate:
         conn.execute("CHECKPOINT")
     per_client = max(1, 2 * jobs // (CEILING_BATCH * clients))
     _pgbench(url, claim_settle_script(), clients, "-t", str(per_client))
+    return _read_back(url, SPAN)
+
+
+def _read_back(url: str, span: str) -> Rate:
+    """Rows and seconds by ``span`` (a count and an epoch), after ``ANALYZE``."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE work_item")
-        row = conn.execute(SPAN).fetchone()
+        row = conn.execute(span).fetchone()
     assert row is not None
     return Rate(int(row[0]), float(row[1] or 0.0))
 

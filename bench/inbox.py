@@ -25,8 +25,8 @@ batched well. Beside it, the ceiling of the protocol's own statements
 (:func:`bench.ceiling.inbox_ceiling`: ``pgbench`` inserting batches of 10 as the inbox does, then
 claiming them by key and settling them, at 16 clients, with no Python in the way): how much of
 the gap to the commit ceiling is the server's work per delivery, how much the process's. The
-decoder is the benchmark's own (the delivery's identifiers are its
-attributes), so decoding rules do not enter the measure::
+decoder is the benchmark's own (the delivery's identifiers are its attributes), so decoding
+rules do not enter the measure::
 
     python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 2 subscriptions
     python -m bench.inbox --quick          # 1 round of 4,000
