@@ -136,6 +136,51 @@ def test_a_batch_refuses_only_its_stale_ticket_and_commits_the_rest(
     assert completer.pending == 0
 
 
+#: sessions of the store waiting for a row lock
+LOCK_WAITS = """
+SELECT count(*) FROM pg_stat_activity
+ WHERE application_name = %s AND wait_event_type = 'Lock'
+"""
+
+
+def test_a_batch_behind_a_concurrent_write_is_judged_on_the_row_that_write_left(
+    store: PostgresStore, db_url: str, db: Db
+) -> None:
+    """settle_many finds each row by key, then updates the row version it found: a row a
+    concurrent transaction moves meanwhile (a heartbeat extending the lease, a takeover
+    raising the fence) is tested again as that transaction left it, never as it was found."""
+    store.ingest(deliveries(["beat", "taken"]))
+    claims = {c.operation_id: c for c in store.claim("w1", 2, LONG)}
+    assert set(claims) == {"beat", "taken"}
+    settled: list[list[Ticket]] = []
+    with psycopg.connect(db_url) as other:
+        other.execute(
+            "UPDATE work_item SET lease_expires_at = lease_expires_at + interval '1 minute'"
+            " WHERE operation_id = 'beat'"
+        )
+        other.execute(
+            "UPDATE work_item SET fence = fence + 1, lease_owner = 'w2'"
+            " WHERE operation_id = 'taken'"
+        )
+        writer = threading.Thread(
+            target=lambda: settled.append(
+                store.settle_many(
+                    [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claims.values()]
+                )
+            )
+        )
+        writer.start()
+        eventually(
+            lambda: db.execute(LOCK_WAITS, (APPLICATION_NAME,)).fetchone() == (1,),
+            "the settlement to wait for the other transaction's row locks",
+        )
+        other.commit()
+    writer.join(DEADLINE)
+    assert settled == [[claims["taken"].ticket]]
+    assert state_of(db, "beat") == ("succeeded", claims["beat"].fence, "ok")
+    assert state_of(db, "taken") == ("claimed", claims["taken"].fence + 1, None)
+
+
 def test_a_batch_settled_for_a_writer_with_more_to_do_waits_for_its_answer(
     clocked: tuple[PostgresStore, Clock], db: Db
 ) -> None:
