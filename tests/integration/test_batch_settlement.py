@@ -146,9 +146,10 @@ SELECT count(*) FROM pg_stat_activity
 def test_a_batch_behind_a_concurrent_write_is_judged_on_the_row_that_write_left(
     store: PostgresStore, db_url: str, db: Db
 ) -> None:
-    """settle_many finds each row by key, then updates the row version it found: a row a
-    concurrent transaction moves meanwhile (a heartbeat extending the lease, a takeover
-    raising the fence) is tested again as that transaction left it, never as it was found."""
+    """A settlement that waits on rows another transaction holds (a heartbeat extending one
+    lease, a takeover raising the other row's fence) tests each row's fence and state again as
+    that transaction left it: the heartbeat's row settles, the taken row is refused. A
+    settlement that updated the row version it first found refused both."""
     store.ingest(deliveries(["beat", "taken"]))
     claims = {c.operation_id: c for c in store.claim("w1", 2, LONG)}
     assert set(claims) == {"beat", "taken"}
