@@ -37,6 +37,7 @@ rules do not enter the measure::
 from __future__ import annotations
 
 import multiprocessing
+import os
 import statistics
 import sys
 import threading
@@ -54,6 +55,7 @@ from bench.store import (
     bench_database,
     cell,
     command_line,
+    cpu_times,
     facts_table,
     log,
     planned,
@@ -142,11 +144,26 @@ def writer(
 
 
 @dataclass(frozen=True)
+class Usage:
+    """CPU seconds of one round: the bridge's process(es), and the whole machine's busy time
+    over the same window (the bridge, PostgreSQL, anything else running); None where
+    ``/proc/stat`` cannot be read."""
+
+    client: float
+    machine: float | None
+    #: the machine's share of its cores busy over the window
+    busy: float | None
+
+
+@dataclass(frozen=True)
 class Round:
     settled: int
     end_to_end: float
     ingest: float
     cpu_ms: float
+    #: the machine's busy CPU per delivery over the drain's window, and its busy share
+    machine_ms: float | None = None
+    busy: float | None = None
 
 
 def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round:
@@ -170,7 +187,24 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
     expected = _share(plan, replicas) * plan.subscriptions * replicas
     if count != expected:
         raise RuntimeError(f"settled {count} of {expected} deliveries")
-    return Round(count, count / span, count / ingest if ingest else 0.0, used * 1000 / count)
+    machine = used.machine * 1000 / count if used.machine is not None else None
+    return Round(
+        count,
+        count / span,
+        count / ingest if ingest else 0.0,
+        used.client * 1000 / count,
+        machine,
+        used.busy,
+    )
+
+
+def machine_since(start: tuple[int, int, int] | None) -> tuple[float | None, float | None]:
+    """The machine's busy CPU seconds since ``start`` (``/proc/stat``), and its busy share."""
+    end = cpu_times()
+    if start is None or end is None or end[2] <= start[2]:
+        return None, None
+    busy, _, total = (b - a for a, b in zip(start, end, strict=True))
+    return busy / os.sysconf("SC_CLK_TCK"), busy / total
 
 
 def _share(plan: Plan, replicas: int) -> int:
@@ -178,9 +212,10 @@ def _share(plan: Plan, replicas: int) -> int:
     return plan.deliveries // plan.subscriptions // replicas
 
 
-def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> float:
+def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> Usage:
     """One bridge: a writer per subscription and a pool of ``THREADS / replicas`` threads,
-    until ``settled`` says every delivery of the round settled; its CPU seconds."""
+    until ``settled`` says every delivery of the round settled; its CPU seconds, and the
+    machine's from its pool's start to the last settlement."""
     threads = THREADS // replicas
     size = threads + CLAIMERS_DEFAULT + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
@@ -203,6 +238,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors, index * per))
             for s in range(plan.subscriptions)
         ]
+        machine_started = cpu_times()
         cpu_started = time.process_time()
         pool.start()
         for w in writers:
@@ -212,19 +248,23 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
         if errors:
             raise RuntimeError(f"a writer failed: {type(errors[0]).__name__}") from errors[0]
         settled.done.wait(ROUND_TIMEOUT)
+        machine, busy = machine_since(machine_started)
         pool.stop()
-        return time.process_time() - cpu_started
+        return Usage(time.process_time() - cpu_started, machine, busy)
     finally:
         store.close()
 
 
-def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
-    """The round as ``replicas`` processes sharing the deliveries; their CPU seconds."""
+def serve_replicas(url: str, plan: Plan, replicas: int) -> Usage:
+    """The round as ``replicas`` processes sharing the deliveries; their CPU seconds, and the
+    machine's over the first replica's window (its pool's start to the last settlement of
+    any: the replicas start within a moment of each other)."""
     context = multiprocessing.get_context("spawn")
     left, done = context.Value("l", plan.deliveries), context.Event()
     cpu = context.Value("d", 0.0)
+    machine = context.Array("d", [-1.0, -1.0])
     children = [
-        context.Process(target=replica, args=(url, plan, i, replicas, left, done, cpu))
+        context.Process(target=replica, args=(url, plan, i, replicas, left, done, cpu, machine))
         for i in range(replicas)
     ]
     for child in children:
@@ -243,21 +283,25 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> float:
     failed = [c.exitcode for c in children if c.exitcode != 0]
     if failed:
         raise RuntimeError(f"a replica ended with exit code {failed[0]}")
-    return float(cpu.value)
+    seconds, busy = machine[0], machine[1]
+    return Usage(float(cpu.value), seconds if seconds >= 0 else None, busy if busy >= 0 else None)
 
 
 def replica(  # noqa: PLR0917  (a process's target takes its arguments in order)
-    url: str, plan: Plan, index: int, replicas: int, left: Any, done: Any, cpu: Any
+    url: str, plan: Plan, index: int, replicas: int, left: Any, done: Any, cpu: Any, machine: Any
 ) -> None:
     """A replica's process: one bridge, counting its settlements into the shared count and
-    its CPU seconds (from its pool's start, as in one process) into ``cpu``."""
+    its CPU seconds (from its pool's start, as in one process) into ``cpu``; the first
+    replica writes the machine's busy seconds and share into ``machine``."""
     settled = SharedSettled(left, done)
     try:
         used = serve(url, plan, index, replicas, settled)
     finally:
         settled.close()
     with cpu.get_lock():
-        cpu.value += used
+        cpu.value += used.client
+    if index == 0 and used.machine is not None and used.busy is not None:
+        machine[0], machine[1] = used.machine, used.busy
 
 
 #: the two kinds of database a round runs on, the headline first
@@ -340,6 +384,19 @@ class Report:
             cpu = statistics.median(r.cpu_ms for r in rounds)
             whole = "the whole process" if kind.replicas == 1 else "every replica's process"
             lines.append(f"Client CPU ({whole}), {kind}: {cpu:.2f} ms per delivery.")
+        cores = os.cpu_count() or 1
+        for kind, rounds in self.rounds.items():
+            measured = [r for r in rounds if r.machine_ms is not None and r.busy is not None]
+            if not measured:
+                continue
+            machine = statistics.median(r.machine_ms or 0.0 for r in measured)
+            busy = statistics.median(r.busy or 0.0 for r in measured)
+            lines.append(
+                f"Machine CPU (the bridge, PostgreSQL and anything else on the host), {kind}, "
+                f"from the pool's start to the last settlement: {machine:.2f} ms per delivery, "
+                f"{busy:.0%} of the {cores} cores busy; at that cost the cores, all busy, "
+                f"would carry {cores * 1000 / machine:,.0f} deliveries/s."
+            )
         if self.ceilings:
             top = max(statistics.median(r.per_second for r in v) for v in self.ceilings.values())
             for kind, rounds in self.rounds.items():
@@ -350,6 +407,10 @@ class Report:
                     f"End to end ({kind}) at {e2e / top:.2f}x the best single-row commit "
                     f"ceiling ({top:,.0f} commits/s)."
                 )
+            lines.append(
+                f"0.3x that ceiling ({0.3 * top:,.0f} deliveries/s) leaves the host "
+                f"{cores * 1000 / (0.3 * top):.2f} ms of CPU per delivery with every core busy."
+            )
         if self.ceilings and self.statements:
             top = max(statistics.median(r.per_second for r in v) for v in self.ceilings.values())
             own = statistics.median(r.per_second for r in self.statements)
