@@ -55,6 +55,7 @@ from bench.store import (
     bench_database,
     cell,
     command_line,
+    cpu_since,
     cpu_times,
     facts_table,
     log,
@@ -200,10 +201,10 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
 
 def machine_since(start: tuple[int, int, int] | None) -> tuple[float | None, float | None]:
     """The machine's busy CPU seconds since ``start`` (``/proc/stat``), and its busy share."""
-    end = cpu_times()
-    if start is None or end is None or end[2] <= start[2]:
+    spent = cpu_since(start)
+    if spent is None:
         return None, None
-    busy, _, total = (b - a for a, b in zip(start, end, strict=True))
+    busy, _, total = spent
     return busy / os.sysconf("SC_CLK_TCK"), busy / total
 
 
@@ -387,7 +388,7 @@ class Report:
         cores = os.cpu_count() or 1
         for kind, rounds in self.rounds.items():
             measured = [r for r in rounds if r.machine_ms is not None and r.busy is not None]
-            if not measured:
+            if not measured or not all(r.machine_ms for r in measured):
                 continue
             machine = statistics.median(r.machine_ms or 0.0 for r in measured)
             busy = statistics.median(r.busy or 0.0 for r in measured)

@@ -803,13 +803,22 @@ def cpu_times() -> tuple[int, int, int] | None:
     return total - idle - stolen, stolen, total
 
 
+def cpu_since(start: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """Busy, stolen and total CPU ticks of the machine since ``start``; None if unreadable."""
+    end = cpu_times()
+    if start is None or end is None or end[2] <= start[2]:
+        return None
+    busy, stolen, total = (b - a for a, b in zip(start, end, strict=True))
+    return busy, stolen, total
+
+
 def cpu_share(start: tuple[int, int, int] | None) -> str:
     """The machine's CPU time since ``start``: busy, and stolen by the hypervisor (time a
     virtual machine's processors wanted to run and another guest ran instead)."""
-    end = cpu_times()
-    if start is None or end is None or end[2] <= start[2]:
+    spent = cpu_since(start)
+    if spent is None:
         return "unknown"
-    busy, stolen, total = (b - a for a, b in zip(start, end, strict=True))
+    busy, stolen, total = spent
     return f"{busy / total:.0%} busy, {stolen / total:.0%} stolen"
 
 
