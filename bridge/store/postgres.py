@@ -112,6 +112,8 @@ Clock = Callable[[], datetime | None]
 #: hands it back and takes another: the pool renews connections only as they come back
 KEEP_SECONDS = 60.0
 
+#: the SQLSTATE of ingest_new_check.sql's refusal (migration 0022): the batch was not all new
+NOT_NEW = "FBNEW"
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
 ERASED_CONFLICT_REASON = "payload hash differs from the erased operation's payload"
@@ -385,8 +387,64 @@ class PostgresStore:
         as rejected). Rejections (undecodable input) are recorded with their reason. After this
         returns, every delivery of the batch is held by the database and may be acknowledged.
         """
-        with self._connection("ingest") as conn, conn.transaction():
-            return self._ingest(conn, batch)
+        firsts = _firsts(batch)
+        with self._connection("ingest") as conn:
+            if len(firsts) == len(batch) > 0 and self._ingest_new(conn, firsts):
+                return [IngestResult(Decision.NEW, key, State.QUEUED) for key in firsts]
+            with conn.transaction():
+                return self._ingest(conn, batch)
+
+    def _ingest_new(self, conn: Connection, firsts: dict[Key, Delivery]) -> bool:
+        """Write a batch of deliveries of distinct keys as new operations in one round trip:
+        the insert and a check (ingest_new_check.sql) in one pipeline, one implicit transaction
+        that the Sync commits. False when the check refused (a key exists, or has a tombstone):
+        the server rolled the transaction back, nothing was written, and the batch goes the
+        careful way, in a transaction of its own.
+
+        Most batches are new work, and the careful way costs three round trips (BEGIN, the
+        insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
+        server's process (measured: docs/benchmarks.md, "Inbox to settle, end to end"). No
+        BEGIN and no ROLLBACK: psycopg forgets every prepared statement of a connection at a
+        ROLLBACK, and a refusal would cost the next statements their plans.
+        """
+        fresh = list(firsts.values())
+        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
+        insert = {
+            **insert_params(fresh, refs),
+            "identity_key_id": self._identity_key,
+            "aging": self._aging,
+            "now": self._now(),
+        }
+        check = {**_keys_params(list(firsts)), **self._tombstone_hashes(list(firsts))}
+        check["payload_ref"] = refs
+        try:
+            with conn.pipeline():
+                conn.execute(sql.statement("ingest_insert"), insert)
+                try:
+                    conn.execute(sql.statement("ingest_new_check"), check)
+                except BaseException:
+                    # The Sync at the pipeline's end would commit the insert unchecked; a
+                    # connection closed before its Sync commits nothing.
+                    conn.close()
+                    raise
+        except psycopg.DatabaseError as exc:
+            if exc.sqlstate == NOT_NEW:
+                return False
+            raise
+        return True
+
+    def _tombstone_hashes(self, keys: Sequence[Key]) -> dict[str, Any]:
+        """ingest_new_check.sql's tombstone lookup: the keyed hashes of ``keys`` under every
+        identity key held, or, with none to hash by, a lookup of any tombstone at all."""
+        derive = self._erased_hashes
+        ids: list[int] = []
+        digests: list[bytes] = []
+        if derive is not None:
+            for key in keys:
+                for key_id, digest in derive(key.tenant_id, key.operation_id):
+                    ids.append(key_id)
+                    digests.append(digest)
+        return {"key_id": ids, "operation_hash": digests, "any_erased": derive is None}
 
     def _ingest(
         self, conn: Connection, batch: Sequence[Delivery | Rejection]

@@ -1,0 +1,214 @@
+"""The inbox's one-round-trip write of a batch of new operations, and its way back to the
+careful write whenever the batch was not all new: existing keys, tombstones, races between
+writers, a cut connection, a failure between its two statements."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import conninfo, pq
+
+from bridge import keyring
+from bridge.errors import StoreError, StoreUnavailable
+from bridge.identity import IdentityHasher
+from bridge.store import PostgresStore
+from bridge.types import Decision, IngestResult
+from tests.support.deliveries import delivery
+from tests.support.proxy import Proxy
+from tests.support.waiting import eventually
+
+Db = psycopg.Connection[tuple[Any, ...]]
+HASHER = IdentityHasher(b"inbox-new-batches-identity-key-0123")
+
+
+def frontend_messages(store: PostgresStore, call: Any) -> Counter[str]:
+    """The protocol messages the client sent during ``call``, by type (libpq's trace), on a
+    store whose pool holds one connection."""
+    with tempfile.TemporaryFile("w+") as trace:
+        with store.pool.connection() as conn:
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            call()
+        finally:
+            with store.pool.connection() as conn:
+                conn.pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    return Counter(parts[2].strip() for parts in lines if len(parts) > 2 and parts[0] == "F")
+
+
+@pytest.fixture
+def single(db_url: str) -> Any:
+    store = PostgresStore.connect(db_url, min_size=1, max_size=1)
+    yield store
+    store.close()
+
+
+def test_a_batch_of_new_operations_is_one_round_trip_with_no_begin_or_commit(
+    single: PostgresStore, db: Db
+) -> None:
+    batch = [delivery(f"op-{i}", tenant=f"t{i % 3}") for i in range(10)]
+    results: list[IngestResult] = []
+    sent = frontend_messages(single, lambda: results.extend(single.ingest(batch)))
+    assert [r.decision for r in results] == [Decision.NEW] * 10
+    # The insert and its check, sent in one pipeline closed by one Sync; no simple query.
+    assert sent["Sync"] == 1, sent
+    assert sent["Query"] == 0, sent
+    assert sent["Execute"] == 2, sent
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (10,)
+    assert db.execute("SELECT count(*) FROM payload").fetchone() == (10,)
+
+
+def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_doubles(
+    single: PostgresStore, db: Db
+) -> None:
+    single.ingest([delivery("op-1"), delivery("op-2", payload=b'{"amount": 1}')])
+    batch = [
+        delivery("op-0"),
+        delivery("op-1"),  # a replay
+        delivery("op-2", payload=b'{"amount": 2}'),  # a conflict
+        delivery("op-3"),
+    ]
+    results: list[IngestResult] = []
+    sent = frontend_messages(single, lambda: results.extend(single.ingest(batch)))
+    assert [r.decision for r in results] == [
+        Decision.NEW,
+        Decision.REPLAY,
+        Decision.CONFLICT,
+        Decision.NEW,
+    ]
+    # The one-round-trip write was refused and rolled back by the server, then the batch went
+    # as a transaction of its own (BEGIN and COMMIT as queries).
+    assert sent["Query"] >= 2, sent
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (4,)
+    assert db.execute("SELECT count(*) FROM payload").fetchone() == (4,)
+    assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (1,)
+    # A refusal is no ROLLBACK: the connection's prepared statements survive it.
+    for i in range(8):
+        single.ingest([delivery(f"again-{i}"), delivery("op-1")])
+    with single.pool.connection() as conn:
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert prepared is not None
+    assert prepared[0] >= 2
+
+
+def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
+    store: PostgresStore, db: Db
+) -> None:
+    keyring.attach(store, HASHER, used_by="test")
+    store.ingest([delivery("gone", tenant="t1")])
+    [claim] = store.claim("w", 1, timedelta(seconds=30))
+    store.complete(claim.ticket)
+    store.erase(
+        "t1",
+        operation_id="gone",
+        tenant_hash=HASHER.tenant("t1"),
+        operation_hash=HASHER.operation("t1", "gone"),
+        actor="dpo",
+        reason="request",
+    )
+    results = store.ingest([delivery("new-1", tenant="t1"), delivery("gone", tenant="t1")])
+    assert [r.decision for r in results] == [Decision.NEW, Decision.REPLAY]
+    assert results[1].erased
+    rows = db.execute("SELECT operation_id FROM work_item ORDER BY 1").fetchall()
+    assert rows == [("new-1",)]
+
+
+def test_a_failure_between_the_insert_and_its_check_commits_nothing(
+    single: PostgresStore, db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check's parameters cannot be sent: the insert is already in the pipeline.
+    unsendable = {"key_id": [object()], "operation_hash": [], "any_erased": False}
+    monkeypatch.setattr(single, "_tombstone_hashes", lambda keys: unsendable)
+    with pytest.raises(StoreError, match="cannot adapt"):
+        single.ingest([delivery("op-1"), delivery("op-2")])
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM payload").fetchone() == (0,)
+    monkeypatch.undo()
+    # The closed connection left the pool; the next write takes a good one.
+    assert [r.decision for r in single.ingest([delivery("op-1")])] == [Decision.NEW]
+
+
+def through(proxy: Proxy, url: str) -> str:
+    return conninfo.make_conninfo(url, host=proxy.host, port=str(proxy.port))
+
+
+def test_racing_writers_with_duplicates_conflicts_and_a_cut_create_each_operation_once(
+    cluster_db_url: str, proxy: Proxy
+) -> None:
+    """Three writers deliver 1,200 operations each, in batches of 10 in different orders (every
+    key by every writer: the one-round-trip writes race each other on the same keys), one of
+    them with a changed payload for every fifth key; the proxy is cut while batches are in
+    flight, and a batch whose write failed is delivered again, as a broker redelivers what was
+    not acknowledged."""
+    url = cluster_db_url
+    store = PostgresStore.connect(through(proxy, url), min_size=3, max_size=3)
+    keys = [f"op-{i}" for i in range(1200)]
+    changed = set(keys[::5])
+    decisions: Counter[Decision] = Counter()
+    failures: list[BaseException] = []
+    redelivered: list[int] = []
+    lock = threading.Lock()
+
+    def writer(index: int) -> None:
+        order = keys if index != 1 else list(reversed(keys))
+        for start in range(0, len(order), 10):
+            batch = [
+                delivery(k, tenant=f"t{int(k[3:]) % 4}", payload=b"changed")
+                if index == 2 and k in changed
+                else delivery(k, tenant=f"t{int(k[3:]) % 4}")
+                for k in order[start : start + 10]
+            ]
+            while True:
+                try:
+                    results = store.ingest(batch)
+                    break
+                except StoreUnavailable:
+                    with lock:
+                        redelivered.append(index)
+                except BaseException as exc:  # noqa: BLE001  (asserted below)
+                    failures.append(exc)
+                    return
+            with lock:
+                decisions.update(r.decision for r in results)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        eventually(lambda: decisions.total() >= 1200, "a third of the deliveries")
+        proxy.stop()  # cuts the writers' connections, statements in flight among them
+        proxy.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        store.close()
+    assert not failures, failures
+    assert redelivered, "the cut failed no write"
+    with psycopg.connect(url) as db:
+        rows = db.execute(
+            "SELECT count(*), count(DISTINCT (tenant_id, operation_id)) FROM work_item"
+        ).fetchone()
+        payloads = db.execute("SELECT count(*) FROM payload").fetchone()
+        orphans = db.execute(
+            "SELECT count(*) FROM payload p"
+            " WHERE NOT EXISTS (SELECT 1 FROM work_item w WHERE w.payload_ref = p.payload_ref)"
+        ).fetchone()
+        recorded = db.execute("SELECT count(*) FROM rejected_delivery").fetchone()
+    assert rows == (1200, 1200)
+    assert payloads == (1200,)
+    assert orphans == (0,)
+    # Each key was new once; a batch cut after its commit came back as replays.
+    assert 1200 - 10 * len(redelivered) <= decisions[Decision.NEW] <= 1200
+    assert decisions.total() == 3 * 1200
+    # A changed key disagrees with one writer (its payload lost the race) or two (it won).
+    assert len(changed) <= decisions[Decision.CONFLICT] <= 2 * len(changed)
+    assert recorded is not None
+    assert recorded[0] >= decisions[Decision.CONFLICT]
