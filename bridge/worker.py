@@ -1,10 +1,10 @@
 """The worker pool: claimer threads on one side of a queue, worker threads on the other.
 
-A claimer claims only as many rows as there are idle workers (or workers whose settlements it
-is writing), and reserves those workers while its statement runs, so the rows a pool holds
-never exceed its threads, and two claimers never claim for the same worker. Keys a consumer
-has just inserted are claimed first, by key (hand-off); otherwise it claims any claimable row
-of the job types it can run (rescue: queued rows nobody handed off, retries that came due,
+A claimer claims only as many rows as there are free slots (or slots whose settlements it is
+writing), and reserves those slots while its statement runs, so the rows a pool holds never
+exceed its threads and its prefetch, and two claimers never claim for the same slot. Keys a
+consumer has just inserted are claimed first, by key (hand-off); otherwise it claims any
+claimable row of the job types it can run (rescue: queued rows nobody handed off, retries that came due,
 expired leases of crashed workers).
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
@@ -18,12 +18,20 @@ jittered, capped backoff, and the loop carries on; while claims fail the pool is
 
 Final settlements of concurrent runs are written together: runs hand them to a
 :class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered
-(each row under its own fence) in the transaction of the claim that refills the workers they
-free: one commit for both (:meth:`~bridge.store.work.WorkStore.settle_and_claim`). A run waits
-for its own answer, so it ends as it would have; the rows claimed for the workers it frees come
-with the answer, one to each waiting run, which runs it next: one wake-up per job, not one for
-the answer and another for the queue. A claimer keeps one connection for its statements
+(each row under its own fence) in the transaction of the claim that refills the slots they
+free: one commit for both (:meth:`~bridge.store.work.WorkStore.settle_and_claim`). A run
+hands its settlement over and its thread takes the next row at once; the run ends when the
+answer comes, in the claimer's thread: its events, its span and its claim-to-settle time are
+reported then, so they mean what a run that waited for its answer would have reported. A
+claimer keeps one connection for its statements
 (:meth:`~bridge.store.work.WorkStore.keep_connection`).
+
+The pool holds at most ``threads + prefetch`` rows: one per thread, and ``prefetch`` claimed
+ahead (default :data:`PREFETCH_DEFAULT`), which wait in the queue for a thread while the next
+claim round is in flight, so that the round trip of a claim overlaps the runs instead of
+following them. A row whose lease ran out while it waited is given back unrun. A slot is free
+again once its run ended, or once the claimer took the run's settlement for writing (it
+claims for those slots in the same transaction).
 
 Several claimers (``claimers``, default 1: see :data:`CLAIMERS_DEFAULT`), each with its own
 connection, overlap: while one claimer's round is in flight the next batch of settlements
@@ -40,19 +48,22 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from itertools import islice
 
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
 from bridge.config import default_worker_id
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
-from bridge.executors.completer import Batch, BatchCompleter, RunSettler
+from bridge.executors.completer import Answer, Batch, BatchCompleter, RunSettler
 from bridge.handlers import Context
-from bridge.heartbeat import Heartbeater
+from bridge.heartbeat import Heartbeater, InFlight
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
@@ -68,6 +79,9 @@ WORKER_THREADS_DEFAULT = 8
 #: overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are long
 #: (a remote database); measure before raising it. Where the CPU is the limit, run replicas.
 CLAIMERS_DEFAULT = 1
+#: rows claimed beyond the threads, by default (measured: docs/benchmarks.md, "Inbox to settle,
+#: end to end")
+PREFETCH_DEFAULT = 0
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
 SETTLE_LINGER_DEFAULT = 0.002
@@ -93,6 +107,7 @@ class WorkerPool:
         threads: int = WORKER_THREADS_DEFAULT,
         claim_batch: int | None = None,
         claimers: int = CLAIMERS_DEFAULT,
+        prefetch: int = PREFETCH_DEFAULT,
         poll_interval: float = POLL_INTERVAL_DEFAULT,
         settle_linger: float = SETTLE_LINGER_DEFAULT,
         events: WorkEvents | None = None,
@@ -106,6 +121,8 @@ class WorkerPool:
             raise ValueError("a worker pool needs at least one claimer")
         if claim_batch is not None and claim_batch < 1:
             raise ValueError("a claim leases at least one row")
+        if prefetch < 0:
+            raise ValueError("prefetch is a number of rows, 0 or more")
         self.worker_id = worker_id or default_worker_id()
         self.counts = EventCounter()
         receivers: list[WorkEvents] = [self.counts]
@@ -116,15 +133,17 @@ class WorkerPool:
         self._registry = registry
         self._hasher = hasher
         self._threads = threads
+        #: the most rows the pool holds at once: one per thread, and the prefetched ones
+        self._slots = threads + prefetch
         #: most rows per claim statement; by default every worker's refill in one
-        self._claim_batch = claim_batch or threads
+        self._claim_batch = claim_batch or self._slots
         self._poll = poll_interval
         self._settle_linger = settle_linger
         self._work: queue.Queue[tuple[Claim, float] | None] = queue.Queue()
         self._cond = threading.Condition()
-        #: free workers no claimer has reserved
-        self._idle = threads
-        #: workers reserved by claimers whose statements are in flight
+        #: free slots (rows the pool may still hold) no claimer has reserved
+        self._idle = self._slots
+        #: slots reserved by claimers whose statements are in flight
         self._reserved = 0
         #: a claimer's share of the workers: settled that many, it stops lingering
         self._share = max(1, -(-threads // claimers))
@@ -217,7 +236,7 @@ class WorkerPool:
         (a claimer may be waiting for any work), or the last of the running handlers (a
         lingering claimer may stop). Between those a lingering claimer polls the count."""
         pending = self._completer.pending
-        if pending <= 1 or pending >= self._threads - self._idle - self._reserved:
+        if pending <= 1 or pending >= self._slots - self._idle - self._reserved:
             self.wake()
 
     def stop(self, deadline: float | Deadline = 30.0) -> StopReport:
@@ -315,20 +334,13 @@ class WorkerPool:
             if not self._handoff and not self._completer.pending and not self._stopping.is_set():
                 self._cond.wait(timeout=self._poll)
 
-    def _hand_over(
-        self,
-        claims: list[Claim],
-        sent_at: float,
-        handed: list[Claim],
-        batch: Batch | None = None,
-    ) -> None:
-        """Give claims to the workers (already counted busy); once stopping, release them.
+    def _hand_over(self, claims: list[Claim], sent_at: float, handed: list[Claim]) -> None:
+        """Queue claims for the workers (their slots already counted); once stopping, release
+        them.
 
-        The runs of ``batch``, whose settlements were written with these claims, take one
-        each (they are waiting for their answer, and run it next); the rest are queued. The
-        stop flag is read under the condition ``stop()`` sets it under, so a claim is either
-        given or queued before the stop drains the queue, or released here: never stranded.
-        Every claim is added to ``handed`` before anything can raise.
+        The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
+        queued before the stop drains the queue, or released here: never stranded. Every claim
+        is added to ``handed`` before anything can raise.
         """
         handed += claims
         error: Exception | None = None
@@ -340,10 +352,7 @@ class WorkerPool:
         with self._cond:
             stopping = self._stopping.is_set()
             if not stopping:
-                runs = batch.runs if batch is not None else []
-                for run, claim in zip(runs, claims, strict=False):
-                    run.next = (claim, sent_at)
-                for claim in claims[len(runs) :]:
+                for claim in claims:
                     self._work.put((claim, sent_at))
             else:
                 self._idle += len(claims)
@@ -368,7 +377,7 @@ class WorkerPool:
         seen = -1
         while not self._stopping.is_set():
             pending = self._completer.pending
-            running = self._threads - self._idle - self._reserved
+            running = self._slots - self._idle - self._reserved
             if pending == 0 or pending >= running or pending >= self._share or pending == seen:
                 return
             seen = pending
@@ -407,7 +416,7 @@ class WorkerPool:
             claiming.failed(exc)
             error = exc
         try:
-            self._hand_over(claims, sent_at, handed, claiming.written)
+            self._hand_over(claims, sent_at, handed)
         finally:
             claiming.answer()
         if error is not None:
@@ -453,46 +462,48 @@ class WorkerPool:
             if item is None:
                 done.set()
                 return
-            next_item: tuple[Claim, float] | None = item
-            while next_item is not None:
-                claim, sent_at = next_item
-                settler = self._completer.for_run()
-                try:
-                    # An executor bug reaches the supervisor (logged by type, counted); the
-                    # row's lease will lapse and the next claim reconciles.
-                    self._run(claim, sent_at, settler)
-                except BaseException:
-                    if settler.next is not None:  # handed to this worker: another one runs it
-                        self._work.put(settler.next)
-                    raise
-                finally:
-                    if not settler.taken:  # else the claimer counted this worker free already
-                        with self._cond:
-                            self._idle += 1
-                            self._cond.notify_all()
-                # The row claimed for this worker with its settlement's answer, if any.
-                next_item = settler.next
+            # An executor bug reaches the supervisor (logged by type, counted); the row's lease
+            # will lapse and the next claim reconciles.
+            self._run(*item)
 
-    def _run(self, claim: Claim, sent_at: float, settler: RunSettler) -> None:
+    def _free(self, slots: int) -> None:
+        with self._cond:
+            self._idle += slots
+            self._cond.notify_all()
+
+    def _run(self, claim: Claim, sent_at: float) -> None:
+        """Run one claim. A run that handed its settlement over ends here for this thread, and
+        for the pool when the answer comes (:class:`_RunEnd`); any other ends now."""
         spec = self._registry.get(claim.job_type)
         if spec is None or self._stopping.is_set():
             self._release(claim)
+            self._free(1)
+            return
+        if time.monotonic() >= sent_at + spec.lease.total_seconds():
+            # Its lease ran out while it waited for a thread (a prefetched claim behind slow
+            # handlers): another worker may own the row by now. Given back, never run.
+            self._release(claim)
+            self._free(1)
             return
         ctx = Context.for_claim(claim, self._hasher)
         # The trust window is measured from before the claim statement was sent: it errs early.
         entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
         run_events = _RunEvents(self._events)
-        with self._telemetry.process(claim) if self._telemetry is not None else nullcontext():
-            try:
-                # Class A settles inside its own transaction; none of its writes is batched.
-                batched = settler if spec.target_class is not TargetClass.A else None
-                execute(Run(self._store, claim, spec, ctx, run_events, batched))
-            finally:
-                self.heartbeater.untrack(claim)
-                if entry.renewal_refused and not run_events.concluded:
-                    self._events.lease_lost(claim, "heartbeat")
-        if self._telemetry is not None:
-            self._telemetry.run_finished(claim, time.monotonic() - sent_at)
+        span = self._telemetry.begin(claim) if self._telemetry is not None else None
+        end = _RunEnd(self, claim, sent_at, entry, run_events, span)
+        # Class A settles inside its own transaction; none of its writes is batched.
+        settler = (
+            RunSettler(self._completer, end.answered)
+            if spec.target_class is not TargetClass.A
+            else None
+        )
+        end.settler = settler
+        try:
+            with end.current(record=True):
+                execute(Run(self._store, claim, spec, ctx, run_events, settler))
+        finally:
+            if settler is None or not settler.submitted:
+                end.finish()
 
     def _release(self, claim: Claim) -> bool:
         try:
@@ -502,6 +513,80 @@ class WorkerPool:
         except StoreUnavailable:
             return False  # its lease will lapse; the next claim takes it over
         return True
+
+
+class _RunEnd:
+    """What ends a run for the pool: untracked from the heartbeater, a refused renewal reported
+    if the run did not conclude by itself, its claim-to-settle time, its span ended, its slot
+    freed (unless the writer of its settlement counted it free already). Once, either when the
+    run returns or, for a settlement it handed over, when the answer comes, in the thread that
+    wrote it."""
+
+    __slots__ = ("_done", "_entry", "_events", "_pool", "_sent_at", "_span", "claim", "settler")
+
+    def __init__(  # noqa: PLR0917
+        self,
+        pool: WorkerPool,
+        claim: Claim,
+        sent_at: float,
+        entry: InFlight,
+        events: _RunEvents,
+        span: Span | None,
+    ) -> None:
+        self._pool = pool
+        self.claim = claim
+        self._sent_at = sent_at
+        self._entry = entry
+        self._events = events
+        self._span = span
+        self.settler: RunSettler | None = None
+        self._done = False
+
+    def current(self, *, record: bool = False) -> AbstractContextManager[object]:
+        """The run's span made current (where its events are reported), if it has one."""
+        if self._span is None:
+            return nullcontext()
+        return trace.use_span(
+            self._span,
+            end_on_exit=False,
+            record_exception=record,
+            set_status_on_exception=record,
+        )
+
+    def answered(self, reaction: Answer, error: BaseException | None) -> None:
+        """The settlement's answer: the run's reaction (its events), then its end."""
+        try:
+            with self.current():
+                reaction(error)
+        except Exception as exc:  # noqa: BLE001  (reported by type: the writer goes on)
+            if exc is error:
+                log.error(
+                    "a run's settlement was not written: %s; the row's lease will lapse and "
+                    "the next claim reconciles",
+                    type(exc).__name__,
+                )
+            else:
+                log.error("a run's settlement could not be reported: %s", type(exc).__name__)
+        finally:
+            self.finish()
+
+    def finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        pool, claim = self._pool, self.claim
+        try:
+            pool.heartbeater.untrack(claim)
+            if self._entry.renewal_refused and not self._events.concluded:
+                with self.current():
+                    self._events.lease_lost(claim, "heartbeat")
+            if pool._telemetry is not None:
+                pool._telemetry.run_finished(claim, time.monotonic() - self._sent_at)
+        finally:
+            if self._span is not None:
+                self._span.end()
+            if self.settler is None or not self.settler.taken:
+                pool._free(1)  # else the writer of its settlement counted it free already
 
 
 class _ClaimRound:
@@ -517,11 +602,6 @@ class _ClaimRound:
         self._settling = settling
         #: the batch's stale tickets once it was written
         self._stale: list[Ticket] | None = None
-
-    @property
-    def written(self) -> Batch | None:
-        """The batch, once written: its runs take the rows claimed, one each."""
-        return self._settling if self._stale is not None else None
 
     def claim(
         self,

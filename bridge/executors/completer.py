@@ -12,9 +12,11 @@ wait a moment (``settle_linger``, 2 ms) for the handlers still running, never lo
 Nothing about ownership changes. Every row moves only while its own fence is still current
 (``WHERE fence = t.fence AND state = 'claimed'``, inside the write): a stale ticket in a batch
 is refused alone and its run gets :class:`~bridge.errors.LeaseLost`, exactly as a single write
-would have raised it, while the other rows commit. A run waits for its own answer before it
-reports and ends, so its events, span and claim-to-settle time mean what they meant. A batch
-whose write fails gives every run in it that error (for
+would have raised it, while the other rows commit. A run either waits for its own answer
+(:meth:`RunSettler.settle`) or hands its settlement over with the reaction that reports it
+(:meth:`RunSettler.settle_later`), which the writer calls with the answer; either way its
+events, span and claim-to-settle time mean what they meant. A batch whose write fails gives
+every run in it that error (for
 :class:`~bridge.errors.StoreUnavailable`: the outcome is not known and the leases will lapse).
 Only final settlements (succeeded, failed_terminal, unknown, quarantined) come here, never a
 retry, an intent or a release, and nothing of class A: its success settles inside its own
@@ -29,16 +31,26 @@ runs with :class:`~bridge.errors.StoreUnavailable`.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 
 from bridge.errors import LeaseLost
 from bridge.store.work import Settlement, WorkStore
-from bridge.types import Claim, Ticket
+from bridge.types import Ticket
+
+log = logging.getLogger(__name__)
 
 #: the most settlements one batch writes; a pool never has more runs settling than threads
 MAX_BATCH_DEFAULT = 100
+
+
+#: what a final settlement's answer is given to: None (written), or the error that stopped it
+Answer = Callable[[BaseException | None], None]
+#: how a run's owner takes an answer: the run's own reaction to it (its events), and the answer
+Finish = Callable[[Answer, BaseException | None], None]
 
 
 class RunSettler:
@@ -46,40 +58,59 @@ class RunSettler:
 
     A worker whose settlement a writer took is free as soon as that write ends, whatever its
     answer: the writer counts it as idle then (and may claim its next row in the same
-    transaction), so the worker must not count itself again. A row the writer claimed for it
-    comes back with the answer (:attr:`next`): the worker runs it at once, with no trip through
-    the pool's queue and no second wake-up.
+    transaction), so the worker must not count itself again.
+
+    A run hands its final settlement over with :meth:`settle_later` and ends at once: its
+    thread goes on to the next row while the settlement waits for a writer. The answer comes
+    later, in the thread that wrote the batch, to the run's ``answered`` reaction (its events)
+    through the ``finish`` its owner gave (the pool ends the run's span, heartbeat and
+    accounting there). :meth:`settle` waits for the answer instead.
     """
 
-    __slots__ = ("_completer", "next", "taken")
+    __slots__ = ("_completer", "_finish", "submitted", "taken")
 
-    def __init__(self, completer: BatchCompleter) -> None:
+    def __init__(self, completer: BatchCompleter, finish: Finish | None = None) -> None:
         self._completer = completer
+        self._finish = finish
         self.taken = False
-        #: the claim (and the moment its statement was sent) handed to this worker with the answer
-        self.next: tuple[Claim, float] | None = None
+        #: a settlement was handed over with settle_later: the run ends when it is answered
+        self.submitted = False
 
     def settle(self, settlement: Settlement) -> None:
         self._completer.settle(settlement, self)
 
+    def settle_later(self, settlement: Settlement, answered: Answer) -> None:
+        """Have ``settlement`` written with the next batch; ``answered`` gets its answer."""
+        self.submitted = True
+        finish = self._finish
+        if finish is None:
+            self._completer.settle_later(settlement, self, answered)
+        else:
+            self._completer.settle_later(settlement, self, lambda error: finish(answered, error))
+
 
 class _Pending:
-    """One settlement and the run waiting for its answer.
+    """One settlement and the run waiting for its answer, or the reaction to call with it.
 
-    The run waits on a lock of its own, taken at once and released by the writer once the
-    answer is in place: one wake-up of one thread, where an event shared by the batch made
+    A waiting run waits on a lock of its own, taken at once and released by the writer once
+    the answer is in place: one wake-up of one thread, where an event shared by the batch made
     every run of it queue for the event's own lock before going on (measured:
-    docs/benchmarks.md, "Worker tier").
+    docs/benchmarks.md, "Worker tier"). A settlement handed over with a reaction has no
+    waiter: the writer calls the reaction.
     """
 
-    __slots__ = ("answered", "error", "run", "settlement")
+    __slots__ = ("answered", "callback", "error", "run", "settlement")
 
-    def __init__(self, settlement: Settlement, run: RunSettler | None) -> None:
+    def __init__(
+        self, settlement: Settlement, run: RunSettler | None, callback: Answer | None = None
+    ) -> None:
         self.settlement = settlement
         self.run = run
+        self.callback = callback
         self.error: BaseException | None = None
         self.answered = threading.Lock()
-        self.answered.acquire()
+        if callback is None:
+            self.answered.acquire()
 
 
 class _Slot:
@@ -127,11 +158,6 @@ class Batch:
             self.fail(exc)
             raise
 
-    @property
-    def runs(self) -> list[RunSettler]:
-        """The waiting runs of this batch, each free for a new claim once answered."""
-        return [p.run for p in self._pending if p.run is not None]
-
     def answer(self, stale: Iterable[Ticket]) -> None:
         """The write committed: the stale tickets lost their rows, the others settled. Only the
         first answer (or :meth:`fail`) counts: a batch is answered once."""
@@ -161,7 +187,17 @@ class Batch:
     def _release(self) -> None:
         self._answered = True
         for p in self._pending:
-            p.answered.release()
+            if p.callback is None:
+                p.answered.release()
+                continue
+            try:
+                p.callback(p.error)
+            except Exception as exc:  # noqa: BLE001  (one reaction's bug never stops the rest)
+                log.error(
+                    "a settlement's answer could not be taken: %s (the row's lease will lapse "
+                    "and the next claim reconciles)",
+                    type(exc).__name__,
+                )
 
 
 class BatchCompleter:
@@ -191,6 +227,37 @@ class BatchCompleter:
     def for_run(self) -> RunSettler:
         return RunSettler(self)
 
+    def settle_later(
+        self, settlement: Settlement, run: RunSettler | None, answered: Answer
+    ) -> None:
+        """Have one settlement written with the next batch and return at once; ``answered``
+        is called with its answer (None, :class:`~bridge.errors.LeaseLost`, or the batch's
+        error) by whichever thread writes it: a writer, :meth:`close`, or, once closed, this
+        thread, at once."""
+        pending = _Pending(settlement, run, answered)
+        with self._lock:
+            slot = self._slot_for(pending)
+        if slot is None:
+            alone = _Slot()
+            alone.pending.append(pending)
+            # The error, if any, went to ``answered``: not raised here as well.
+            with suppress(Exception):
+                Batch(alone).write(self._store)
+        elif self._on_pending is not None:
+            self._on_pending()
+
+    def _slot_for(self, pending: _Pending) -> _Slot | None:
+        """The slot ``pending`` joins (None once closed). Called holding the lock."""
+        if self._closed:
+            return None
+        slots = self._slots
+        if not slots or len(slots[-1].pending) >= self._max_batch:
+            slots.append(_Slot())
+        slot = slots[-1]
+        slot.pending.append(pending)
+        self._count += 1
+        return slot
+
     def settle(self, settlement: Settlement, run: RunSettler | None = None) -> None:
         """Have one settlement written with the next batch, and wait for its answer.
 
@@ -199,14 +266,7 @@ class BatchCompleter:
         """
         pending = _Pending(settlement, run)
         with self._lock:
-            slot: _Slot | None = None
-            if not self._closed:
-                slots = self._slots
-                if not slots or len(slots[-1].pending) >= self._max_batch:
-                    slots.append(_Slot())
-                slot = slots[-1]
-                slot.pending.append(pending)
-                self._count += 1
+            slot = self._slot_for(pending)
         if slot is None:
             alone = _Slot()
             alone.pending.append(pending)

@@ -7,7 +7,8 @@ commit, the lease runs out and the next claim, with ``attempts > 1``, reconciles
 
 Final settlements (succeeded, failed_terminal, unknown, quarantined) go through the run's
 :class:`~bridge.executors.completer.BatchCompleter` when it has one, and are answered per claim
-exactly as a single write would be.
+exactly as a single write would be. They are always the run's last step: the run hands its
+settlement over and ends, and the answer's events are reported when it comes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import WorkEvents
@@ -98,13 +100,8 @@ def fenced(run: Run, action: str, write: Callable[[], object]) -> bool:
 
 
 def write_settlement(run: Run, state: State, code: str, detail: str | None) -> None:
-    """The one fenced write that moves the row to a final or parked state."""
+    """The one fenced write that moves the row to a final or parked state, alone."""
     error, finding = run.trail.error, run.trail.finding
-    if run.completer is not None:
-        run.completer.settle(
-            Settlement(run.claim.ticket, state, code, detail, error_class=error, finding=finding)
-        )
-        return
     ticket, store = run.claim.ticket, run.store
     match state:
         case State.SUCCEEDED:
@@ -119,10 +116,45 @@ def write_settlement(run: Run, state: State, code: str, detail: str | None) -> N
             raise ValueError(f"{state.value} is not a settlement")
 
 
+def settle_final(run: Run, action: str, state: State, code: str, detail: str | None) -> None:
+    """Record a final state (succeeded, failed_terminal, unknown, quarantined) and report it.
+
+    With a completer the settlement is handed over and the run returns at once; its events
+    come with the answer (:func:`concluded`), in the thread that wrote it. Alone, it is written
+    here and reported as :func:`fenced` reports a write.
+    """
+    if run.completer is None:
+        if fenced(run, action, lambda: write_settlement(run, state, code, detail)):
+            run.events.settled(run.claim, state, code)
+        return
+    settlement = Settlement(
+        run.claim.ticket,
+        state,
+        code,
+        detail,
+        error_class=run.trail.error,
+        finding=run.trail.finding,
+    )
+    run.completer.settle_later(settlement, partial(concluded, run, action, state, code))
+
+
+def concluded(run: Run, action: str, state: State, code: str, error: BaseException | None) -> None:
+    """A handed-over settlement's answer, reported as :func:`fenced` reports a write: settled,
+    the lease lost (the fence refused it), or the outcome unknown. Any other error is raised:
+    the batch was not written, and the row's lease will lapse."""
+    if error is None:
+        run.events.settled(run.claim, state, code)
+    elif isinstance(error, LeaseLost):
+        run.ctx.lease_lost.set()
+        run.events.lease_lost(run.claim, action)
+    elif isinstance(error, StoreUnavailable):
+        run.events.settle_unknown(run.claim, action)
+    else:
+        raise error
+
+
 def settle_success(run: Run, success: Success) -> None:
-    code, detail = success.code, success.detail
-    if fenced(run, "complete", lambda: write_settlement(run, State.SUCCEEDED, code, detail)):
-        run.events.settled(run.claim, State.SUCCEEDED, code)
+    settle_final(run, "complete", State.SUCCEEDED, success.code, success.detail)
 
 
 def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
@@ -133,13 +165,9 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
     """
     store, ticket, code, detail = run.store, run.claim.ticket, outcome.code, outcome.detail
     if isinstance(outcome, TerminalFailure):
-        if fenced(run, "fail", lambda: write_settlement(run, State.FAILED_TERMINAL, code, detail)):
-            run.events.settled(run.claim, State.FAILED_TERMINAL, code)
+        settle_final(run, "fail", State.FAILED_TERMINAL, code, detail)
     elif isinstance(outcome, Quarantine):
-        if fenced(
-            run, "quarantine", lambda: write_settlement(run, State.QUARANTINED, code, detail)
-        ):
-            run.events.settled(run.claim, State.QUARANTINED, code)
+        settle_final(run, "quarantine", State.QUARANTINED, code, detail)
     elif isinstance(outcome, RetryLater):
         # ``is None``: an explicit zero delay means "due now", not "use the backoff".
         delay = (
@@ -172,8 +200,7 @@ def settle_outcome(run: Run, outcome: HandlerOutcome) -> None:
 
 
 def park_unknown(run: Run, code: str, detail: str | None) -> None:
-    if fenced(run, "park unknown", lambda: write_settlement(run, State.UNKNOWN, code, detail)):
-        run.events.settled(run.claim, State.UNKNOWN, code)
+    settle_final(run, "park unknown", State.UNKNOWN, code, detail)
 
 
 def rate_limited(run: Run, outcome: RateLimited) -> None:

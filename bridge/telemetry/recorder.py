@@ -280,15 +280,22 @@ class Telemetry:
     @contextmanager
     def process(self, claim: Claim) -> Iterator[trace.Span]:
         """The span of one run: claim → execute → settle, linked to the producer's span."""
+        with trace.use_span(self.begin(claim), end_on_exit=True) as span:
+            yield span
+
+    def begin(self, claim: Claim) -> trace.Span:
+        """:meth:`process`'s span, started but not made current, for a run that ends after its
+        thread moved on (a settlement answered later): the caller makes it current where the
+        run's events are reported (``trace.use_span``) and ends it."""
         link = link_to(claim.trace_context)
-        with self._tracer.start_as_current_span(
+        span = self._tracer.start_span(
             n.SPAN_PROCESS.format(subscription=claim.subscription),
             kind=trace.SpanKind.CONSUMER,
             links=[link] if link else [],
-        ) as span:
-            if span.is_recording():  # keyed hashes cost a few HMACs; skip them when unused
-                span.set_attributes(self._claim_attributes(claim))
-            yield span
+        )
+        if span.is_recording():  # keyed hashes cost a few HMACs; skip them when unused
+            span.set_attributes(self._claim_attributes(claim))
+        return span
 
     def _labels(self, claim: Claim, **more: str) -> dict[str, str]:
         return {n.LABEL_JOB_TYPE: claim.job_type, **more}

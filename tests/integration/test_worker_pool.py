@@ -7,6 +7,7 @@ nothing asserts how long anything took.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -743,12 +744,17 @@ def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  #
     assert full, "some round refilled all sixteen workers, in statements of claim_batch rows"
 
 
-def test_rows_claimed_with_a_settlement_batch_run_on_the_workers_it_freed(
-    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+def test_runs_end_at_their_handover_and_a_reaction_that_raises_in_the_writer_stops_nothing(
+    store: PostgresStore,
+    db: Db,
+    pools: Callable[..., WorkerPool],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A batch's claim hands each new row to a run waiting for that batch's answer, which runs
-    it next; a run that raises after it was handed one puts that row back for another worker.
-    Every row runs once, under its first fence, and none waits for its lease to lapse."""
+    """A run hands its settlement over and its thread goes on; the answer's events are
+    reported by the claimer that wrote the batch. An events receiver that raises there (on the
+    first settlement it hears of) is logged by type and stops neither the claimer nor the other
+    answers: 1,200 rows, every one run once and settled under its first fence, the claimer
+    never restarted, and every thread ran some."""
     registry = Registry()
     quick = Quick()
     registry.register("quick", quick)
@@ -756,15 +762,25 @@ def test_rows_claimed_with_a_settlement_batch_run_on_the_workers_it_freed(
     for i in range(0, len(ops), 200):
         store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
     events = ThreadsOf()
-    pool = pools(registry, threads=8, events=events)
+    ran_on: dict[str, str] = {}
+    original = quick.handle
 
-    eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
-    assert sorted(quick.ran) == ops  # each ran once, the one after the raise included
+    def noting(ctx: Context) -> None:
+        ran_on[ctx.operation_id] = threading.current_thread().name
+        original(ctx)
+
+    quick.handle = noting  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="bridge.worker"):
+        pool = pools(registry, threads=8, events=events)
+        eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
+    assert sorted(quick.ran) == ops  # each ran once
     assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
     assert len(events.raised) == 1
-    assert pool.claimer.status().restarts == 0  # the run raised, not the claimer
-    # The rows came to the workers that settled the batches: all eight ran some.
-    assert len(set(events.threads.values())) == 8
+    assert pool.claimer.status().restarts == 0
+    assert "RuntimeError" in caplog.text
+    # The answers were reported by the claimer, the runs were spread over every thread.
+    assert set(events.threads.values()) == {"fencebridge-claimer"}
+    assert len(set(ran_on.values())) == 8
 
 
 # -- replicas: processes beside threads ----------------------------------------------------------
