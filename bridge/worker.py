@@ -4,8 +4,8 @@ A claimer claims only as many rows as there are free slots (or slots whose settl
 writing), and reserves those slots while its statement runs, so the rows a pool holds never
 exceed its threads and its prefetch, and two claimers never claim for the same slot. Keys a
 consumer has just inserted are claimed first, by key (hand-off); otherwise it claims any
-claimable row of the job types it can run (rescue: queued rows nobody handed off, retries that came due,
-expired leases of crashed workers).
+claimable row of the job types it can run (rescue: queued rows nobody handed off, retries
+that came due, expired leases of crashed workers).
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
 attempt is not counted); running handlers get until the deadline to finish. Past it they are
