@@ -339,11 +339,13 @@ def test_settlements_commit_with_the_hand_off_claims_that_refill_their_workers(
     assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
 
 
+@pytest.mark.parametrize("prefetch", [0, 8])
 def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connection(
-    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], prefetch: int
 ) -> None:
-    """Settlements commit with the claim that refills their workers, so the rows a pool of 8
-    holds, sampled from another session all along, never number more than 8; not even when
+    """Settlements commit with the claim that refills their slots, so the rows a pool of 8
+    threads holds, sampled from another session all along, never number more than 8 and its
+    prefetch (and with a prefetch, more than 8 at times: rows wait for a thread); not even when
     every connection of the pool is killed mid-drain. That fault costs the rows whose batch it
     cut their first claim (their runs report the outcome unknown) and nothing else: they come back
     once their short leases lapse and settle under fence 2. 1,500 rows, each batch of 100 sent
@@ -374,7 +376,7 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
     sampler.start()
     events = Recorder()
     try:
-        pools(registry, threads=8, events=events)
+        pools(registry, threads=8, prefetch=prefetch, events=events)
         eventually(lambda: len(events.of("settled")) >= 300, "a fifth of the rows settled")
         killed = db.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -403,8 +405,60 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
     abandoned = {(op, 1) for op in lost}
     most = max(len(set(rows) - abandoned) for rows in held)
     assert len(held) > 100, "the drain was sampled all along"
-    assert most <= 8, f"the pool held {most} rows at once with 8 threads"
+    assert most <= 8 + prefetch, f"the pool held {most} rows at once, 8 threads + {prefetch}"
+    if prefetch:
+        assert most > 8, "the prefetched rows waited beside the running ones"
     assert set(handler.ran) == set(ops)
+
+
+class HeldOpen(ConditionalWriteHandler):
+    """The first run waits (reporting progress, so its own lease is renewed) until the test
+    opens the gate; the others succeed at once. Records what ran."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.ran: list[str] = []
+        self.first_running = threading.Event()
+
+    def handle(self, ctx: Context) -> None:
+        self.ran.append(ctx.operation_id)
+        if len(self.ran) == 1:
+            self.first_running.set()
+            while not self.gate.wait(0.02):
+                ctx.progress()
+
+
+def test_a_prefetched_row_whose_lease_ran_out_in_the_queue_is_given_back_unrun(
+    store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
+) -> None:
+    """One thread and two rows prefetched behind a run that outlasts their leases: neither is
+    run under its first claim (another worker may own the row by then); each is given back (or
+    was taken over already by the next claim, as an expired lease is) and runs once, under its
+    second fence."""
+    handler = HeldOpen()
+    registry = Registry()
+    registry.register("slow", handler, lease=timedelta(seconds=1))
+    store.ingest([for_job(registry, "slow", f"op-{i}") for i in range(3)])
+    events = Recorder()
+    pools(registry, threads=1, prefetch=2, events=events)
+    handler.first_running.wait(DEADLINE)
+    eventually(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM work_item"
+                " WHERE state = 'claimed' AND lease_expires_at < now()"
+            ).fetchone()
+            == (2,)
+        ),
+        "the two waiting rows' leases to run out",
+    )
+    handler.gate.set()
+    eventually(lambda: states(db) == {"succeeded": 3}, "every row settled", DEADLINE)
+    assert sorted(handler.ran) == ["op-0", "op-1", "op-2"]  # each ran once
+    fences = dict(db.execute("SELECT operation_id, fence FROM work_item").fetchall())
+    first = handler.ran[0]
+    assert fences == {op: 1 if op == first else 2 for op in ("op-0", "op-1", "op-2")}
+    assert events.of("lease_lost") == []  # no run of a row it no longer owned
 
 
 # -- progress heartbeats -------------------------------------------------------------------------
