@@ -145,8 +145,10 @@ DECLARE
                                               'fencebridge_concurrency_room(jsonb)',
                                               'fencebridge_claim_room(jsonb, jsonb, '
                                               'timestamp with time zone)'];
-    -- Functions the migrations create, by signature.
-    functions constant text[] := ARRAY['work_item_identity_immutable()'] || bridge_functions;
+    -- Functions the migrations create, by signature (fencebridge_expect: the inbox's check
+    -- that a batch it wrote in one round trip was all new; it reads nothing, anyone may call it).
+    functions constant text[] := ARRAY['work_item_identity_immutable()',
+                                       'fencebridge_expect(boolean, text)'] || bridge_functions;
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
