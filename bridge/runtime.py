@@ -79,6 +79,7 @@ class Bridge:
             worker_id=settings.worker_id,
             threads=settings.worker_threads,
             claim_batch=settings.claim_batch,
+            prefetch=settings.prefetch,
             poll_interval=settings.poll_interval_seconds,
             events=events,
             telemetry=self.telemetry,

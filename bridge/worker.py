@@ -57,7 +57,7 @@ from itertools import islice
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from bridge.config import default_worker_id
+from bridge.config import PREFETCH_DEFAULT, default_worker_id
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
@@ -79,9 +79,6 @@ WORKER_THREADS_DEFAULT = 8
 #: overlap saved (docs/benchmarks.md, "Worker tier"). More may pay where round trips are long
 #: (a remote database); measure before raising it. Where the CPU is the limit, run replicas.
 CLAIMERS_DEFAULT = 1
-#: rows claimed beyond the threads, by default (measured: docs/benchmarks.md, "Inbox to settle,
-#: end to end")
-PREFETCH_DEFAULT = 0
 POLL_INTERVAL_DEFAULT = 1.0
 #: how long settlements wait for the other running handlers to finish, to share their commit
 SETTLE_LINGER_DEFAULT = 0.002

@@ -75,6 +75,10 @@ from bridge.types import TargetClass
 
 WORKER_THREADS_DEFAULT: Final = 8
 POLL_INTERVAL_SECONDS_DEFAULT: Final = 1.0
+#: rows a worker pool claims beyond its threads, by default: none, so a process holds no more
+#: rows than it runs (a prefetch pays for quick handlers at high rates: docs/benchmarks.md,
+#: "Inbox to settle, end to end")
+PREFETCH_DEFAULT: Final = 0
 SWEEP_INTERVAL_SECONDS_DEFAULT: Final = 15.0
 SHUTDOWN_DEADLINE_SECONDS_DEFAULT: Final = 30.0
 HEALTH_HOST_DEFAULT: Final = "127.0.0.1"
@@ -152,6 +156,20 @@ class BridgeSettings(Table):
             it has idle workers, so by default one statement refills every worker a batch of
             settlements freed: split into smaller claims, the refill costs a statement each
             (with 16 workers and 10 here, two of them in every claim transaction).
+            """
+        ),
+    )
+    prefetch: StrictInt = Field(
+        default=PREFETCH_DEFAULT,
+        ge=0,
+        le=1000,
+        description=_doc(
+            """
+            Work rows claimed beyond `worker_threads`, waiting for a thread: while the next
+            claim is in flight the threads run these instead of waiting for it. A quick handler
+            at a high rate gains (docs/benchmarks.md, "Inbox to settle, end to end"); a slow one
+            only holds rows other processes could run. A row whose lease ran out while it
+            waited is given back, never run.
             """
         ),
     )
