@@ -3,8 +3,9 @@
 One writer thread per subscription writes ``--deliveries`` new deliveries between them through
 :class:`~bridge.inbox.Inbox` in batches of 10 (one transaction each, as a consumer writes a
 received batch), as fast as its commits return; the inbox hands the new keys to a
-:class:`~bridge.worker.WorkerPool` (16 threads, a no-op class B handler) that drains them while
-they arrive. The rate is the deliveries over the time from the first work row's creation to
+:class:`~bridge.worker.WorkerPool` (16 threads, a no-op class B handler; its prefetch and
+claimers at the best a sweep found, :data:`PREFETCH` and :data:`CLAIMERS`) that drains them
+while they arrive. The rate is the deliveries over the time from the first work row's creation to
 the last settlement, by the database clock (``work_item.created_at`` and ``settled_at``, read
 after ``ANALYZE``); beside it, the ingest alone (first to last creation). Each round runs twice:
 on a database in use (a settled history, analyzed, before the round: the report's headline) and
@@ -28,10 +29,11 @@ the gap to the commit ceiling is the server's work per delivery, how much the pr
 decoder is the benchmark's own (the delivery's identifiers are its attributes), so decoding
 rules do not enter the measure::
 
-    python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 2 subscriptions
+    python -m bench.inbox                  # 3 rounds of 20,000 deliveries, 4 subscriptions
     python -m bench.inbox --quick          # 1 round of 4,000
     python -m bench.inbox --subscriptions 4 --deliveries 40000 --database-url postgresql://...
     python -m bench.inbox --replicas 1     # one process only
+    python -m bench.inbox --prefetch 0 --claimers 1   # the pool's defaults
 """
 
 from __future__ import annotations
@@ -70,10 +72,15 @@ from bridge.inbox import Inbox
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Rejection, TargetClass
-from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
+from bridge.worker import WorkerPool
 
 BATCH = 10
 THREADS = 16
+#: the pool's own knobs at their best for this load, by a sweep on 6 December 2026 (prefetch 0,
+#: 16, 32, 48, 96 and 160; one, two and three claimers; docs/benchmarks.md): rows claimed beyond
+#: the threads, waiting for one while the next claim is in flight, and claim rounds in flight
+PREFETCH = 96
+CLAIMERS = 2
 #: a round may not take longer than this
 ROUND_TIMEOUT = 1800.0
 
@@ -104,10 +111,13 @@ class Plan:
     ceiling_seconds: int
     #: processes of the replicas' rounds (1: none)
     replicas: int = 2
+    #: the pool's prefetch (shared between the replicas) and claimers (each replica's)
+    prefetch: int = PREFETCH
+    claimers: int = CLAIMERS
 
 
-FULL = Plan(runs=3, deliveries=20_000, subscriptions=2, ceiling_seconds=10)
-QUICK = Plan(runs=1, deliveries=4_000, subscriptions=2, ceiling_seconds=3)
+FULL = Plan(runs=3, deliveries=20_000, subscriptions=4, ceiling_seconds=10)
+QUICK = Plan(runs=1, deliveries=4_000, subscriptions=4, ceiling_seconds=3)
 
 
 def decoder(raw: RawDelivery) -> Delivery | Rejection:
@@ -218,7 +228,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
     until ``settled`` says every delivery of the round settled; its CPU seconds, and the
     machine's from its pool's start to the last settlement."""
     threads = THREADS // replicas
-    size = threads + CLAIMERS_DEFAULT + 1 + plan.subscriptions + 2
+    size = threads + plan.claimers + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
     try:
         store.pool.wait()
@@ -230,6 +240,8 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             IdentityHasher.ephemeral(),
             worker_id=f"bench-{index}",
             threads=threads,
+            prefetch=plan.prefetch // replicas,
+            claimers=plan.claimers,
             events=settled,
         )
         inbox = Inbox(store, decoder, hand_off=pool.hand_off)
@@ -345,14 +357,16 @@ class Report:
         replicas = (
             f" The replicas' rounds run the bridge as {plan.replicas} processes, each with its "
             f"own writer per subscription, writing its share of the deliveries, and a pool of "
-            f"{THREADS // plan.replicas} threads ({THREADS} in flight in all)."
+            f"{THREADS // plan.replicas} threads and a prefetch of "
+            f"{plan.prefetch // plan.replicas} ({THREADS} in flight in all)."
             if plan.replicas > 1
             else ""
         )
         lines = [
             f"{plan.runs} round(s) of each kind, {plan.deliveries:,} deliveries each: "
             f"{plan.subscriptions} subscription(s), one writer thread each, batches of "
-            f"{BATCH}; a pool of {THREADS} threads draining; medians with min..max. A database "
+            f"{BATCH}; a pool of {THREADS} threads, {plan.claimers} claimer(s) and a prefetch of "
+            f"{plan.prefetch} rows draining; medians with min..max. A database "
             f"in use holds {HISTORY_ROWS:,} settled rows, analyzed, before the round; a new "
             "database has only the statistics of the empty tables its migration analyzed (the "
             "bridge's connections plan on those until autovacuum analyzes the grown tables)."
@@ -456,11 +470,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--replicas", type=int, help="processes of the replicas' rounds (default 2; 1: none)"
     )
+    parser.add_argument("--prefetch", type=int, help=f"the pool's prefetch (default {PREFETCH})")
+    parser.add_argument("--claimers", type=int, help=f"the pool's claimers (default {CLAIMERS})")
     args, command = command_line(parser, argv)
-    names = ("runs", "deliveries", "subscriptions", "replicas")
+    names = ("runs", "deliveries", "subscriptions", "replicas", "prefetch", "claimers")
     plan = planned(QUICK if args.quick else FULL, args, names)
     if plan.replicas < 1 or THREADS % plan.replicas:
         parser.error(f"--replicas must divide the pool's {THREADS} threads")
+    if plan.prefetch < 0 or plan.claimers < 1:
+        parser.error("--prefetch is 0 or more, --claimers 1 or more")
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

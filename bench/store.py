@@ -875,8 +875,8 @@ def cell(values: Sequence[float], digits: int = 0) -> str:
 
 
 def planned(plan: PlanT, args: argparse.Namespace, names: Sequence[str]) -> PlanT:
-    """``plan`` with each of the options ``names`` that the command line gave."""
-    given = {name: getattr(args, name) for name in names if getattr(args, name)}
+    """``plan`` with each of the options ``names`` that the command line gave (a 0 included)."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     return replace(plan, **given)
 
 
