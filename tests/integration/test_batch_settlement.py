@@ -269,6 +269,52 @@ def test_closing_writes_what_is_pending_and_marks_those_runs_taken(
     assert [state_of(db, op)[0] for op in "ab"] == ["succeeded", "succeeded"]
 
 
+def test_handed_over_settlements_are_answered_by_their_writer_and_one_bad_reaction_stops_none(
+    clocked: tuple[PostgresStore, Clock], db: Db
+) -> None:
+    """settle_later returns at once; the writer of the batch calls every reaction with its own
+    answer (the stale ticket's is LeaseLost), a reaction that raises included; once the
+    completer is closed, a settlement handed over is written at once, in the caller's thread."""
+    store, clock = clocked
+    stale, fresh = one_stale_among(store, clock, ["a", "b"])
+    completer = BatchCompleter(store)
+    answers: dict[str, tuple[str | None, str]] = {}
+
+    def reaction(op: str, *, broken: bool = False) -> Any:
+        def answered(error: BaseException | None) -> None:
+            answers[op] = (type(error).__name__ if error else None, threading.current_thread().name)
+            if broken:
+                raise RuntimeError("a broken reaction")
+
+        return answered
+
+    runs = [completer.for_run() for _ in range(3)]
+    for run, claim in zip(runs, [*fresh, stale], strict=True):
+        settlement = Settlement(claim.ticket, State.SUCCEEDED, "ok")
+        run.settle_later(settlement, reaction(claim.operation_id, broken=claim is fresh[0]))
+    assert answers == {}  # nothing written yet: every call returned at once
+    assert completer.pending == 3
+    writer = threading.Thread(target=lambda: completer.take().write(store), name="writer")  # type: ignore[union-attr]
+    writer.start()
+    writer.join(DEADLINE)
+
+    assert answers == {
+        "a": (None, "writer"),
+        "b": (None, "writer"),
+        "stale": ("LeaseLost", "writer"),
+    }
+    assert all(run.taken and run.submitted for run in runs)
+    assert [state_of(db, op)[0] for op in "ab"] == ["succeeded", "succeeded"]
+    assert state_of(db, "stale") == ("claimed", stale.fence + 1, None)
+
+    store.ingest(deliveries(["late"]))
+    (late,) = store.claim("w1", 1, LONG)
+    completer.close()
+    completer.settle_later(Settlement(late.ticket, State.SUCCEEDED, "ok"), None, reaction("late"))
+    assert answers["late"] == (None, threading.current_thread().name)
+    assert state_of(db, "late")[0] == "succeeded"
+
+
 # -- through the executors and the pool ---------------------------------------------------------
 
 
