@@ -120,6 +120,7 @@ def test_defaults_fill_what_the_file_leaves_out() -> None:
     sub = loaded.subscriptions["refunds"]
     queue = SqsSettings.of(sub)
     assert loaded.bridge.worker_threads == config.WORKER_THREADS_DEFAULT
+    assert loaded.bridge.prefetch == config.PREFETCH_DEFAULT == 0
     assert loaded.bridge.health_port == config.HEALTH_PORT_DEFAULT
     assert re.fullmatch(r".+-\d+", loaded.bridge.worker_id)
     assert job.max_attempts == config.MAX_ATTEMPTS_DEFAULT
@@ -237,6 +238,11 @@ INVALID = [
         "[bridge]\nworker_threads = true\n" + BASE,
         "bridge.worker_threads: expected an integer, got true",
         id="boolean-is-not-an-integer",
+    ),
+    pytest.param(
+        "[bridge]\nprefetch = -1\n" + BASE,
+        "bridge.prefetch: must be from 0 to 1000, got -1",
+        id="prefetch-range",
     ),
     pytest.param(
         "[bridge]\npoll_interval_seconds = 0\n" + BASE,
