@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -45,7 +46,8 @@ def frontend_messages(store: PostgresStore, call: Any) -> Counter[str]:
 
 
 @pytest.fixture
-def single(db_url: str) -> Any:
+def single(db_url: str) -> Iterator[PostgresStore]:
+    """A store on a pool of one connection: every call goes through the traced one."""
     store = PostgresStore.connect(db_url, min_size=1, max_size=1)
     yield store
     store.close()
