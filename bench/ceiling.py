@@ -6,10 +6,10 @@
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 * :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
-  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and the tombstone
-  check, one transaction), then claimed by key (``claim_keys.sql``, the hand-off claim) and
-  settled (``settle_many.sql``) in a second: the most the protocol's statements do here, with
-  no Python in the way.
+  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and its check,
+  ``ingest_new_check.sql``, one transaction), then claimed by key (``claim_keys.sql``, the
+  hand-off claim) and settled (``settle_many.sql``) in a second: the most the protocol's
+  statements do here, with no Python in the way.
 
 ``pgbench`` reads and writes through libpq in C, so these are ceilings for the statements, not
 rates a Python process can reach; they say how far from the database's speed a system is.
@@ -148,7 +148,8 @@ def _aggregated(statement: str, source: str, columns: str) -> str:
 def inbox_script() -> str:
     """Two pgbench transactions per batch of 10 new deliveries: the inbox's insert (its batch
     as the JSON text and binary bodies the store sends, built by ``format``, so the server
-    parses what it parses for a Python client) with its tombstone check, then the hand-off
+    parses what it parses for a Python client) with its check (every key new, no tombstone;
+    with no identity keys, as the benchmark's store, any tombstone refuses), then the hand-off
     claim of the keys it inserted and the settlement of the rows claimed."""
     row = (
         '["bench","%1$s-%2$s-{g}","sub","noop","B",null,"{digest}","pg:%1$s-%2$s-{g}",5,null,'
@@ -168,7 +169,20 @@ def inbox_script() -> str:
         },
     )
     insert = _aggregated(
-        insert, "inserted", "array_agg(tenant_id) AS t, array_agg(operation_id) AS o"
+        insert,
+        "inserted",
+        "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, array_agg(payload_ref) AS r",
+    )
+    check = _bind(
+        _strip(sql.statement("ingest_new_check")),
+        {
+            "tenant_id": ":t",
+            "operation_id": ":o",
+            "payload_ref": ":r",
+            "key_id": "'{}'",
+            "operation_hash": "'{}'",
+            "any_erased": "true",
+        },
     )
     claim = _bind(
         _strip(sql.statement("claim_keys")),
@@ -191,7 +205,7 @@ def inbox_script() -> str:
     )
     return (
         f"\\set n random(1, 2000000000)\nBEGIN;\n{insert}\n\\gset\n"
-        f"{_strip(sql.statement('erased_any'))};\nCOMMIT;\n"
+        f"{check};\nCOMMIT;\n"
         f"BEGIN;\n{claim}\n\\gset\n{_settle_text()};\nCOMMIT;\n"
     )
 
