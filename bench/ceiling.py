@@ -6,8 +6,8 @@
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 * :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
-  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and its check,
-  ``ingest_new_check.sql``, one transaction), then claimed by key (``claim_keys.sql``, the
+  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and the tombstone
+  check, ``ingest_new_check.sql``, one transaction), then claimed by key (``claim_keys.sql``, the
   hand-off claim) and settled (``settle_many.sql``) in a second: the most the protocol's
   statements do here, with no Python in the way.
 
@@ -171,17 +171,17 @@ def inbox_script() -> str:
     insert = _aggregated(
         insert,
         "inserted",
-        "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, array_agg(payload_ref) AS r",
+        "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, "
+        # what ingest_insert_new.sql keeps for the check
+        "set_config('fencebridge.batch_inserted', count(*)::text, true) AS n",
     )
     check = _bind(
         _strip(sql.statement("ingest_new_check")),
         {
-            "tenant_id": ":t",
-            "operation_id": ":o",
-            "payload_ref": ":r",
             "key_id": "'{}'",
             "operation_hash": "'{}'",
             "any_erased": "true",
+            "expected": str(CEILING_BATCH),
         },
     )
     claim = _bind(

@@ -112,7 +112,7 @@ Clock = Callable[[], datetime | None]
 #: hands it back and takes another: the pool renews connections only as they come back
 KEEP_SECONDS = 60.0
 
-#: the SQLSTATE of ingest_new_check.sql's refusal (migration 0022): the batch was not all new
+#: the SQLSTATE of a refused one-round-trip write (migration 0022): the batch was not all new
 NOT_NEW = "FBNEW"
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
@@ -396,10 +396,10 @@ class PostgresStore:
 
     def _ingest_new(self, conn: Connection, firsts: dict[Key, Delivery]) -> bool:
         """Write a batch of deliveries of distinct keys as new operations in one round trip:
-        the insert and a check (ingest_new_check.sql) in one pipeline, one implicit transaction
-        that the Sync commits. False when the check refused (a key exists, or has a tombstone):
-        the server rolled the transaction back, nothing was written, and the batch goes the
-        careful way, in a transaction of its own.
+        the insert (ingest_insert_new.sql) and a check (ingest_new_check.sql) in one pipeline,
+        one implicit transaction that the Sync commits. False when the check refused (a key
+        existed, or has a tombstone): the server rolled the transaction back, nothing was
+        written, and the batch goes the careful way, in a transaction of its own.
 
         Most batches are new work, and the careful way costs three round trips (BEGIN, the
         insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
@@ -415,17 +415,18 @@ class PostgresStore:
             "aging": self._aging,
             "now": self._now(),
         }
-        check = {**_keys_params(list(firsts)), **self._tombstone_hashes(list(firsts))}
-        check["payload_ref"] = refs
+        check = {**self._tombstone_hashes(list(firsts)), "expected": len(fresh)}
         try:
             with conn.pipeline():
-                conn.execute(sql.statement("ingest_insert"), insert)
+                conn.execute(sql.statement("ingest_insert_new"), insert)
                 try:
                     conn.execute(sql.statement("ingest_new_check"), check)
-                except BaseException:
-                    # The Sync at the pipeline's end would commit the insert unchecked; a
-                    # connection closed before its Sync commits nothing.
-                    conn.close()
+                except BaseException as exc:
+                    if not (isinstance(exc, psycopg.Error) and exc.sqlstate):
+                        # Not sent: the Sync at the pipeline's end would commit the insert
+                        # unchecked; a connection closed before its Sync commits nothing. (A
+                        # server's error failed the transaction already: the Sync rolls it back.)
+                        conn.close()
                     raise
         except psycopg.DatabaseError as exc:
             if exc.sqlstate == NOT_NEW:

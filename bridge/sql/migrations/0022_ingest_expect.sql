@@ -1,8 +1,8 @@
 -- A check a statement can fail on, for the inbox's one-round-trip write of a batch of new
--- operations (ingest_new_check.sql): that write sends BEGIN, the insert, the check and COMMIT
--- together, so the COMMIT must not run unless the batch was what it assumed (every key new, no
--- tombstone among them). A failed check fails its statement; the server then skips the COMMIT,
--- the transaction is rolled back whole, and the inbox writes the batch the careful way.
+-- operations: the insert (ingest_insert_new.sql) and a check after it (ingest_new_check.sql:
+-- every key new, no tombstone among them) go out in one pipeline, one implicit transaction,
+-- which the Sync commits only if the check held. A failed check fails its statement; the
+-- server rolls the transaction back whole, and the inbox writes the batch the careful way.
 -- SQLSTATE FBNEW tells that refusal apart from any other error.
 CREATE FUNCTION fencebridge_expect(p_ok boolean, p_what text) RETURNS boolean
 LANGUAGE plpgsql

@@ -1,0 +1,51 @@
+-- Insert the new operations of one batch. The primary key decides every race: existing keys
+-- are left untouched (ON CONFLICT DO NOTHING). Sequence numbers are drawn in delivery order,
+-- rows are inserted in key order (so two batches with overlapping keys cannot deadlock), and
+-- the payloads of the rows this statement created are stored beside them. A new row is due
+-- at once, by the store's clock (the database clock unless the store was given one). A new row
+-- is written under the process's identity key (%(identity_key_id)s), or else the database's
+-- current (newest) key.
+--
+-- Its claim order (migration 0012) is now moved earlier by its priority times %(aging)s
+-- seconds.
+--
+-- The batch comes as one JSON array (%(rows)s), one array of columns per delivery in the order
+-- the input below reads them (the payload hash in hex), and the bodies as one binary bytea[]
+-- (%(body)b), in the same order: a Python client converts fifteen arrays of ten elements in
+-- about nine times the CPU it takes to write that one JSON text.
+WITH input AS (
+    SELECT r->>0 AS tenant_id, r->>1 AS operation_id, r->>2 AS subscription, r->>3 AS job_type,
+           r->>4 AS target_class, r->>5 AS schema_version, decode(r->>6, 'hex') AS payload_hash,
+           r->>7 AS payload_ref, (%(body)b::bytea[])[t.ord] AS body, (r->>8)::int AS max_attempts,
+           r->>9 AS ordering_key, r->>10 AS broker_message_id, (r->>11)::int AS receive_count,
+           r->>12 AS trace_context, (r->>13)::int AS priority, t.ord,
+           nextval('work_item_seq') AS seq
+      FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS t(r, ord)
+     ORDER BY t.ord
+),
+inserted AS (
+    INSERT INTO work_item (tenant_id, operation_id, subscription, job_type, target_class,
+                           schema_version, payload_hash, payload_ref, max_attempts, seq,
+                           ordering_key, broker_message_id, receive_count, trace_context,
+                           next_attempt_at, created_at, updated_at, identity_key_id, priority,
+                           claim_order)
+    SELECT tenant_id, operation_id, subscription, job_type, target_class,
+           schema_version, payload_hash, payload_ref, max_attempts, seq,
+           ordering_key, broker_message_id, receive_count, trace_context,
+           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(identity_key_id)s::smallint,
+                    (SELECT max(k.key_id) FROM identity_key k), 1),
+           priority, coalesce(%(now)s::timestamptz, now())
+                     - make_interval(secs => priority * %(aging)s::float8)
+      FROM input
+     ORDER BY tenant_id, operation_id
+        ON CONFLICT (tenant_id, operation_id) DO NOTHING
+    RETURNING tenant_id, operation_id, payload_ref
+),
+stored AS (
+    INSERT INTO payload (payload_ref, tenant_id, body)
+    SELECT i.payload_ref, i.tenant_id, input.body
+      FROM inserted i
+      JOIN input USING (tenant_id, operation_id)
+)
