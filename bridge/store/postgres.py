@@ -407,15 +407,8 @@ class PostgresStore:
         BEGIN and no ROLLBACK: psycopg forgets every prepared statement of a connection at a
         ROLLBACK, and a refusal would cost the next statements their plans.
         """
-        fresh = list(firsts.values())
-        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
-        insert = {
-            **insert_params(fresh, refs),
-            "identity_key_id": self._identity_key,
-            "aging": self._aging,
-            "now": self._now(),
-        }
-        check = {**self._tombstone_hashes(list(firsts)), "expected": len(fresh)}
+        insert = self._insert_params(list(firsts.values()))
+        check = {**self._tombstone_hashes(list(firsts)), "expected": len(firsts)}
         try:
             with conn.pipeline():
                 conn.execute(sql.statement("ingest_insert_new"), insert)
@@ -437,15 +430,34 @@ class PostgresStore:
     def _tombstone_hashes(self, keys: Sequence[Key]) -> dict[str, Any]:
         """ingest_new_check.sql's tombstone lookup: the keyed hashes of ``keys`` under every
         identity key held, or, with none to hash by, a lookup of any tombstone at all."""
+        hashed = self._hashed(keys)
+        return {
+            "key_id": [key_id for _, key_id, _ in hashed],
+            "operation_hash": [digest for _, _, digest in hashed],
+            "any_erased": self._erased_hashes is None,
+        }
+
+    def _hashed(self, keys: Sequence[Key]) -> list[tuple[Key, int, bytes]]:
+        """Each key with its keyed hash under every identity key held (none without them)."""
         derive = self._erased_hashes
-        ids: list[int] = []
-        digests: list[bytes] = []
-        if derive is not None:
-            for key in keys:
-                for key_id, digest in derive(key.tenant_id, key.operation_id):
-                    ids.append(key_id)
-                    digests.append(digest)
-        return {"key_id": ids, "operation_hash": digests, "any_erased": derive is None}
+        if derive is None:
+            return []
+        return [
+            (key, key_id, digest)
+            for key in keys
+            for key_id, digest in derive(key.tenant_id, key.operation_id)
+        ]
+
+    def _insert_params(self, fresh: Sequence[Delivery]) -> dict[str, Any]:
+        """ingest_insert.sql's (and ingest_insert_new.sql's) parameters for new operations, each
+        with a payload reference drawn for this write."""
+        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
+        return {
+            **insert_params(fresh, refs),
+            "identity_key_id": self._identity_key,
+            "aging": self._aging,
+            "now": self._now(),
+        }
 
     def _ingest(
         self, conn: Connection, batch: Sequence[Delivery | Rejection]
@@ -496,20 +508,12 @@ class PostgresStore:
     ) -> tuple[set[Key], dict[Key, _Tombstone]]:
         """Insert a batch's new operations: the keys inserted, and those of them that match a
         tombstone (taken back out again)."""
-        fresh = list(firsts.values())
-        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
         lookup = self._erased_lookup(list(firsts))
         # One round trip: the tombstone lookup is sent with the insert and runs after it,
         # on a snapshot of its own (see ingest_erased.sql for why it must come after).
         with conn.pipeline():
             rows_cursor = conn.execute(
-                sql.statement("ingest_insert"),
-                {
-                    **insert_params(fresh, refs),
-                    "identity_key_id": self._identity_key,
-                    "aging": self._aging,
-                    "now": self._now(),
-                },
+                sql.statement("ingest_insert"), self._insert_params(list(firsts.values()))
             )
             hits_cursor = conn.execute(*lookup)
             inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
@@ -571,22 +575,15 @@ class PostgresStore:
     def _erased_lookup(self, keys: Sequence[Key]) -> tuple[LiteralString, dict[str, Any]]:
         """The statement that finds these keys' tombstones: by their keyed hashes under every
         identity key held; with no keys bound, whether any tombstone exists at all."""
-        derive = self._erased_hashes
-        if derive is None:
+        if self._erased_hashes is None:
             return sql.statement("erased_any"), {}
-        params: dict[str, list[Any]] = {
-            "tenant_id": [],
-            "operation_id": [],
-            "key_id": [],
-            "operation_hash": [],
+        hashed = self._hashed(keys)
+        return sql.statement("ingest_erased"), {
+            "tenant_id": [key.tenant_id for key, _, _ in hashed],
+            "operation_id": [key.operation_id for key, _, _ in hashed],
+            "key_id": [key_id for _, key_id, _ in hashed],
+            "operation_hash": [digest for _, _, digest in hashed],
         }
-        for key in keys:
-            for key_id, digest in derive(key.tenant_id, key.operation_id):
-                params["tenant_id"].append(key.tenant_id)
-                params["operation_id"].append(key.operation_id)
-                params["key_id"].append(key_id)
-                params["operation_hash"].append(digest)
-        return sql.statement("ingest_erased"), params
 
     def _erased(
         self, conn: Connection, inserted: set[Key], hits: Sequence[tuple[Any, ...]]
