@@ -244,7 +244,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             claimers=plan.claimers,
             events=settled,
         )
-        inbox = Inbox(store, decoder, hand_off=pool.hand_off)
+        inbox = Inbox(store, decoder, pool=pool)
         per = _share(plan, replicas)
         errors: list[Exception] = []
         writers = [

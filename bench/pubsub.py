@@ -257,7 +257,7 @@ def bridge_arm(
     inbox = Inbox(
         store,
         partial(decode, config.decode_rules("bench")),
-        hand_off=pool.hand_off if workers else None,
+        pool=pool if workers else None,
     )
     consumer = with_emulator_host(emulator.host, lambda: from_config(sub, inbox, store))
     try:

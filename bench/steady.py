@@ -252,7 +252,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
         pool = WorkerPool(
             store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
         )
-        producer = Producer(Inbox(store, decoder, hand_off=pool.hand_off), plan.rate)
+        producer = Producer(Inbox(store, decoder, pool=pool), plan.rate)
         pool.start()
         purger.start()
         producer.service.start()

@@ -445,9 +445,11 @@ def deliveries(run: str, count: int) -> Iterator[list[Delivery]]:
 
 def raw_insert_params(batch: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:
     """What hand-written code passes to ingest_insert.sql: the batch as the store sends it, the
-    process's identity key and the clock left to the database, no priority aging."""
+    process's identity key and the clock left to the database, no priority aging, no row
+    written claimed."""
     return {
         **insert_params(batch, refs),
+        "worker": None,
         "identity_key_id": None,
         "aging": 0.0,
         "now": None,

@@ -10,8 +10,11 @@ reason. Only then may the consumer acknowledge. If ``write`` raises, nothing may
 acknowledged: the broker redelivers and the redelivery is a replay or a first write. A crash
 between commit and ack costs a replay, never a lost or doubled operation.
 
-New keys are handed to the local worker pool at once (a targeted claim), so a delivery does not
-wait for the next poll.
+New work goes to the local worker pool at once, so a delivery does not wait for the next poll:
+as many new rows as the pool has free slots for are written already claimed for it, by the
+insert itself (:class:`~bridge.types.InsertClaim`: fence 1, attempt 1, leased from the database
+clock, exactly as the targeted claim would lease them a moment later), and go straight to its
+workers; the other new keys are handed to it to claim by key.
 
 Under a tenant backlog quota (:meth:`Inbox.admit`), a new operation of a tenant whose open rows
 (queued and claimed) are at the quota is not written: it comes back as :class:`Deferred`, and
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,7 +36,7 @@ from bridge.decode import RawDelivery, undecodable
 from bridge.service import Limits, Supervised
 from bridge.store.work import QuotaDeferred
 from bridge.telemetry import Telemetry
-from bridge.types import Decision, Delivery, IngestResult, Key, Rejection
+from bridge.types import Claim, Decision, Delivery, IngestResult, InsertClaim, Key, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +47,29 @@ class InboxStore(Protocol):
     """What the inbox writes through: the work store, or a shadow subscription's record
     (:class:`bridge.shadow.ShadowWrites`)."""
 
-    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]: ...
+    def ingest(
+        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
+    ) -> list[IngestResult]: ...
 
     def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int
+        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
     ) -> list[IngestResult | QuotaDeferred]: ...
 
 
-HandOff = Callable[[Sequence[tuple[Key, str]]], None]
+class HandOff(Protocol):
+    """Where new work goes: the local worker pool (:class:`~bridge.worker.WorkerPool`)."""
+
+    def reserve(self, job_types: Iterable[str]) -> InsertClaim | None:
+        """Slots for a batch's new rows, to write them claimed; None: write them queued."""
+        ...
+
+    def accept(self, reserved: InsertClaim, claims: Sequence[Claim], sent_at: float) -> None:
+        """The rows written claimed for ``reserved`` (none if the write failed)."""
+        ...
+
+    def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
+        """New keys written queued, with their job types: to claim by key."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +111,14 @@ class Inbox:
         store: InboxStore,
         decoder: Decoder,
         *,
-        hand_off: HandOff | None = None,
+        pool: HandOff | None = None,
         system: str = "unknown",
         telemetry: Telemetry | None = None,
         limits: Limits | None = None,
     ) -> None:
         self._store = store
         self._decoder = decoder
-        self._hand_off = hand_off
+        self._pool = pool
         self._system = system
         self._telemetry = telemetry
         self._limits = limits
@@ -143,11 +161,7 @@ class Inbox:
             )
             with tel.inbox_write(subscription) if tel else nullcontext():
                 decoded = [self.decode(raw) for raw in batch]
-                results: Sequence[IngestResult | QuotaDeferred] = (
-                    self._store.ingest(decoded)
-                    if quota is None
-                    else self._store.ingest_within_quota(decoded, quota)
-                )
+                results = self._ingest(decoded, quota)
             outcomes: list[Written | Deferred] = [
                 Written(r, d, res)
                 if isinstance(res, IngestResult)
@@ -158,15 +172,47 @@ class Inbox:
             if tel and span is not None:
                 # While the receive span is still open: events on an ended span are dropped.
                 tel.decided(span, written)
-        if self._hand_off is not None:
+        if self._pool is not None:
             fresh = [
                 (w.decoded.key, w.decoded.job_type)
                 for w in written
-                if w.decision is Decision.NEW and isinstance(w.decoded, Delivery)
+                if w.decision is Decision.NEW
+                and w.result.claim is None
+                and isinstance(w.decoded, Delivery)
             ]
             if fresh:
-                self._hand_off(fresh)
+                self._pool.hand_off(fresh)
         return outcomes
+
+    def _ingest(
+        self, decoded: Sequence[Delivery | Rejection], quota: int | None
+    ) -> Sequence[IngestResult | QuotaDeferred]:
+        """The store's write, with the pool's free slots reserved for new rows written claimed;
+        what the write claimed goes to the pool, the slots it did not fill go back (all of them
+        if it raised: the commit may be in doubt, and a row it did commit claimed comes back
+        to the queue when its lease runs out)."""
+        pool = self._pool
+        reserved = None
+        if pool is not None:
+            reserved = pool.reserve(d.job_type for d in decoded if isinstance(d, Delivery))
+        if pool is None or reserved is None:
+            if quota is None:
+                return self._store.ingest(decoded)
+            return self._store.ingest_within_quota(decoded, quota)
+        claims: list[Claim] = []
+        sent_at = time.monotonic()  # before the write: the leases it sets start later
+        try:
+            results = (
+                self._store.ingest(decoded, reserved)
+                if quota is None
+                else self._store.ingest_within_quota(decoded, quota, reserved)
+            )
+            claims = [
+                r.claim for r in results if isinstance(r, IngestResult) and r.claim is not None
+            ]
+        finally:
+            pool.accept(reserved, claims, sent_at)
+        return results
 
     def observe_stream(self, subscription: str, counts: Callable[[], Mapping[str, int]]) -> None:
         """A consumer's running counters, exported as metrics when telemetry is on."""

@@ -109,7 +109,7 @@ class Bridge:
             inbox = Inbox(
                 ShadowWrites(store) if sub.shadow else store,
                 partial(decode, config.decode_rules(name)),
-                hand_off=None if sub.shadow else self.pool.hand_off,
+                pool=None if sub.shadow else self.pool,
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,

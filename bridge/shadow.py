@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.errors import ConfigError
 from bridge.records import SeenOperation
-from bridge.types import Delivery, IngestResult, Key, Rejection
+from bridge.types import Delivery, IngestResult, InsertClaim, Key, Rejection
 
 if TYPE_CHECKING:
     from bridge.store.work import QuotaDeferred, WorkStore
@@ -52,13 +52,23 @@ class ShadowWrites:
     def __init__(self, store: WorkStore) -> None:
         self._store = store
 
-    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+    def ingest(
+        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
+    ) -> list[IngestResult]:
+        _unclaimed(claim)
         return self._store.ingest_shadow(batch)
 
     def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int
+        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
     ) -> list[IngestResult | QuotaDeferred]:
+        _unclaimed(claim)
         return list(self._store.ingest_shadow(batch))
+
+
+def _unclaimed(claim: InsertClaim | None) -> None:
+    """A shadow record is never run: a pool asking to claim from it is a wiring error."""
+    if claim is not None:
+        raise TypeError("a shadow subscription's deliveries are never claimed")
 
 
 # -- the effect log ----------------------------------------------------------------------------

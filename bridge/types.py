@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 class State(enum.StrEnum):
@@ -118,10 +118,29 @@ class IngestResult:
 
     decision: Decision
     key: Key | None
-    #: the state of the existing row for a replay or conflict; ``queued`` for a new row
+    #: the state of the existing row for a replay or conflict; for a new row ``queued``, or
+    #: ``claimed`` where it was written claimed for the local pool (:class:`InsertClaim`)
     state: State | None = None
     #: the replay or conflict is with an erased operation's tombstone: no row exists
     erased: bool = False
+    #: a new row written claimed, for the pool that asked (:class:`InsertClaim`) to run
+    claim: Claim | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InsertClaim:
+    """The local pool's request that the inbox write some new rows already claimed.
+
+    The hand-off claim by key, made by the insert itself: the rows it would claim a moment
+    later are written leased to ``worker`` under fence 1, at most ``limit`` of them (the slots
+    the pool reserved), each for its job type's lease. Only job types in ``leases`` qualify,
+    and the store takes only rows that claim would take.
+    """
+
+    worker: str
+    #: the lease of each job type the pool runs
+    leases: dict[str, timedelta]
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -69,7 +69,7 @@ from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
 from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
-from bridge.types import Claim, Key, State, TargetClass, Ticket
+from bridge.types import Claim, InsertClaim, Key, State, TargetClass, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,9 @@ class WorkerPool:
         #: a claimer's share of the workers: settled that many, it stops lingering
         self._share = max(1, -(-threads // claimers))
         self._handoff: dict[Key, str] = {}
+        #: when a claim of any claimable row (not handed off) is next due: at once while the
+        #: last one filled its batch, else a poll interval after it came back short
+        self._rescue_at = 0.0
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
         on_restart = telemetry.thread_restarted if telemetry is not None else None
@@ -224,6 +227,42 @@ class WorkerPool:
                     self._handoff[key] = job_type
             self._cond.notify_all()
 
+    def reserve(self, job_types: Iterable[str]) -> InsertClaim | None:
+        """Slots for the new rows of a batch the inbox is about to write (one job type per
+        delivery), which it may then write already claimed (:class:`InsertClaim`); None when
+        there is no free slot, no job type this pool runs, or the pool is stopping. The slots
+        stay reserved until :meth:`accept` gives back what the write did not claim."""
+        wanted = 0
+        leases: dict[str, timedelta] = {}
+        for job_type in job_types:
+            spec = self._registry.get(job_type)
+            if spec is not None:
+                wanted += 1
+                leases[job_type] = spec.lease
+        if wanted == 0:
+            return None
+        with self._cond:
+            if self._stopping.is_set() or self._idle == 0:
+                return None
+            taken = min(wanted, self._idle)
+            self._idle -= taken
+            self._reserved += taken
+        return InsertClaim(self.worker_id, leases, taken)
+
+    def accept(self, reserved: InsertClaim, claims: Sequence[Claim], sent_at: float) -> None:
+        """The rows the inbox wrote claimed for ``reserved`` (none if its write failed), queued
+        for the workers as a claim's rows are; the slots they did not fill are free again.
+        ``sent_at`` is a monotonic time before the write was sent: their leases start later."""
+        if len(claims) > reserved.limit:
+            raise ValueError("more rows written claimed than slots reserved for them")
+        with self._cond:
+            self._reserved -= reserved.limit
+            self._idle += reserved.limit - len(claims)
+            if len(claims) < reserved.limit:
+                self._cond.notify_all()
+        if claims:
+            self._hand_over(list(claims), sent_at, [])
+
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -289,47 +328,69 @@ class WorkerPool:
         the claim returned fewer rows or failed, so concurrent claimers never count a worker
         twice. A failure is raised to the supervisor, which logs, counts and backs off.
         Hand-off keys taken for a failed claim stay claimable by the general claim.
+
+        The general claim (any claimable row: nothing handed off) runs again at once while the
+        last one filled its batch, and a poll interval after one came back short: rows the
+        inbox writes claimed never wait for it, so a claim of an empty queue at every
+        settlement would cost a statement per commit and find nothing.
         """
         self._store.keep_connection()  # its round trips are the pool's pace: one warm backend
         with self._cond:
-            while self._idle == 0 and not self._completer.pending and not self._stopping.is_set():
-                self._cond.wait()
+            self._await_work()
             if self._stopping.is_set():
                 return
             self._gather_settlements()
             settling = self._completer.take()
+            # Rows to claim: the hand-off keys (no more slots than keys: the inbox writes
+            # new rows claimed into the slots left free), or any claimable row when due.
+            if self._handoff:
+                need = len(self._handoff)
+            elif time.monotonic() >= self._rescue_at:
+                need = self._slots
+            else:
+                need = 0
             if settling is not None:
                 # Their workers are free once this write commits: claim for them with it.
-                want = self._idle + len(settling)  # in statements of at most claim_batch rows
-                self._idle = 0
+                extra = min(self._idle, max(need - len(settling), 0))
+                want = len(settling) + extra  # in statements of at most claim_batch rows
             else:
-                want = min(self._idle, self._claim_batch)
+                extra = want = min(self._idle, need, self._claim_batch)
                 if want == 0:
                     return  # another claimer took what had gathered
-                self._idle -= want
+            self._idle -= extra
             self._reserved += want
+            claiming = need > 0
             # The oldest keys, without copying the rest: while ingest outruns the pool,
             # thousands wait here, and a copy per claim made each delivery cost O(backlog).
-            handoff = dict(islice(self._handoff.items(), want))
+            handoff = dict(islice(self._handoff.items(), want if claiming else 0))
             for key in handoff:
                 del self._handoff[key]
         claims: list[Claim] = []  # filled as they are handed over, for the count below
         try:
             sent_at = time.monotonic()  # leases start no earlier than this, by our clock
-            self._claim(want, handoff, settling, sent_at, claims)
+            self._claim(want if claiming else 0, handoff, settling, sent_at, claims)
         finally:
             with self._cond:
                 self._reserved -= want
                 self._idle += want - len(claims)
                 if len(claims) < want:
                     self._cond.notify_all()
-        if claims or settling is not None:
-            # Claim again at once: a round of hand-off keys claims those keys alone, not the
-            # rows its settlements freed (the next row of an ordered group, a limit's slot).
-            return
-        with self._cond:
-            if not self._handoff and not self._completer.pending and not self._stopping.is_set():
-                self._cond.wait(timeout=self._poll)
+
+    def _await_work(self) -> None:
+        """Wait (holding the condition) until there is something to do: settlements to write,
+        or a free slot and hand-off keys to claim, or a free slot and the general claim due."""
+        while not self._stopping.is_set():
+            if self._completer.pending:
+                return
+            if self._idle:
+                if self._handoff:
+                    return
+                due = self._rescue_at - time.monotonic()
+                if due <= 0:
+                    return
+                self._cond.wait(timeout=due)
+            else:
+                self._cond.wait()
 
     def _hand_over(self, claims: list[Claim], sent_at: float, handed: list[Claim]) -> None:
         """Queue claims for the workers (their slots already counted); once stopping, release
@@ -429,7 +490,7 @@ class WorkerPool:
             by_lease[self._registry[job_type].lease].append(key)
         for lease, keys in by_lease.items():
             claims += claiming.claim(lease, keys=keys)
-        if handoff:
+        if handoff or want == 0:
             return
         groups: dict[timedelta, list[str]] = defaultdict(list)
         for spec in self._registry.specs():
@@ -441,6 +502,9 @@ class WorkerPool:
                 claims += got
                 if len(got) < asked:
                     break  # none left of these job types
+        # Came back short: nothing more is claimable now; look again a poll interval later
+        # (hand-off keys and rows written claimed do not wait for it).
+        self._rescue_at = 0.0 if len(claims) >= want else time.monotonic() + self._poll
 
     # -- workers ----------------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ from bridge.types import (
     Decision,
     Delivery,
     IngestResult,
+    InsertClaim,
     Key,
     RedriveFilter,
     Redriven,
@@ -379,27 +380,36 @@ class PostgresStore:
 
     # -- inbox -------------------------------------------------------------------------------
 
-    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
+    def ingest(
+        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
+    ) -> list[IngestResult]:
         """Write one received batch in one transaction; one result per delivery, in order.
 
         New keys become queued work rows; a key that exists with the same payload hash is a
         replay; with another hash it is a conflict (nothing is mutated, the delivery is recorded
         as rejected). Rejections (undecodable input) are recorded with their reason. After this
         returns, every delivery of the batch is held by the database and may be acknowledged.
+        With ``claim``, up to its limit of the new rows the hand-off claim would take are
+        written claimed for its worker instead, and come back with their :class:`Claim`.
         """
         firsts = _firsts(batch)
         with self._connection("ingest") as conn:
-            if len(firsts) == len(batch) > 0 and self._ingest_new(conn, firsts):
-                return [IngestResult(Decision.NEW, key, State.QUEUED) for key in firsts]
+            if len(firsts) == len(batch) > 0:
+                claims = self._ingest_new(conn, firsts, claim)
+                if claims is not None:
+                    return [_new(key, claims.get(key)) for key in firsts]
             with conn.transaction():
-                return self._ingest(conn, batch)
+                return self._ingest(conn, batch, claim)
 
-    def _ingest_new(self, conn: Connection, firsts: dict[Key, Delivery]) -> bool:
+    def _ingest_new(
+        self, conn: Connection, firsts: dict[Key, Delivery], claim: InsertClaim | None
+    ) -> dict[Key, Claim] | None:
         """Write a batch of deliveries of distinct keys as new operations in one round trip:
         the insert (ingest_insert_new.sql) and a check (ingest_new_check.sql) in one pipeline,
-        one implicit transaction that the Sync commits. False when the check refused (a key
-        existed, or has a tombstone): the server rolled the transaction back, nothing was
-        written, and the batch goes the careful way, in a transaction of its own.
+        one implicit transaction that the Sync commits; the rows written claimed, by key. None
+        when the check refused (a key existed, or has a tombstone): the server rolled the
+        transaction back, nothing was written, and the batch goes the careful way, in a
+        transaction of its own.
 
         Most batches are new work, and the careful way costs three round trips (BEGIN, the
         insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
@@ -407,11 +417,11 @@ class PostgresStore:
         BEGIN and no ROLLBACK: psycopg forgets every prepared statement of a connection at a
         ROLLBACK, and a refusal would cost the next statements their plans.
         """
-        insert = self._insert_params(list(firsts.values()))
+        insert = self._insert_params(list(firsts.values()), claim)
         check = {**self._tombstone_hashes(list(firsts)), "expected": len(firsts)}
         try:
             with conn.pipeline():
-                conn.execute(sql.statement("ingest_insert_new"), insert)
+                inserted = conn.execute(sql.statement("ingest_insert_new"), insert)
                 try:
                     conn.execute(sql.statement("ingest_new_check"), check)
                 except BaseException as exc:
@@ -421,11 +431,12 @@ class PostgresStore:
                         # server's error failed the transaction already: the Sync rolls it back.)
                         conn.close()
                     raise
+            rows = inserted.fetchall()
         except psycopg.DatabaseError as exc:
             if exc.sqlstate == NOT_NEW:
-                return False
+                return None
             raise
-        return True
+        return _written_claimed(firsts, rows)
 
     def _tombstone_hashes(self, keys: Sequence[Key]) -> dict[str, Any]:
         """ingest_new_check.sql's tombstone lookup: the keyed hashes of ``keys`` under every
@@ -448,29 +459,64 @@ class PostgresStore:
             for key_id, digest in derive(key.tenant_id, key.operation_id)
         ]
 
-    def _insert_params(self, fresh: Sequence[Delivery]) -> dict[str, Any]:
+    def _insert_params(
+        self, fresh: Sequence[Delivery], claim: InsertClaim | None
+    ) -> dict[str, Any]:
         """ingest_insert.sql's (and ingest_insert_new.sql's) parameters for new operations, each
-        with a payload reference drawn for this write."""
+        with a payload reference drawn for this write and, for ``claim``, its lease where it
+        may be written claimed."""
         refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
         return {
-            **insert_params(fresh, refs),
+            **insert_params(fresh, refs, self._insert_leases(fresh, claim)),
+            "worker": claim.worker if claim is not None else None,
             "identity_key_id": self._identity_key,
             "aging": self._aging,
             "now": self._now(),
         }
 
+    def _insert_leases(
+        self, fresh: Sequence[Delivery], claim: InsertClaim | None
+    ) -> list[float | None] | None:
+        """Each new row's lease in seconds where it may be written claimed for ``claim`` (None:
+        queued), up to its limit, in delivery order: only a row the hand-off claim would take,
+        which a concurrency limit, a token rate (both counted by the claim statements), an
+        ordered group (only its earliest open row may run) or an identity key this process does
+        not hold would keep from it. A rate limit's wait is the statement's to check."""
+        if claim is None or claim.limit < 1:
+            return None
+        held = self._identity_keys
+        if held is not None and self._identity_key not in held:
+            return None
+        left = claim.limit
+        leases: list[float | None] = []
+        for d in fresh:
+            lease = claim.leases.get(d.job_type)
+            if (
+                left
+                and lease is not None
+                and d.ordering_key is None
+                and d.job_type not in self._concurrency
+                and d.job_type not in self._rates
+            ):
+                leases.append(lease.total_seconds())
+                left -= 1
+            else:
+                leases.append(None)
+        return leases if left < claim.limit else None
+
     def _ingest(
-        self, conn: Connection, batch: Sequence[Delivery | Rejection]
+        self, conn: Connection, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None
     ) -> list[IngestResult]:
         """:meth:`ingest`'s statements, inside the caller's transaction."""
         firsts = _firsts(batch)
         inserted: set[Key] = set()
+        claims: dict[Key, Claim] = {}
         erased: dict[Key, _Tombstone] = {}
         if firsts:
-            inserted, erased = self._insert(conn, firsts)
+            inserted, claims, erased = self._insert(conn, firsts, claim)
         if not erased and len(inserted) == len(firsts) == len(batch):
             # Every delivery a new operation (the common batch): nothing else to decide.
-            return [IngestResult(Decision.NEW, d.key, State.QUEUED) for d in firsts.values()]
+            return [_new(key, claims.get(key)) for key in firsts]
         inserted -= erased.keys()
         stored = _existing(conn, [k for k in firsts if k not in inserted and k not in erased])
         for key in inserted:
@@ -493,7 +539,7 @@ class PostgresStore:
                 continue
             stored_hash, state = stored[item.key]
             if item is firsts[item.key] and item.key in inserted:
-                results.append(IngestResult(Decision.NEW, item.key, State.QUEUED))
+                results.append(_new(item.key, claims.get(item.key)))
             elif item.payload_hash == stored_hash:
                 results.append(IngestResult(Decision.REPLAY, item.key, state))
             else:
@@ -504,21 +550,27 @@ class PostgresStore:
         return results
 
     def _insert(
-        self, conn: Connection, firsts: dict[Key, Delivery]
-    ) -> tuple[set[Key], dict[Key, _Tombstone]]:
-        """Insert a batch's new operations: the keys inserted, and those of them that match a
-        tombstone (taken back out again)."""
+        self, conn: Connection, firsts: dict[Key, Delivery], claim: InsertClaim | None
+    ) -> tuple[set[Key], dict[Key, Claim], dict[Key, _Tombstone]]:
+        """Insert a batch's new operations: the keys inserted, the rows of them written claimed
+        (none that matches a tombstone), and those that match a tombstone (taken back out
+        again)."""
         lookup = self._erased_lookup(list(firsts))
         # One round trip: the tombstone lookup is sent with the insert and runs after it,
         # on a snapshot of its own (see ingest_erased.sql for why it must come after).
         with conn.pipeline():
             rows_cursor = conn.execute(
-                sql.statement("ingest_insert"), self._insert_params(list(firsts.values()))
+                sql.statement("ingest_insert"), self._insert_params(list(firsts.values()), claim)
             )
             hits_cursor = conn.execute(*lookup)
-            inserted = {Key(t, o) for t, o in rows_cursor.fetchall()}
+            rows = rows_cursor.fetchall()
             hits = hits_cursor.fetchall()
-        return inserted, self._erased(conn, inserted, hits)
+        inserted = {Key(t, o) for t, o, _, _ in rows}
+        erased = self._erased(conn, inserted, hits)
+        claims = _written_claimed(firsts, rows)
+        for key in erased:
+            claims.pop(key, None)
+        return inserted, claims, erased
 
     def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
         """Record one batch of a shadow subscription in one transaction, deciding each delivery
@@ -608,7 +660,7 @@ class PostgresStore:
         return found
 
     def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int
+        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
     ) -> list[IngestResult | QuotaDeferred]:
         """:meth:`ingest` under a tenant backlog quota, in one transaction.
 
@@ -627,7 +679,7 @@ class PostgresStore:
         firsts = _firsts(batch)
         with self._connection("ingest") as conn, conn.transaction():
             if not firsts:
-                return list(self._ingest(conn, batch))
+                return list(self._ingest(conn, batch, claim))
             news: dict[str, list[Key]] = {}
             for key in firsts:
                 news.setdefault(key.tenant_id, []).append(key)
@@ -655,7 +707,7 @@ class PostgresStore:
             admitted = [
                 item for item in batch if not (isinstance(item, Delivery) and item.key in deferred)
             ]
-            written = iter(self._ingest(conn, admitted))
+            written = iter(self._ingest(conn, admitted, claim))
         return [
             QuotaDeferred(item.key, backlog[item.key.tenant_id])
             if isinstance(item, Delivery) and item.key in deferred
@@ -1833,9 +1885,13 @@ def _firsts(batch: Sequence[Delivery | Rejection]) -> dict[Key, Delivery]:
     return firsts
 
 
-def insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, Any]:
+def insert_params(
+    fresh: Sequence[Delivery], refs: Sequence[str], leases: Sequence[float | None] | None = None
+) -> dict[str, Any]:
     """ingest_insert.sql's batch: one JSON array of each delivery's columns, in the order the
-    statement reads them, and the bodies beside it as one binary array."""
+    statement reads them (the last, a lease in seconds for a row to write claimed), and the
+    bodies beside it as one binary array."""
+    taken = leases if leases is not None else [None] * len(fresh)
     rows = json.dumps(
         [
             [
@@ -1853,11 +1909,54 @@ def insert_params(fresh: Sequence[Delivery], refs: Sequence[str]) -> dict[str, A
                 d.receive_count,
                 d.trace_context,
                 d.priority,
+                lease,
             ]
-            for d, ref in zip(fresh, refs, strict=True)
+            for d, ref, lease in zip(fresh, refs, taken, strict=True)
         ]
     )
     return {"rows": rows, "body": [d.payload for d in fresh]}
+
+
+def _new(key: Key, claim: Claim | None) -> IngestResult:
+    """A new operation's result: queued, or written claimed for the pool that asked."""
+    if claim is None:
+        return IngestResult(Decision.NEW, key, State.QUEUED)
+    return IngestResult(Decision.NEW, key, State.CLAIMED, claim=claim)
+
+
+def _written_claimed(
+    firsts: dict[Key, Delivery], rows: Sequence[tuple[Any, ...]]
+) -> dict[Key, Claim]:
+    """The claims of the rows an insert wrote claimed (a lease returned), made from their
+    deliveries: the first claim of a new row, fence 1, attempt 1, no intent, no takeover."""
+    claims: dict[Key, Claim] = {}
+    for tenant_id, operation_id, lease_expires_at, identity_key_id, *_ in rows:
+        if lease_expires_at is None:
+            continue
+        key = Key(tenant_id, operation_id)
+        d = firsts[key]
+        claims[key] = Claim(
+            tenant_id=tenant_id,
+            operation_id=operation_id,
+            fence=1,
+            attempts=1,
+            max_attempts=d.max_attempts,
+            subscription=d.subscription,
+            job_type=d.job_type,
+            target_class=d.target_class,
+            schema_version=d.schema_version,
+            payload=d.payload,
+            payload_hash=d.payload_hash,
+            lease_expires_at=lease_expires_at,
+            intent_fence=None,
+            takeover=False,
+            trace_context=d.trace_context,
+            broker_message_id=d.broker_message_id,
+            receive_count=d.receive_count,
+            ordering_key=d.ordering_key,
+            identity_key_id=int(identity_key_id),
+        )
+    return claims
 
 
 def _rejection_key(item: Rejection) -> Key | None:

@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
-from bridge.types import Claim, Delivery, IngestResult, Key, Rejection, State, Stats, Ticket
+from bridge.types import (
+    Claim,
+    Delivery,
+    IngestResult,
+    InsertClaim,
+    Key,
+    Rejection,
+    State,
+    Stats,
+    Ticket,
+)
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -222,8 +232,12 @@ class WorkStore(KeyedStore, Protocol):
     its fence and raises :class:`~bridge.errors.LeaseLost` when the fence is no longer
     current; the caller stops and never retries that write."""
 
-    def ingest(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
-        """Write one received batch in one transaction; one result per delivery, in order."""
+    def ingest(
+        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
+    ) -> list[IngestResult]:
+        """Write one received batch in one transaction; one result per delivery, in order.
+        With ``claim``, new rows the hand-off claim would take (up to its limit) are written
+        claimed for its worker and come back with their :class:`~bridge.types.Claim`."""
         ...
 
     def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]:
@@ -400,12 +414,12 @@ class WorkStore(KeyedStore, Protocol):
         ...
 
     def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int
+        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
     ) -> list[IngestResult | QuotaDeferred]:
-        """:meth:`ingest`, except that a new operation of a tenant whose open backlog (queued
-        and claimed rows, every subscription) is at ``quota`` is not written: it is returned as
-        :class:`QuotaDeferred` and must not be acknowledged. Replays, conflicts and rejections
-        are decided as :meth:`ingest` decides them."""
+        """:meth:`ingest` (``claim`` as there), except that a new operation of a tenant whose
+        open backlog (queued and claimed rows, every subscription) is at ``quota`` is not
+        written: it is returned as :class:`QuotaDeferred` and must not be acknowledged.
+        Replays, conflicts and rejections are decided as :meth:`ingest` decides them."""
         ...
 
 

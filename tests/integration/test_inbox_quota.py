@@ -5,7 +5,7 @@ deferred delivery is written once it comes back below the quota."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 import psycopg
@@ -16,9 +16,11 @@ from bridge.inbox import Deferred, Inbox, Written
 from bridge.store import PostgresStore
 from bridge.store.work import QuotaDeferred
 from bridge.types import (
+    Claim,
     Decision,
     Delivery,
     IngestResult,
+    InsertClaim,
     Key,
     Rejection,
     TargetClass,
@@ -182,7 +184,20 @@ def test_the_inbox_returns_deferred_deliveries_and_hands_off_only_new_ones(
         return delivery(tenant, r.body.decode())
 
     handed: list[Key] = []
-    inbox = Inbox(store, decoder, hand_off=lambda keys: handed.extend(k for k, _ in keys))
+
+    class Handed:
+        """A pool with no free slot: every new key is handed off."""
+
+        def reserve(self, job_types: Iterable[str]) -> InsertClaim | None:
+            return None
+
+        def accept(self, reserved: InsertClaim, claims: Sequence[Claim], sent_at: float) -> None:
+            raise AssertionError("nothing was reserved")
+
+        def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
+            handed.extend(k for k, _ in items)
+
+    inbox = Inbox(store, decoder, pool=Handed())
     inbox.write([raw("flood", "a")])
     handed.clear()
 

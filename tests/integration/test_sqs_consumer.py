@@ -135,7 +135,7 @@ def bridge(
     config = parse_config(settings.toml(), file="test.toml")
     registry = build_registry(config, handlers={JOB: handler})
     pool = WorkerPool(store, registry, HASHER, threads=threads, poll_interval=0.1)
-    inbox = Inbox(store, partial(decode, config.decode_rules("orders")), hand_off=pool.hand_off)
+    inbox = Inbox(store, partial(decode, config.decode_rules("orders")), pool=pool)
     consumer = SqsConsumer(
         sqs,
         queue_url,

@@ -303,7 +303,7 @@ def test_settlements_commit_with_the_hand_off_claims_that_refill_their_workers(
     def raw(op: str, body: bytes) -> RawDelivery:
         return RawDelivery(subscription="jobs", message_id=None, body=body, attributes={"op": op})
 
-    inbox = Inbox(store, decode, hand_off=pool.hand_off)
+    inbox = Inbox(store, decode, pool=pool)
     ops = [f"op-{i:04d}" for i in range(1200)]
     for n, start in enumerate(range(0, len(ops), 10)):
         batch = [raw(op, b"{}") for op in ops[start : start + 10]]
