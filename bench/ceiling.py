@@ -6,10 +6,10 @@
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 * :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
-  10 new deliveries inserted as the inbox writes them (``ingest_insert.sql`` and the tombstone
-  check, ``ingest_new_check.sql``, one transaction), then claimed by key (``claim_keys.sql``, the
-  hand-off claim) and settled (``settle_many.sql``) in a second: the most the protocol's
-  statements do here, with no Python in the way.
+  10 new deliveries inserted as the inbox writes them for a pool with room (``ingest_insert.sql``
+  writing them claimed, and the tombstone check, ``ingest_new_check.sql``, one transaction),
+  then settled (``settle_many.sql``) in a second: the most the protocol's statements do here,
+  with no Python in the way.
 
 ``pgbench`` reads and writes through libpq in C, so these are ceilings for the statements, not
 rates a Python process can reach; they say how far from the database's speed a system is.
@@ -148,12 +148,12 @@ def _aggregated(statement: str, source: str, columns: str) -> str:
 def inbox_script() -> str:
     """Two pgbench transactions per batch of 10 new deliveries: the inbox's insert (its batch
     as the JSON text and binary bodies the store sends, built by ``format``, so the server
-    parses what it parses for a Python client) with its check (every key new, no tombstone;
-    with no identity keys, as the benchmark's store, any tombstone refuses), then the hand-off
-    claim of the keys it inserted and the settlement of the rows claimed."""
+    parses what it parses for a Python client), every row written claimed as for a pool with
+    free slots, with its check (every key new, no tombstone; with no identity keys, as the
+    benchmark's store, any tombstone refuses), then the settlement of the rows it claimed."""
     row = (
         '["bench","%1$s-%2$s-{g}","sub","noop","B",null,"{digest}","pg:%1$s-%2$s-{g}",5,null,'
-        '"m-{g}",null,null,0]'
+        '"m-{g}",null,null,0,300]'
     )
     digest = "00" * 32
     body = f"convert_to(repeat('x', {len(BODY)}), 'UTF8')"  # the benchmark's body's size
@@ -166,12 +166,14 @@ def inbox_script() -> str:
             "now": "NULL",
             "identity_key_id": "NULL",
             "aging": "0",
+            "worker": "'pgbench'",
         },
     )
     insert = _aggregated(
         insert,
         "inserted",
         "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, "
+        "array_fill(1::bigint, ARRAY[count(*)::int]) AS f, "  # written claimed: fence 1
         # what ingest_insert_new.sql keeps for the check
         "set_config('fencebridge.batch_inserted', count(*)::text, true) AS n",
     )
@@ -184,29 +186,10 @@ def inbox_script() -> str:
             "expected": str(CEILING_BATCH),
         },
     )
-    claim = _bind(
-        _strip(sql.statement("claim_keys")),
-        {
-            "tenant_id": ":t",
-            "operation_id": ":o",
-            "limit": str(CEILING_BATCH),
-            "now": "NULL",
-            "worker": "'pgbench'",
-            "lease": "'5 minutes'",
-            "identity_keys": "NULL",
-            "history": str(ATTEMPT_HISTORY_DEFAULT),
-        },
-    )
-    claim = _aggregated(
-        claim,
-        "claimed",
-        "coalesce(array_agg(tenant_id), '{}') AS t, coalesce(array_agg(operation_id), '{}') AS o, "
-        "coalesce(array_agg(fence), '{}') AS f",
-    )
     return (
         f"\\set n random(1, 2000000000)\nBEGIN;\n{insert}\n\\gset\n"
         f"{check};\nCOMMIT;\n"
-        f"BEGIN;\n{claim}\n\\gset\n{_settle_text()};\nCOMMIT;\n"
+        f"BEGIN;\n{_settle_text()};\nCOMMIT;\n"
     )
 
 

@@ -2,10 +2,14 @@
 
 A claimer claims only as many rows as there are free slots (or slots whose settlements it is
 writing), and reserves those slots while its statement runs, so the rows a pool holds never
-exceed its threads and its prefetch, and two claimers never claim for the same slot. Keys a
-consumer has just inserted are claimed first, by key (hand-off); otherwise it claims any
+exceed its threads and its prefetch, and two claimers never claim for the same slot. The
+inbox reserves free slots the same way for the new rows of a batch it is about to write
+(:meth:`WorkerPool.reserve`), writes that many already claimed, and hands them over
+(:meth:`WorkerPool.accept`): new work usually costs no claim statement. Keys a consumer
+inserted queued are claimed first, by key (hand-off); otherwise a claimer claims any
 claimable row of the job types it can run (rescue: queued rows nobody handed off, retries
-that came due, expired leases of crashed workers).
+that came due, expired leases of crashed workers), again at once while that claim fills its
+batch, and a poll interval after it came back short.
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
 attempt is not counted); running handlers get until the deadline to finish. Past it they are

@@ -177,7 +177,11 @@ class BridgeSettings(Table):
         default=POLL_INTERVAL_SECONDS_DEFAULT,
         gt=0,
         le=3600,
-        description="Pause between claims while the last claim found nothing to do.",
+        description=(
+            "Pause before the next claim of any claimable row (a retry come due, a lapsed "
+            "lease, a row another process wrote) once the last one came back short; rows the "
+            "inbox writes claimed or hands off never wait for it."
+        ),
     )
     sweep_interval_seconds: StrictFloat = Field(
         default=SWEEP_INTERVAL_SECONDS_DEFAULT,

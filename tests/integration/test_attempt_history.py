@@ -3,6 +3,7 @@ by the statement that changes its work row, bounded per row and removed with it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
 from bridge.records import AttemptRecord
 from bridge.store import PostgresStore, Settlement
-from bridge.types import Key, RedriveFilter, State
+from bridge.types import Key, RedriveFilter, State, TargetClass
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery
 
@@ -155,13 +156,17 @@ def test_only_the_newest_n_attempts_are_kept(store: PostgresStore) -> None:
     assert [a.fence for a in attempts(bounded)] == [3, 4, 5]
 
 
-def test_history_off_records_no_claim(store: PostgresStore) -> None:
+def test_history_off_records_no_claim(store: PostgresStore, db: Db) -> None:
     off = PostgresStore(store.pool, attempt_history=0)
-    off.ingest([delivery("a")])
-    (claim,) = off.claim("w1", 1, LEASE)
-    off.complete(claim.ticket)
-    assert attempts(off) == ()
-    assert off.history(KEY).row is not None
+    off.ingest([delivery("a"), delivery("b")])
+    first, second = off.claim("w1", 2, LEASE)
+    off.park_unknown(first.ticket, "provider_timeout")
+    off.complete(second.ticket)
+    assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
+    assert attempts(off, first.key) == ()
+    assert off.history(first.key).row is not None
+    # A first attempt that succeeded is read from its row, recorded or not.
+    assert [(a.fence, a.outcome) for a in attempts(off, second.key)] == [(1, "succeeded")]
 
 
 def test_purge_and_erasure_remove_the_history_with_the_row(
@@ -169,7 +174,7 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
 ) -> None:
     clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
     for claim in clocked.claim("w1", 2, LEASE):
-        clocked.complete(claim.ticket)
+        clocked.fail_terminal(claim.ticket, "declined")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (2,)
 
     clock.advance(timedelta(days=40))
@@ -200,18 +205,76 @@ def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
         None,
     )
     clock.advance(timedelta(seconds=2))
-    assert clocked.complete_many([c.ticket for c in claims]) == []
+    settlements = [Settlement(c.ticket, State.FAILED_TERMINAL, "declined") for c in claims]
+    assert clocked.settle_many(settlements) == []
     rows = db.execute(
         "SELECT operation_id, fence, worker, started_at, ended_at, outcome FROM work_attempt"
         " ORDER BY operation_id"
     ).fetchall()
     assert rows == [
-        (op, 1, "w1", clock.at - timedelta(seconds=2), clock.at, "succeeded") for op in "abc"
+        (op, 1, "w1", clock.at - timedelta(seconds=2), clock.at, "failed_terminal") for op in "abc"
     ]
     # The settled row keeps its last owner for that record; inspect shows no lease.
     row = clocked.history(KEY).row
     assert row is not None
     assert row.lease_owner is None
+
+
+def test_a_first_attempt_that_succeeded_is_its_row_and_every_other_ending_is_recorded(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    """The most common settlement, a first attempt's success with no error class and no
+    finding, writes no record: succeeded is final, and the row holds all of it (claimed_at,
+    settled_at, its last owner, the outcome), so the history reads it from there, the same as
+    a record. A success under a later fence, or with a lookup's finding, is recorded; so is an
+    unknown the operator later confirmed applied, whose record the row does not replace."""
+    batch = [delivery(op, max_attempts=3) for op in ("first", "later", "found")]
+    clocked.ingest([*batch, replace(delivery("fixed"), target_class=TargetClass.C)])
+    claims = {c.operation_id: c for c in clocked.claim("w1", 4, LEASE)}
+    first, later, found, fixed = (claims[op] for op in ("first", "later", "found", "fixed"))
+    clock.advance(timedelta(seconds=3))
+    clocked.complete(first.ticket, "ok")
+    clocked.retry_later(later.ticket, timedelta(0))
+    clocked.complete(found.ticket, "applied", finding="applied")
+    clocked.park_unknown(fixed.ticket, "provider_timeout")
+    (again,) = clocked.claim("w2", 1, LEASE)
+    assert again.key == later.key
+    clocked.complete(again.ticket)
+    (seen,) = clocked.parked(RedriveFilter(states=(State.UNKNOWN,)))
+    assert clocked.redrive_applied(
+        seen, outcome_code="charged", outcome_detail=None, actor="oncall", reason="confirmed"
+    )
+
+    recorded = db.execute(
+        "SELECT operation_id, fence, outcome FROM work_attempt WHERE kind = 'claim'"
+        " ORDER BY operation_id, id"
+    ).fetchall()
+    assert recorded == [
+        ("fixed", 1, "unknown"),
+        ("found", 1, "succeeded"),
+        ("later", 1, "queued"),
+        ("later", 2, "succeeded"),
+    ]
+    (only,) = attempts(clocked, first.key)
+    assert (only.kind, only.fence, only.worker, only.takeover) == ("claim", 1, "w1", False)
+    assert (only.started_at, only.ended_at) == (clock.at - timedelta(seconds=3), clock.at)
+    assert (only.outcome, only.outcome_code, only.error_class, only.finding) == (
+        "succeeded",
+        "ok",
+        None,
+        None,
+    )
+    assert [(a.fence, a.outcome) for a in attempts(clocked, later.key)] == [
+        (1, "queued"),
+        (2, "succeeded"),
+    ]
+    assert [(a.fence, a.outcome, a.finding) for a in attempts(clocked, found.key)] == [
+        (1, "succeeded", "applied")
+    ]
+    assert [(a.kind, a.fence, a.outcome) for a in attempts(clocked, fixed.key)] == [
+        ("claim", 1, "unknown"),
+        ("redrive", 1, "succeeded"),
+    ]
 
 
 def test_an_attempt_left_open_by_an_earlier_version_is_not_shown_beside_its_record(

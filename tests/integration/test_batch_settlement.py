@@ -473,7 +473,7 @@ def test_a_claim_that_fails_leaves_the_settlements_written_alone(db_url: str, db
     try:
         store.ingest(deliveries(["a", "b", "c"]))
         claims = store.claim("w1", 2, LONG)
-        batch = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claims]
+        batch = [Settlement(c.ticket, State.FAILED_TERMINAL, "declined") for c in claims]
         with db.transaction():
             db.execute("LOCK TABLE rate_wait IN ACCESS EXCLUSIVE MODE")
             done = store.settle_and_claim(batch, "w1", LONG, limit=2)
@@ -481,10 +481,10 @@ def test_a_claim_that_fails_leaves_the_settlements_written_alone(db_url: str, db
         assert "lock_timeout" in str(done.claim_error)
         assert done.claims == []
         assert done.stale == []
-        assert sorted(state_of(db, c.operation_id)[0] for c in claims) == ["succeeded"] * 2
+        assert sorted(state_of(db, c.operation_id)[0] for c in claims) == ["failed_terminal"] * 2
         assert state_of(db, "c")[0] == "queued"
         (ended,) = db.execute(
-            "SELECT count(*) FROM work_attempt WHERE outcome = 'succeeded'"
+            "SELECT count(*) FROM work_attempt WHERE outcome = 'failed_terminal'"
         ).fetchone() or (0,)
         assert ended == 2, "each attempt recorded once"
     finally:

@@ -30,6 +30,7 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit
 from bridge.worker import WorkerPool
+from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded
 from tests.support.waiting import eventually
@@ -164,7 +165,7 @@ def test_a_limit_of_three_holds_across_three_processes_with_a_takeover(
     assert (
         count(
             db,
-            "SELECT count(*) FROM (SELECT tenant_id, operation_id FROM work_attempt"
+            f"SELECT count(*) FROM (SELECT tenant_id, operation_id FROM {ENDED_ATTEMPTS} a"
             " WHERE outcome = 'succeeded' GROUP BY 1, 2 HAVING count(*) = 1) AS once",
         )
         == OPERATIONS

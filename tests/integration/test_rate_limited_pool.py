@@ -23,6 +23,7 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Ticket
 from bridge.worker import WorkerPool
+from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 
@@ -130,7 +131,7 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
     started = [
         s
         for (s,) in db.execute(
-            "SELECT started_at FROM work_attempt WHERE tenant_id = %s", (LIMITED,)
+            f"SELECT started_at FROM {ENDED_ATTEMPTS} a WHERE tenant_id = %s", (LIMITED,)
         ).fetchall()
     ]
     during = [s for s in started for begun, end in waits if begun < s < end]

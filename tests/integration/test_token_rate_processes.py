@@ -38,6 +38,7 @@ from bridge.store import PostgresStore
 from bridge.store.work import Rate, TokenRate
 from bridge.types import Decision
 from bridge.worker import WorkerPool
+from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded
 from tests.support.waiting import eventually
@@ -184,11 +185,11 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
 
     assert decisions == {Decision.REPLAY: OPERATIONS, Decision.CONFLICT: CONFLICTS}
 
-    # Every claim, at the database's clock: one attempt record each (taken over or settled).
+    # Every claim, at the database's clock: one ended attempt each (taken over or settled).
     claims = [
         (tenant, micros(at))
         for tenant, at in db.execute(
-            "SELECT a.tenant_id, a.started_at FROM work_attempt a WHERE a.kind = 'claim'"
+            f"SELECT a.tenant_id, a.started_at FROM {ENDED_ATTEMPTS} a WHERE a.kind = 'claim'"
         ).fetchall()
     ]
     assert len(claims) == count(db, "SELECT sum(fence) FROM work_item")
@@ -205,7 +206,7 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
         for tenant, started, claimed in db.execute(
             "SELECT l.tenant_id, l.started_at, a.started_at"
             "  FROM run_ledger l"
-            "  JOIN work_attempt a ON a.tenant_id = l.tenant_id"
+            f"  JOIN {ENDED_ATTEMPTS} a ON a.tenant_id = l.tenant_id"
             "   AND a.operation_id = l.operation_id AND a.fence = l.fence AND a.kind = 'claim'"
         ).fetchall()
     ]
@@ -242,12 +243,15 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
     assert (
         count(
             db,
-            "SELECT count(*) FROM (SELECT tenant_id, operation_id FROM work_attempt"
+            f"SELECT count(*) FROM (SELECT tenant_id, operation_id FROM {ENDED_ATTEMPTS} a"
             " WHERE outcome = 'succeeded' GROUP BY 1, 2 HAVING count(*) = 1) AS once",
         )
         == OPERATIONS
     )
-    assert count(db, "SELECT count(*) FROM work_attempt WHERE outcome = 'succeeded'") == OPERATIONS
+    assert (
+        count(db, f"SELECT count(*) FROM {ENDED_ATTEMPTS} a WHERE outcome = 'succeeded'")
+        == OPERATIONS
+    )
     assert (
         count(
             db,

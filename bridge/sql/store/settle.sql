@@ -1,7 +1,7 @@
 -- Settle a claim into a final or parked state (succeeded, failed_terminal, unknown,
 -- quarantined), only while this exact claim (fence) still holds the row. The same statement
 -- records this claim's attempt as settle_many.sql does: a settlement the fence refuses
--- records nothing.
+-- records nothing, and a first attempt that succeeded is its row (inspect_attempts.sql).
 WITH settled AS (
     UPDATE work_item
        SET state = %(state)s,
@@ -23,6 +23,8 @@ ended AS (
            s.claimed_at, s.settled_at, s.state, %(outcome_code)s, %(error_class)s, %(finding)s
       FROM settled s
      WHERE %(history)s::integer > 0
+       AND NOT (s.state = 'succeeded' AND s.fence = 1
+                AND %(error_class)s::text IS NULL AND %(finding)s::text IS NULL)
 ),
 trimmed AS (
     DELETE FROM work_attempt a

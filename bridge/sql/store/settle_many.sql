@@ -3,7 +3,10 @@
 -- (%(history)s newest kept per row; 0 records none): the row's lease_owner (kept as the last
 -- owner), its claimed_at as the start, and whether the attempt began as a takeover (the one
 -- before it was lost, looked up only above fence 1). A settlement the fence refuses records
--- nothing. Past the newest %(history)s, the oldest entries of a row are trimmed, only where its
+-- nothing. A first attempt that succeeded (fence 1, no error class, no finding) is not
+-- written again: the row itself holds all of it (claimed_at, settled_at, lease_owner, the
+-- outcome) and succeeded is final, so inspect_attempts.sql reads it from the row; the most
+-- common settlement writes one row, not two (docs/benchmarks.md, "Inbox to settle"). Past the newest %(history)s, the oldest entries of a row are trimmed, only where its
 -- fence is high enough to hold more (at most two entries per fence).
 -- The trim is gated by an EXISTS over the rows moved (evaluated once, before any join): without
 -- it, a plan made while work_attempt was empty (a new deployment, a benchmark's fresh database)
@@ -37,6 +40,8 @@ ended AS (
            s.claimed_at, s.settled_at, s.state, s.outcome_code, s.error_class, s.finding
       FROM settled s
      WHERE %(history)s::integer > 0
+       AND NOT (s.state = 'succeeded' AND s.fence = 1
+                AND s.error_class IS NULL AND s.finding IS NULL)
 ),
 trimmed AS (
     DELETE FROM work_attempt a
