@@ -152,6 +152,10 @@ class WorkerPool:
         #: when a claim of any claimable row (not handed off) is next due: at once while the
         #: last one filled its batch, else a poll interval after it came back short
         self._rescue_at = 0.0
+        #: rows claimed by a claim statement, until their runs end: such a row may be of an
+        #: ordered group or under a limit, and its end may free the next row for the general
+        #: claim (a row written claimed is neither)
+        self._by_statement: set[Ticket] = set()
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
         on_restart = telemetry.thread_restarted if telemetry is not None else None
@@ -265,7 +269,7 @@ class WorkerPool:
             if len(claims) < reserved.limit:
                 self._cond.notify_all()
         if claims:
-            self._hand_over(list(claims), sent_at, [])
+            self._hand_over(list(claims), sent_at, [], by_statement=False)
 
     def wake(self) -> None:
         with self._cond:
@@ -346,13 +350,18 @@ class WorkerPool:
             self._gather_settlements()
             settling = self._completer.take()
             # Rows to claim: the hand-off keys (no more slots than keys: the inbox writes
-            # new rows claimed into the slots left free), or any claimable row when due.
+            # new rows claimed into the slots left free), or any claimable row when due, or
+            # when these settlements may free one (the next row of an ordered group, a slot
+            # under a limit), which the claim then sees in the same transaction.
+            frees = self._frees_rows(settling) if settling is not None else 0
             if self._handoff:
                 need = len(self._handoff)
+                if frees:
+                    self._rescue_at = 0.0  # the next round claims what these freed
             elif time.monotonic() >= self._rescue_at:
                 need = self._slots
             else:
-                need = 0
+                need = frees  # at most a row each: in their own slots, the free ones left
             if settling is not None:
                 # Their workers are free once this write commits: claim for them with it.
                 extra = min(self._idle, max(need - len(settling), 0))
@@ -396,9 +405,11 @@ class WorkerPool:
             else:
                 self._cond.wait()
 
-    def _hand_over(self, claims: list[Claim], sent_at: float, handed: list[Claim]) -> None:
+    def _hand_over(
+        self, claims: list[Claim], sent_at: float, handed: list[Claim], *, by_statement: bool = True
+    ) -> None:
         """Queue claims for the workers (their slots already counted); once stopping, release
-        them.
+        them. Rows a claim statement took are remembered until their runs end (:meth:`_ended`).
 
         The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
         queued before the stop drains the queue, or released here: never stranded. Every claim
@@ -416,6 +427,8 @@ class WorkerPool:
             if not stopping:
                 for claim in claims:
                     self._work.put((claim, sent_at))
+                if by_statement:
+                    self._by_statement.update(claim.ticket for claim in claims)
             else:
                 self._idle += len(claims)
         if stopping:
@@ -536,18 +549,42 @@ class WorkerPool:
             self._idle += slots
             self._cond.notify_all()
 
+    def _frees_rows(self, settling: Batch) -> int:
+        """How many rows of a batch a claim statement took (called holding the condition): each
+        may free one (the next row of its ordered group, a slot under its limit), which the
+        claim written with the batch sees; their runs' ends need not make the general claim
+        due again."""
+        found = 0
+        for settlement in settling.settlements:
+            if settlement.ticket in self._by_statement:
+                self._by_statement.discard(settlement.ticket)
+                found += 1
+        return found
+
+    def _ended(self, claim: Claim) -> None:
+        """A run is over (or its row given back): if a claim statement took its row, the
+        general claim is due again, as its end may have freed the next row of its ordered
+        group or a slot under its limit (a settlement written alone, class A's own, a
+        release)."""
+        with self._cond:
+            if claim.ticket in self._by_statement:
+                self._by_statement.discard(claim.ticket)
+                self._rescue_at = 0.0
+
     def _run(self, claim: Claim, sent_at: float) -> None:
         """Run one claim. A run that handed its settlement over ends here for this thread, and
         for the pool when the answer comes (:class:`_RunEnd`); any other ends now."""
         spec = self._registry.get(claim.job_type)
         if spec is None or self._stopping.is_set():
             self._release(claim)
+            self._ended(claim)
             self._free(1)
             return
         if time.monotonic() >= sent_at + spec.lease.total_seconds():
             # Its lease ran out while it waited for a thread (a prefetched claim behind slow
             # handlers): another worker may own the row by now. Given back, never run.
             self._release(claim)
+            self._ended(claim)
             self._free(1)
             return
         ctx = Context.for_claim(claim, self._hasher)
@@ -650,6 +687,7 @@ class _RunEnd:
         finally:
             if self._span is not None:
                 self._span.end()
+            pool._ended(claim)
             if self.settler is None or not self.settler.taken:
                 pool._free(1)  # else the writer of its settlement counted it free already
 
