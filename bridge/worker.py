@@ -152,10 +152,10 @@ class WorkerPool:
         #: when a claim of any claimable row (not handed off) is next due: at once while the
         #: last one filled its batch, else a poll interval after it came back short
         self._rescue_at = 0.0
-        #: rows claimed by a claim statement, until their runs end: such a row may be of an
-        #: ordered group or under a limit, and its end may free the next row for the general
-        #: claim (a row written claimed is neither)
-        self._by_statement: set[Ticket] = set()
+        #: rows of an ordered group or under a concurrency limit, until their runs end: the
+        #: end of one may free the next row for the general claim (a row written claimed is
+        #: neither)
+        self._freeing: set[Ticket] = set()
         self._stopping = threading.Event()
         self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
         on_restart = telemetry.thread_restarted if telemetry is not None else None
@@ -269,7 +269,7 @@ class WorkerPool:
             if len(claims) < reserved.limit:
                 self._cond.notify_all()
         if claims:
-            self._hand_over(list(claims), sent_at, [], by_statement=False)
+            self._hand_over(list(claims), sent_at, [])
 
     def wake(self) -> None:
         with self._cond:
@@ -405,11 +405,10 @@ class WorkerPool:
             else:
                 self._cond.wait()
 
-    def _hand_over(
-        self, claims: list[Claim], sent_at: float, handed: list[Claim], *, by_statement: bool = True
-    ) -> None:
+    def _hand_over(self, claims: list[Claim], sent_at: float, handed: list[Claim]) -> None:
         """Queue claims for the workers (their slots already counted); once stopping, release
-        them. Rows a claim statement took are remembered until their runs end (:meth:`_ended`).
+        them. Rows whose end may free another (of an ordered group, under a concurrency limit)
+        are remembered until their runs end (:meth:`_ended`).
 
         The stop flag is read under the condition ``stop()`` sets it under, so a claim is either
         queued before the stop drains the queue, or released here: never stranded. Every claim
@@ -427,8 +426,12 @@ class WorkerPool:
             if not stopping:
                 for claim in claims:
                     self._work.put((claim, sent_at))
-                if by_statement:
-                    self._by_statement.update(claim.ticket for claim in claims)
+                self._freeing.update(
+                    claim.ticket
+                    for claim in claims
+                    if claim.ordering_key is not None
+                    or self._store.concurrency_limited(claim.job_type)
+                )
             else:
                 self._idle += len(claims)
         if stopping:
@@ -550,25 +553,24 @@ class WorkerPool:
             self._cond.notify_all()
 
     def _frees_rows(self, settling: Batch) -> int:
-        """How many rows of a batch a claim statement took (called holding the condition): each
-        may free one (the next row of its ordered group, a slot under its limit), which the
-        claim written with the batch sees; their runs' ends need not make the general claim
-        due again."""
+        """How many rows of a batch may each free another (the next row of its ordered group,
+        a slot under its concurrency limit); called holding the condition. The claim written
+        with the batch sees what they freed, so their runs' ends need not make the general
+        claim due again."""
         found = 0
         for settlement in settling.settlements:
-            if settlement.ticket in self._by_statement:
-                self._by_statement.discard(settlement.ticket)
+            if settlement.ticket in self._freeing:
+                self._freeing.discard(settlement.ticket)
                 found += 1
         return found
 
     def _ended(self, claim: Claim) -> None:
-        """A run is over (or its row given back): if a claim statement took its row, the
-        general claim is due again, as its end may have freed the next row of its ordered
-        group or a slot under its limit (a settlement written alone, class A's own, a
-        release)."""
+        """A run is over (or its row given back): if its row was of an ordered group or under
+        a concurrency limit, and no batch's claim has seen its end yet (a settlement written
+        alone, class A's own, a release), the general claim is due again."""
         with self._cond:
-            if claim.ticket in self._by_statement:
-                self._by_statement.discard(claim.ticket)
+            if claim.ticket in self._freeing:
+                self._freeing.discard(claim.ticket)
                 self._rescue_at = 0.0
 
     def _run(self, claim: Claim, sent_at: float) -> None:

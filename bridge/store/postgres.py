@@ -273,6 +273,10 @@ class PostgresStore:
         given). Concurrency-limited claims keep the order rows became due."""
         self._fair = _FairWalk(dict(weights or {}))
 
+    def concurrency_limited(self, job_type: str) -> bool:
+        """Whether claims of ``job_type`` wait for a slot under a concurrency limit."""
+        return job_type in self._concurrency
+
     def use_token_rates(self, rates: Mapping[str, TokenRate]) -> None:
         """Claim rows of these job types only within their token rates: every run a claim
         starts (a takeover too) spends a token of its job type's bucket and of its (job type,

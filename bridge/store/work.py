@@ -264,6 +264,11 @@ class WorkStore(KeyedStore, Protocol):
         statements enforce in the database across every process that carries them."""
         ...
 
+    def concurrency_limited(self, job_type: str) -> bool:
+        """Whether claims of ``job_type`` wait for a slot under a concurrency limit: a
+        settlement of one of its rows may free a slot for another."""
+        ...
+
     def use_token_rates(self, rates: Mapping[str, TokenRate]) -> None:
         """Claim rows of these job types only within their token rates, which the claim
         statements enforce in the database across every process that carries them."""
