@@ -194,7 +194,7 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
             conn.execute(HISTORY, {"rows": HISTORY_ROWS})
             conn.execute("ANALYZE")
     if replicas == 1:
-        used = serve(url, plan, 0, 1, Settled(plan.deliveries))
+        used = serve(url, plan, 0, 1, Settled(_total(plan, 1)))
     else:
         used = serve_replicas(url, plan, replicas)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -202,7 +202,7 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
         row = conn.execute(SPANS).fetchone()
     assert row is not None
     count, span, ingest = int(row[0]), float(row[1] or 0), float(row[2] or 0)
-    expected = _share(plan, replicas) * plan.subscriptions * replicas
+    expected = _total(plan, replicas)
     if count != expected:
         raise RuntimeError(f"settled {count} of {expected} deliveries")
     machine = used.machine * 1000 / count if used.machine is not None else None
@@ -228,6 +228,12 @@ def machine_since(start: tuple[int, int, int] | None) -> tuple[float | None, flo
 def _share(plan: Plan, replicas: int) -> int:
     """The deliveries of one subscription that one replica writes."""
     return plan.deliveries // plan.subscriptions // replicas
+
+
+def _total(plan: Plan, replicas: int) -> int:
+    """The deliveries a round writes: ``--deliveries`` rounded down to a whole share for each
+    writer (a round waits for exactly this many settlements)."""
+    return _share(plan, replicas) * plan.subscriptions * replicas
 
 
 def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> Usage:
@@ -280,7 +286,7 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> Usage:
     machine's over the first replica's window (its pool's start to the last settlement of
     any: the replicas start within a moment of each other)."""
     context = multiprocessing.get_context("spawn")
-    left, done = context.Value("l", plan.deliveries), context.Event()
+    left, done = context.Value("l", _total(plan, replicas)), context.Event()
     cpu = context.Value("d", 0.0)
     machine = context.Array("d", [-1.0, -1.0])
     children = [

@@ -478,7 +478,8 @@ def raw_ingest_step(conn: Connection, batches: Iterator[list[Delivery]]) -> Step
         batch = next(batches, None)
         if batch is None:
             return 0
-        refs = [f"pg:{secrets.token_hex(16)}" for _ in batch]
+        token = secrets.token_hex(16)  # as the store draws them: one per batch
+        refs = [f"pg:{token}-{i}" for i in range(len(batch))]
         with conn.pipeline():
             conn.execute(insert, raw_insert_params(batch, refs))
             conn.execute(check, {**no_keys, "expected": len(batch)})

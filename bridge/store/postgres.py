@@ -469,7 +469,10 @@ class PostgresStore:
         """ingest_insert.sql's (and ingest_insert_new.sql's) parameters for new operations, each
         with a payload reference drawn for this write and, for ``claim``, its lease where it
         may be written claimed."""
-        refs = [f"pg:{secrets.token_hex(16)}" for _ in fresh]
+        # One random draw per batch, not per delivery (each is a system call): the batch's
+        # token and the delivery's place in it are unique together.
+        batch = secrets.token_hex(16)
+        refs = [f"pg:{batch}-{i}" for i in range(len(fresh))]
         return {
             **insert_params(fresh, refs, self._insert_leases(fresh, claim)),
             "worker": claim.worker if claim is not None else None,
