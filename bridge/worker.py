@@ -572,6 +572,7 @@ class WorkerPool:
             if claim.ticket in self._freeing:
                 self._freeing.discard(claim.ticket)
                 self._rescue_at = 0.0
+                self._cond.notify_all()  # a claimer waiting for the claim to come due
 
     def _run(self, claim: Claim, sent_at: float) -> None:
         """Run one claim. A run that handed its settlement over ends here for this thread, and

@@ -527,7 +527,10 @@ class PostgresStore:
         inserted -= erased.keys()
         stored = _existing(conn, [k for k in firsts if k not in inserted and k not in erased])
         for key in inserted:
-            stored[key] = (firsts[key].payload_hash, State.QUEUED)
+            stored[key] = (
+                firsts[key].payload_hash,
+                State.CLAIMED if key in claims else State.QUEUED,
+            )
 
         results: list[IngestResult] = []
         rejected: list[Rejection | Delivery | _ErasedConflict] = []

@@ -34,6 +34,7 @@ from bridge.store.work import ConcurrencyLimit, WorkStore
 from bridge.types import Claim, Decision, Delivery, InsertClaim, State
 from bridge.worker import WorkerPool
 from tests.support.deliveries import delivery
+from tests.support.held import HeldRows
 from tests.support.proxy import Proxy
 from tests.support.waiting import eventually
 
@@ -110,6 +111,7 @@ def test_a_mixed_batch_is_claimed_the_careful_way_and_replays_and_conflicts_are_
     found = rows(db)
     assert found["old-1"] == found["old-2"] == ("queued", 0, 0, None)
     assert found["new-1"] == found["new-2"] == ("claimed", 1, 1, "w-insert")
+    assert results[3].state is State.CLAIMED, "the replay in the batch sees its row claimed"
 
 
 def test_rows_the_hand_off_claim_would_skip_are_written_queued(
@@ -273,7 +275,8 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
     touched: set[str] = set()  # keys of writes that failed (their outcome may be in doubt)
     failures: list[BaseException] = []
     writing = [0]  # writes in flight
-    lock = threading.Lock()
+    finished = [0]  # writes that returned, and writers that ended
+    lock = threading.Condition()  # notified as writes start and end: the cutter waits on it
 
     def room() -> bool:
         """The rows created and not yet run leave the pool room for a batch: the writers are
@@ -282,95 +285,90 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
             created = decisions[Decision.NEW]
         return created - len({op for op, _ in handler.runs}) <= 6
 
+    def write(batch: list[RawDelivery], keys_of: list[str]) -> list[Written]:
+        """As a consumer writes: a batch whose write failed is delivered again."""
+        while True:
+            with lock:
+                writing[0] += 1
+                lock.notify_all()
+            try:
+                return inbox.write(batch)
+            except StoreUnavailable:
+                with lock:
+                    touched.update(keys_of)
+            finally:
+                with lock:
+                    writing[0] -= 1
+                    finished[0] += 1
+                    lock.notify_all()
+
     def writer(index: int) -> None:
         order = keys if index != 1 else list(reversed(keys))
-        for start in range(0, len(order), 10):
-            handler.wait_until(room, "the pool to make room")
-            batch = [
-                RawDelivery(
-                    subscription="jobs",
-                    message_id=None,
-                    body=b"changed" if index == 2 and k in changed else b"{}",
-                    attributes={"op": k},
-                )
-                for k in order[start : start + 10]
-            ]
-            while True:
-                try:
-                    with lock:
-                        writing[0] += 1
-                    try:
-                        written = inbox.write(batch)
-                    finally:
-                        with lock:
-                            writing[0] -= 1
-                    break
-                except StoreUnavailable:
-                    with lock:
-                        touched.update(order[start : start + 10])
-                except BaseException as exc:  # noqa: BLE001  (asserted below)
-                    failures.append(exc)
-                    return
+        try:
+            for start in range(0, len(order), 10):
+                handler.wait_until(room, "the pool to make room")
+                batch = [
+                    RawDelivery(
+                        subscription="jobs",
+                        message_id=None,
+                        body=b"changed" if index == 2 and k in changed else b"{}",
+                        attributes={"op": k},
+                    )
+                    for k in order[start : start + 10]
+                ]
+                written = write(batch, order[start : start + 10])
+                with lock:
+                    decisions.update(w.decision for w in written)
+                    written_claimed.extend(
+                        w.result.key.operation_id
+                        for w in written
+                        if w.result.claim is not None and w.result.key is not None
+                    )
+        except BaseException as exc:  # noqa: BLE001  (asserted below)
+            failures.append(exc)
+        finally:
             with lock:
-                decisions.update(w.decision for w in written)
-                written_claimed.extend(
-                    w.result.key.operation_id
-                    for w in written
-                    if w.result.claim is not None and w.result.key is not None
-                )
+                finished[0] += 1  # wakes the cutter when the last writer ends
+                lock.notify_all()
 
-    held: list[list[tuple[str, int]]] = []
-    sampling = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(cluster_db_url, autocommit=True) as conn:
-            while not sampling.is_set():
-                found = conn.execute(
-                    "SELECT operation_id, fence FROM work_item WHERE state = 'claimed'"
-                ).fetchall()
-                held.append([(op, int(fence)) for op, fence in found])
-
-    sampler = threading.Thread(target=sample)
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
     pool.start()
-    sampler.start()
+    held = HeldRows(cluster_db_url)
     try:
-        for t in threads:
-            t.start()
-        eventually(lambda: decisions.total() >= 1200, "a third of the deliveries", DEADLINE)
-        cuts = 0
-        while any(t.is_alive() for t in threads) and cuts < 50:
+        with held:
+            for t in threads:
+                t.start()
+            eventually(lambda: decisions.total() >= 1200, "a third of the deliveries", DEADLINE)
+            cuts = 0
             with lock:
-                if touched:
-                    break  # a write was caught in flight
-                busy = writing[0] > 0
-            if not busy:
-                time.sleep(0.001)
-                continue
-            cuts += 1  # every connection cut: writes, claims and settlements in flight
-            proxy.stop()
-            proxy.start()
-            time.sleep(0.2)
-        for t in threads:
-            t.join(timeout=DEADLINE)
-        with psycopg.connect(cluster_db_url) as db:
-            eventually(
-                lambda: (
-                    db.execute(
-                        "SELECT count(*) FROM work_item WHERE state = 'succeeded'"
-                    ).fetchone()
-                    == (1200,)
-                ),
-                "every operation succeeded",
-                DEADLINE,
-            )
-            fences: dict[str, int] = dict(
-                db.execute("SELECT operation_id, fence FROM work_item").fetchall()
-            )
-            recorded = db.execute("SELECT count(*) FROM rejected_delivery").fetchone()
+                while any(t.is_alive() for t in threads) and not touched and cuts < 50:
+                    # Cut while a write is in flight, then let the writes go on before the next.
+                    lock.wait_for(lambda: writing[0] > 0 or touched, timeout=1.0)
+                    if touched or writing[0] == 0:
+                        continue
+                    cuts += 1  # every connection cut: writes, claims and settlements in flight
+                    proxy.stop()
+                    proxy.start()
+                    after = finished[0]
+                    lock.wait_for(lambda after=after: finished[0] > after, timeout=DEADLINE)
+            for t in threads:
+                t.join(timeout=DEADLINE)
+            with psycopg.connect(cluster_db_url) as db:
+                eventually(
+                    lambda: (
+                        db.execute(
+                            "SELECT count(*) FROM work_item WHERE state = 'succeeded'"
+                        ).fetchone()
+                        == (1200,)
+                    ),
+                    "every operation succeeded",
+                    DEADLINE,
+                )
+                fences: dict[str, int] = dict(
+                    db.execute("SELECT operation_id, fence FROM work_item").fetchall()
+                )
+                recorded = db.execute("SELECT count(*) FROM rejected_delivery").fetchone()
     finally:
-        sampling.set()
-        sampler.join()
         pool.stop(deadline=5)
     assert not failures, failures
     assert touched, "the cut failed some write"
@@ -395,9 +393,8 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
     # nobody: its lease lapsed and the rescue claim took it over), or its claim or settlement
     # was cut: at most the rows held and the writes in flight, at each cut.
     assert len(again) <= cuts * (8 + 8 + 3 * 10)
-    stranded = {(op, 1) for op in again}
-    most = max(len(set(r) - stranded) for r in held)
-    assert len(held) > 50, "the drain was sampled all along"
+    most = held.most(besides={(op, 1) for op in again})
+    assert len(held.samples) > 50, "the drain was sampled all along"
     assert most <= 8 + 8, f"the pool held {most} rows at once, 8 threads + 8 prefetched"
 
 

@@ -40,6 +40,7 @@ from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
 from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
+from tests.support.held import HeldRows
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -362,21 +363,8 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
     (conflict,) = store.ingest([for_job(registry, "quick", ops[3], {"other": 1})])
     assert conflict.decision is Decision.CONFLICT
 
-    held: list[list[tuple[str, int]]] = []
-    sampling = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(db.info.dsn, autocommit=True) as conn:
-            while not sampling.is_set():
-                rows = conn.execute(
-                    "SELECT operation_id, fence FROM work_item WHERE state = 'claimed'"
-                ).fetchall()
-                held.append([(op, int(fence)) for op, fence in rows])
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     events = Recorder()
-    try:
+    with HeldRows(db.info.dsn) as held:
         pools(registry, threads=8, prefetch=prefetch, events=events)
         eventually(lambda: len(events.of("settled")) >= 300, "a fifth of the rows settled")
         killed = db.execute(
@@ -394,9 +382,6 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
             "every row settled",
             DEADLINE,
         )
-    finally:
-        sampling.set()
-        sampler.join()
 
     lost = {op for op, _, _ in events.of("settle_unknown")}
     assert lost, "the fault cut a batch"
@@ -404,8 +389,8 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
     twice = db.execute("SELECT operation_id FROM work_item WHERE fence > 1").fetchall()
     assert {op for (op,) in twice} == lost, "only the rows of the batch cut ran again"
     abandoned = {(op, 1) for op in lost}
-    most = max(len(set(rows) - abandoned) for rows in held)
-    assert len(held) > 100, "the drain was sampled all along"
+    most = held.most(besides=abandoned)
+    assert len(held.samples) > 100, "the drain was sampled all along"
     assert most <= 8 + prefetch, f"the pool held {most} rows at once, 8 threads + {prefetch}"
     if prefetch:
         assert most > 8, "the prefetched rows waited beside the running ones"
