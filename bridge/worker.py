@@ -690,8 +690,14 @@ class _RunEnd:
         finally:
             if self._span is not None:
                 self._span.end()
+            # The settler holds this end's ``answered``: a reference cycle that only the
+            # cyclic collector would free, with the run's claim, context and heartbeat entry
+            # in it. Dropped here, a run's objects go as its last reference does, and the
+            # collector is not made to run every few dozen runs (docs/benchmarks.md, "Inbox
+            # to settle, end to end").
+            settler, self.settler = self.settler, None
             pool._ended(claim)
-            if self.settler is None or not self.settler.taken:
+            if settler is None or not settler.taken:
                 pool._free(1)  # else the writer of its settlement counted it free already
 
 

@@ -48,10 +48,25 @@ class Trail:
     finding: str | None = None
 
     def failed_with(self, exc: BaseException) -> None:
-        """Note the error an outcome came from: an explicit outcome's cause, or the exception."""
+        """Note the error an outcome came from: an explicit outcome's cause, or the exception.
+
+        Only its class name is kept. Its traceback, and those of the errors it came from, are
+        dropped: they hold the run's frames, and through them its claim and context, in a
+        reference cycle with the exception (the executor keeps the outcome it classified it
+        to, often the exception itself), which only the cyclic collector would free.
+        """
         cause = exc.__cause__ if isinstance(exc, HandlerOutcome) else exc
         if cause is not None:
             self.error = type(cause).__name__
+        chain: list[BaseException | None] = [exc]
+        seen: set[int] = set()
+        while chain:
+            link = chain.pop()
+            if link is None or id(link) in seen:
+                continue
+            seen.add(id(link))
+            link.__traceback__ = None
+            chain += [link.__cause__, link.__context__]
 
 
 @dataclass(frozen=True, slots=True)
