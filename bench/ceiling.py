@@ -6,10 +6,10 @@
 * :func:`commit_ceiling`: ``pgbench`` committing single-row inserts: the most commits per
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 * :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
-  10 new deliveries inserted as the inbox writes them for a pool with room (``ingest_insert.sql``
-  writing them claimed, and the tombstone check, ``ingest_new_check.sql``, one transaction),
-  then settled (``settle_many.sql``) in a second: the most the protocol's statements do here,
-  with no Python in the way.
+  10 new deliveries inserted as the inbox writes them for a pool with room
+  (``ingest_insert_new.sql``, one statement: the rows written claimed, and the check that every
+  key was new and none has a tombstone), then settled (``settle_many.sql``) in a transaction:
+  the most the protocol's statements do here, with no Python in the way.
 
 ``pgbench`` reads and writes through libpq in C, so these are ceilings for the statements, not
 rates a Python process can reach; they say how far from the database's speed a system is.
@@ -137,20 +137,22 @@ def _bind(text: str, values: dict[str, str]) -> str:
 
 
 def _aggregated(statement: str, source: str, columns: str) -> str:
-    """A statement whose final SELECT over its data-modifying CTE ``source`` becomes one row of
-    arrays (``columns``) for pgbench's ``\\gset``: such CTEs cannot be nested in another query."""
+    """A statement whose final SELECT over its data-modifying CTE ``source`` (and the filter
+    after it, if any) becomes one row of arrays (``columns``) for pgbench's ``\\gset``: such
+    CTEs cannot be nested in another query."""
     head, _, tail = statement.rpartition(" SELECT ")
-    if not tail.endswith(f"FROM {source}"):
+    _, found, rest = tail.partition(f" FROM {source}")
+    if not found or (rest and not rest.startswith(" WHERE ")):
         raise RuntimeError(f"a statement no longer ends with its SELECT over {source}")
-    return f"{head} SELECT {columns} FROM {source}"
+    return f"{head} SELECT {columns} FROM {source}{rest}"
 
 
 def inbox_script() -> str:
-    """Two pgbench transactions per batch of 10 new deliveries: the inbox's insert (its batch
-    as the JSON text and binary bodies the store sends, built by ``format``, so the server
-    parses what it parses for a Python client), every row written claimed as for a pool with
-    free slots, with its check (every key new, no tombstone; with no identity keys, as the
-    benchmark's store, any tombstone refuses), then the settlement of the rows it claimed."""
+    """Two pgbench transactions per batch of 10 new deliveries: the inbox's one statement (its
+    batch as the JSON text and binary bodies the store sends, built by ``format``, so the
+    server parses what it parses for a Python client), every row written claimed as for a pool
+    with free slots, with its check (every key new, no tombstone; with no identity keys, as
+    the benchmark's store, any tombstone refuses), then the settlement of the rows it claimed."""
     row = (
         '["bench","%1$s-%2$s-{g}","sub","noop","B",null,"{digest}","pg:%1$s-%2$s-{g}",5,null,'
         '"m-{g}",null,null,0,300]'
@@ -159,7 +161,7 @@ def inbox_script() -> str:
     body = f"convert_to(repeat('x', {len(BODY)}), 'UTF8')"  # the benchmark's body's size
     template = "[" + ",".join(row.format(g=g, digest=digest) for g in range(CEILING_BATCH)) + "]"
     insert = _bind(
-        _strip(sql.statement("ingest_insert")),
+        _strip(sql.statement("ingest_insert_new")),
         {
             "rows": f"format('{template}', :client_id::int, :n::bigint)",
             "body": f"array_fill({body}, ARRAY[{CEILING_BATCH}])",
@@ -167,30 +169,19 @@ def inbox_script() -> str:
             "identity_key_id": "NULL",
             "aging": "0",
             "worker": "'pgbench'",
-        },
-    )
-    insert = _aggregated(
-        insert,
-        "inserted",
-        "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, "
-        "array_fill(1::bigint, ARRAY[count(*)::int]) AS f, "  # written claimed: fence 1
-        # what ingest_insert_new.sql keeps for the check
-        "set_config('fencebridge.batch_inserted', count(*)::text, true) AS n",
-    )
-    check = _bind(
-        _strip(sql.statement("ingest_new_check")),
-        {
             "key_id": "'{}'",
             "operation_hash": "'{}'",
             "any_erased": "true",
             "expected": str(CEILING_BATCH),
         },
     )
-    return (
-        f"\\set n random(1, 2000000000)\nBEGIN;\n{insert}\n\\gset\n"
-        f"{check};\nCOMMIT;\n"
-        f"BEGIN;\n{_settle_text()};\nCOMMIT;\n"
+    insert = _aggregated(
+        insert,
+        "inserted",
+        "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, "
+        "array_fill(1::bigint, ARRAY[count(*)::int]) AS f",  # written claimed: fence 1
     )
+    return f"\\set n random(1, 2000000000)\n{insert}\n\\gset\nBEGIN;\n{_settle_text()};\nCOMMIT;\n"
 
 
 def inbox_ceiling(url: str, clients: int, seconds: int) -> Rate:

@@ -113,7 +113,8 @@ Clock = Callable[[], datetime | None]
 #: hands it back and takes another: the pool renews connections only as they come back
 KEEP_SECONDS = 60.0
 
-#: the SQLSTATE of a refused one-round-trip write (migration 0022): the batch was not all new
+#: the SQLSTATE of a refused one-round-trip write (migrations 0022, 0023): the batch was not all
+#: new
 NOT_NEW = "FBNEW"
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
@@ -408,34 +409,25 @@ class PostgresStore:
     def _ingest_new(
         self, conn: Connection, firsts: dict[Key, Delivery], claim: InsertClaim | None
     ) -> dict[Key, Claim] | None:
-        """Write a batch of deliveries of distinct keys as new operations in one round trip:
-        the insert (ingest_insert_new.sql) and a check (ingest_new_check.sql) in one pipeline,
-        one implicit transaction that the Sync commits; the rows written claimed, by key. None
-        when the check refused (a key existed, or has a tombstone): the server rolled the
-        transaction back, nothing was written, and the batch goes the careful way, in a
-        transaction of its own.
+        """Write a batch of deliveries of distinct keys as new operations in one statement
+        (ingest_insert_new.sql: the insert and its check that every key was new and none has
+        a tombstone), its own transaction; the rows written claimed, by key. None when the
+        check refused: the statement failed, nothing of it committed, and the batch goes the
+        careful way, in a transaction of its own.
 
         Most batches are new work, and the careful way costs three round trips (BEGIN, the
         insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
-        server's process (measured: docs/benchmarks.md, "Inbox to settle, end to end"). No
-        BEGIN and no ROLLBACK: psycopg forgets every prepared statement of a connection at a
-        ROLLBACK, and a refusal would cost the next statements their plans.
+        server's process. One statement is one round trip, and costs the client less than the
+        insert and a separate check sent in one pipeline did (measured: docs/benchmarks.md,
+        "Inbox to settle, end to end").
         """
-        insert = self._insert_params(list(firsts.values()), claim)
-        check = {**self._tombstone_hashes(list(firsts)), "expected": len(firsts)}
+        params = {
+            **self._insert_params(list(firsts.values()), claim),
+            **self._tombstone_hashes(list(firsts)),
+            "expected": len(firsts),
+        }
         try:
-            with conn.pipeline():
-                inserted = conn.execute(sql.statement("ingest_insert_new"), insert)
-                try:
-                    conn.execute(sql.statement("ingest_new_check"), check)
-                except BaseException as exc:
-                    if not (isinstance(exc, psycopg.Error) and exc.sqlstate):
-                        # Not sent: the Sync at the pipeline's end would commit the insert
-                        # unchecked; a connection closed before its Sync commits nothing. (A
-                        # server's error failed the transaction already: the Sync rolls it back.)
-                        conn.close()
-                    raise
-            rows = inserted.fetchall()
+            rows = conn.execute(sql.statement("ingest_insert_new"), params).fetchall()
         except psycopg.DatabaseError as exc:
             if exc.sqlstate == NOT_NEW:
                 return None
@@ -443,7 +435,7 @@ class PostgresStore:
         return _written_claimed(firsts, rows)
 
     def _tombstone_hashes(self, keys: Sequence[Key]) -> dict[str, Any]:
-        """ingest_new_check.sql's tombstone lookup: the keyed hashes of ``keys`` under every
+        """ingest_insert_new.sql's tombstone lookup: the keyed hashes of ``keys`` under every
         identity key held, or, with none to hash by, a lookup of any tombstone at all."""
         hashed = self._hashed(keys)
         return {

@@ -145,10 +145,13 @@ DECLARE
                                               'fencebridge_concurrency_room(jsonb)',
                                               'fencebridge_claim_room(jsonb, jsonb, '
                                               'timestamp with time zone)'];
-    -- Functions the migrations create, by signature (fencebridge_expect: the inbox's check
-    -- that a batch it wrote in one round trip was all new; it reads nothing, anyone may call it).
+    -- Functions the migrations create, by signature (fencebridge_expect and
+    -- fencebridge_expect_new_batch: the inbox's check that a batch it wrote in one round trip
+    -- was all new; they run with their caller's rights, so anyone may call them).
     functions constant text[] := ARRAY['work_item_identity_immutable()',
-                                       'fencebridge_expect(boolean, text)'] || bridge_functions;
+                                       'fencebridge_expect(boolean, text)',
+                                       'fencebridge_expect_new_batch(bigint, bigint, smallint[], '
+                                       'bytea[], boolean)'] || bridge_functions;
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;

@@ -60,10 +60,10 @@ def test_a_batch_of_new_operations_is_one_round_trip_with_no_begin_or_commit(
     results: list[IngestResult] = []
     sent = frontend_messages(single, lambda: results.extend(single.ingest(batch)))
     assert [r.decision for r in results] == [Decision.NEW] * 10
-    # The insert and its check, sent in one pipeline closed by one Sync; no simple query.
+    # The insert and its check in one statement, closed by one Sync; no simple query.
     assert sent["Sync"] == 1, sent
     assert sent["Query"] == 0, sent
-    assert sent["Execute"] == 2, sent
+    assert sent["Execute"] == 1, sent
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (10,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (10,)
 
@@ -123,10 +123,10 @@ def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     assert rows == [("new-1",)]
 
 
-def test_a_failure_between_the_insert_and_its_check_commits_nothing(
+def test_a_batch_whose_check_cannot_be_sent_commits_nothing(
     single: PostgresStore, db: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The check's parameters cannot be sent: the insert is already in the pipeline.
+    # The check's parameters cannot be adapted: the statement is never sent.
     unsendable = {"key_id": [object()], "operation_hash": [], "any_erased": False}
     monkeypatch.setattr(single, "_tombstone_hashes", lambda keys: unsendable)
     with pytest.raises(StoreError, match="cannot adapt"):
@@ -134,8 +134,77 @@ def test_a_failure_between_the_insert_and_its_check_commits_nothing(
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (0,)
     monkeypatch.undo()
-    # The closed connection left the pool; the next write takes a good one.
     assert [r.decision for r in single.ingest([delivery("op-1")])] == [Decision.NEW]
+
+
+def waiting_on_a_transaction(db: Db) -> bool:
+    """Whether some backend waits for another transaction to end (a row it must insert)."""
+    found = db.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid'"
+    ).fetchone()
+    return bool(found and found[0])
+
+
+def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
+    db_url: str, db: Db
+) -> None:
+    """A batch written while an erasure of one of its operations is under way: the insert
+    waits on the row the erasure deleted, the erasure commits its tombstone, and the insert
+    goes on. The check, on a snapshot taken after that wait, sees the tombstone: the batch is
+    written the careful way, the erased operation a replay and never new work."""
+    store = PostgresStore.connect(db_url, min_size=2, max_size=4)
+    try:
+        keyring.attach(store, HASHER, used_by="test")
+        store.ingest([delivery("erased", tenant="t1")])
+        claims = store.claim("w1", 10, timedelta(seconds=30))
+        store.complete_many([c.ticket for c in claims])
+        # Hold the erasure after it deleted the row and wrote the tombstone, before it
+        # commits: it waits for this lock on a table it deletes from later.
+        blocker = psycopg.connect(db_url)
+        blocker.execute("LOCK TABLE shadow_delivery IN ACCESS EXCLUSIVE MODE")
+        erased: list[object] = []
+        eraser = threading.Thread(
+            target=lambda: erased.append(
+                store.erase(
+                    "t1",
+                    operation_id="erased",
+                    tenant_hash=HASHER.tenant("t1"),
+                    operation_hash=HASHER.operation("t1", "erased"),
+                    actor="dpo",
+                    reason="request-5",
+                )
+            )
+        )
+        eraser.start()
+        eventually(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND wait_event = 'relation'"
+                ).fetchone()
+                == (1,)
+            ),
+            "the erasure waits on the blocker",
+        )
+        results: list[IngestResult] = []
+        batch = [delivery("erased", tenant="t1"), delivery("other", tenant="t1")]
+        writer = threading.Thread(target=lambda: results.extend(store.ingest(batch)))
+        writer.start()
+        eventually(lambda: waiting_on_a_transaction(db), "the insert waits on the erasure")
+        blocker.rollback()  # the erasure goes on and commits; then the insert goes on
+        blocker.close()
+        eraser.join(30)
+        writer.join(30)
+    finally:
+        store.close()
+    assert len(erased) == 1
+    assert [(r.decision, r.erased) for r in results] == [
+        (Decision.REPLAY, True),
+        (Decision.NEW, False),
+    ]
+    rows = db.execute("SELECT operation_id FROM work_item ORDER BY 1").fetchall()
+    assert rows == [("other",)]
 
 
 def through(proxy: Proxy, url: str) -> str:
