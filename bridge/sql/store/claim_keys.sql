@@ -2,9 +2,9 @@
 -- ones a consumer has just inserted). Keys that are not claimable right now are skipped, and
 -- so are rows whose (job_type, tenant_id) waits out a target's rate limit (rate_wait). The
 -- hand-off claim of a process that runs job types with a concurrency limit is
--- claim_keys_limited.sql.
+-- claim_keys_limited.sql. The keys go as binary arrays (%(name)b), as settle_many.sql says why.
 WITH wanted AS (
-    SELECT * FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[]) AS k(tenant_id, operation_id)
+    SELECT * FROM unnest(%(tenant_id)b::text[], %(operation_id)b::text[]) AS k(tenant_id, operation_id)
      ORDER BY tenant_id, operation_id
      LIMIT %(limit)s
 ),

@@ -3,7 +3,7 @@
 UPDATE work_item w
    SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
        updated_at = coalesce(%(now)s::timestamptz, now())
-  FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[], %(fence)s::bigint[])
+  FROM unnest(%(tenant_id)b::text[], %(operation_id)b::text[], %(fence)b::bigint[])
        AS t(tenant_id, operation_id, fence)
  WHERE w.tenant_id = t.tenant_id
    AND w.operation_id = t.operation_id

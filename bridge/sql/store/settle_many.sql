@@ -13,6 +13,8 @@
 -- joins from a scan of the whole of work_attempt, and the bridge's connections keep the plan
 -- they made first (force_generic_plan); every settlement then read the growing history (a claim
 -- of 16 rows went from 1.5 to 4 to 7 ms over a drain of 20,000 rows). Its siblings do the same.
+-- The arrays go in binary (%(name)b): in text, psycopg quotes each element, and for a batch of
+-- 80 settlements that cost the claimer, which writes them, a millisecond per transaction.
 WITH settled AS (
     UPDATE work_item w
        SET state = t.state,
@@ -21,9 +23,9 @@ WITH settled AS (
            lease_expires_at = NULL,
            settled_at = coalesce(%(now)s::timestamptz, now()),
            updated_at = coalesce(%(now)s::timestamptz, now())
-      FROM unnest(%(tenant_id)s::text[], %(operation_id)s::text[], %(fence)s::bigint[],
-                  %(state)s::text[], %(outcome_code)s::text[], %(outcome_detail)s::text[],
-                  %(error_class)s::text[], %(finding)s::text[])
+      FROM unnest(%(tenant_id)b::text[], %(operation_id)b::text[], %(fence)b::bigint[],
+                  %(state)b::text[], %(outcome_code)b::text[], %(outcome_detail)b::text[],
+                  %(error_class)b::text[], %(finding)b::text[])
            AS t(tenant_id, operation_id, fence, state, outcome_code, outcome_detail,
                 error_class, finding)
      WHERE w.tenant_id = t.tenant_id
