@@ -69,6 +69,7 @@ from bench.store import (
     server,
 )
 from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled
+from bridge.collector import settle_in
 from bridge.decode import RawDelivery
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -264,6 +265,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors, index * per))
             for s in range(plan.subscriptions)
         ]
+        settle_in()  # as `fencebridge run` does before it starts
         machine_started = cpu_times()
         cpu_started = time.process_time()
         pool.start()

@@ -83,6 +83,7 @@ from bench.store import (
     report_facts,
     server,
 )
+from bridge.collector import settle_in
 from bridge.database import open_pool
 from bridge.events import EventCounter
 from bridge.handlers import ConditionalWriteHandler, Context
@@ -405,6 +406,7 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
             claimers=claimers,
             events=settled,
         )
+        settle_in()  # as `fencebridge run` does before it starts
         pool.start()
         done.wait(DRAIN_TIMEOUT)
         pool.stop()

@@ -30,6 +30,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bridge.collector import settle_in  # noqa: PLC0415
     from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
     from bridge.identity import IdentityHasher  # noqa: PLC0415
     from bridge.runtime import open_bridge  # noqa: PLC0415
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
                 outbox=bridge.relay.store.depth if bridge.relay is not None else None,
                 destinations=list(config.outbox),
             )
+        settle_in()  # the collector leaves what the start made alone (bridge.collector)
         try:
             bridge.run_until_signalled()
         finally:
