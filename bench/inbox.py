@@ -80,11 +80,12 @@ from bridge.worker import WorkerPool
 
 BATCH = 10
 THREADS = 16
-#: the pool's own knobs at their best for this load, by a sweep on 6 December 2026, morning,
-#: with new rows written claimed (prefetch 0, 48, 96, 160, 192 and 256; one and two claimers;
+#: the pool's own knobs at their best for this load, by a sweep on 6 December 2026 (in the
+#: morning prefetch 0, 48, 96, 160, 192 and 256, one and two claimers; in the afternoon, with
+#: the inbox's one-statement write and no collector passes, 160, 320, 480 and 640;
 #: docs/benchmarks.md): rows claimed beyond the threads, waiting for one while the next claim
 #: is in flight, and claim rounds in flight
-PREFETCH = 160
+PREFETCH = 640
 CLAIMERS = 1
 #: writer threads, one per subscription: with four the ingest was the limit of one process
 #: (its rows/s equal to the end to end), with eight the pool is (docs/benchmarks.md)
