@@ -21,6 +21,7 @@ from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
 from bridge.types import Decision, IngestResult
 from tests.support.deliveries import delivery
+from tests.support.erasure import erase_operation
 from tests.support.proxy import Proxy
 from tests.support.waiting import eventually
 
@@ -108,14 +109,7 @@ def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     store.ingest([delivery("gone", tenant="t1")])
     [claim] = store.claim("w", 1, timedelta(seconds=30))
     store.complete(claim.ticket)
-    store.erase(
-        "t1",
-        operation_id="gone",
-        tenant_hash=HASHER.tenant("t1"),
-        operation_hash=HASHER.operation("t1", "gone"),
-        actor="dpo",
-        reason="request",
-    )
+    erase_operation(store, HASHER, "t1", "gone")
     results = store.ingest([delivery("new-1", tenant="t1"), delivery("gone", tenant="t1")])
     assert [r.decision for r in results] == [Decision.NEW, Decision.REPLAY]
     assert results[1].erased
@@ -165,16 +159,7 @@ def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
         blocker.execute("LOCK TABLE shadow_delivery IN ACCESS EXCLUSIVE MODE")
         erased: list[object] = []
         eraser = threading.Thread(
-            target=lambda: erased.append(
-                store.erase(
-                    "t1",
-                    operation_id="erased",
-                    tenant_hash=HASHER.tenant("t1"),
-                    operation_hash=HASHER.operation("t1", "erased"),
-                    actor="dpo",
-                    reason="request-5",
-                )
-            )
+            target=lambda: erased.append(erase_operation(store, HASHER, "t1", "erased"))
         )
         eraser.start()
         eventually(

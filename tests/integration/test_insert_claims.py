@@ -34,6 +34,7 @@ from bridge.store.work import ConcurrencyLimit, WorkStore
 from bridge.types import Claim, Decision, Delivery, InsertClaim, State
 from bridge.worker import WorkerPool
 from tests.support.deliveries import delivery
+from tests.support.erasure import erase_operation
 from tests.support.held import HeldRows
 from tests.support.proxy import Proxy
 from tests.support.waiting import eventually
@@ -155,14 +156,7 @@ def test_an_erased_operation_in_the_batch_is_a_replay_and_is_not_claimed(
     store.ingest([delivery("gone")])
     [claim] = store.claim("w", 1, LEASE)
     store.complete(claim.ticket)
-    store.erase(
-        "t1",
-        operation_id="gone",
-        tenant_hash=HASHER.tenant("t1"),
-        operation_hash=HASHER.operation("t1", "gone"),
-        actor="dpo",
-        reason="request",
-    )
+    erase_operation(store, HASHER, "t1", "gone")
     results = store.ingest([delivery("gone"), delivery("fresh")], taking(2))
     assert [(r.decision, r.erased, r.claim is not None) for r in results] == [
         (Decision.REPLAY, True, False),
