@@ -419,7 +419,9 @@ class PostgresStore:
         insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
         server's process. One statement is one round trip, and costs the client less than the
         insert and a separate check sent in one pipeline did (measured: docs/benchmarks.md,
-        "Inbox to settle, end to end").
+        "Inbox to settle, end to end"). No BEGIN and no ROLLBACK: psycopg forgets every
+        prepared statement of a connection at a ROLLBACK, and a refusal would cost the next
+        statements their plans.
         """
         params = {
             **self._insert_params(list(firsts.values()), claim),

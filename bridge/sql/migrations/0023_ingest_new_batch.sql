@@ -1,9 +1,8 @@
 -- The inbox's write of a batch of new operations as one statement: the insert, then, in the
 -- same statement once every row is in, this check (ingest_insert_new.sql calls it). It fails
--- (SQLSTATE FBNEW, as 0022's check) unless the insert inserted all %(expected)s keys of the
--- batch (a key that existed was left as it was) and none of them has a tombstone; the
--- statement, its own transaction, then commits nothing, and the inbox writes the batch the
--- careful way.
+-- (SQLSTATE FBNEW, as 0022's check) unless the insert inserted every key of the batch (a key
+-- that existed was left as it was) and none of them has a tombstone; the statement, its own
+-- transaction, then commits nothing, and the inbox writes the batch the careful way.
 --
 -- VOLATILE (the default), so that its lookup of the tombstones takes a snapshot of its own,
 -- after the insert's: an erasure that deleted a row while the insert waited on it has
