@@ -51,6 +51,7 @@ from bench.store import (
     server,
 )
 from bench.workers import JOB_TYPE, Noop, Settled
+from bridge.collector import settle_in
 from bridge.decode import RawDelivery
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -253,6 +254,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
             store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
         )
         producer = Producer(Inbox(store, decoder, pool=pool), plan.rate)
+        settle_in()  # as `fencebridge run` does before it starts
         pool.start()
         purger.start()
         producer.service.start()
