@@ -131,11 +131,15 @@ def test_a_batch_whose_check_cannot_be_sent_commits_nothing(
     assert [r.decision for r in single.ingest([delivery("op-1")])] == [Decision.NEW]
 
 
-def waiting_on_a_transaction(db: Db) -> bool:
-    """Whether some backend waits for another transaction to end (a row it must insert)."""
+def waiting_on(db: Db, lock: str) -> bool:
+    """Whether a backend of this test's database waits on a lock of that kind (``relation``:
+    a table; ``transactionid``: another transaction's end, as on a row it must insert). Other
+    tests' databases on the same server are not looked at."""
     found = db.execute(
         "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid'"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        " AND wait_event = %s",
+        (lock,),
     ).fetchone()
     return bool(found and found[0])
 
@@ -148,40 +152,31 @@ def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
     goes on. The check, on a snapshot taken after that wait, sees the tombstone: the batch is
     written the careful way, the erased operation a replay and never new work."""
     store = PostgresStore.connect(db_url, min_size=2, max_size=4)
+    # Holds the erasure after it deleted the row and wrote the tombstone, before it commits:
+    # it waits for this lock on a table it deletes from later.
+    blocker = psycopg.connect(db_url)
     try:
         keyring.attach(store, HASHER, used_by="test")
         store.ingest([delivery("erased", tenant="t1")])
         claims = store.claim("w1", 10, timedelta(seconds=30))
         store.complete_many([c.ticket for c in claims])
-        # Hold the erasure after it deleted the row and wrote the tombstone, before it
-        # commits: it waits for this lock on a table it deletes from later.
-        blocker = psycopg.connect(db_url)
         blocker.execute("LOCK TABLE shadow_delivery IN ACCESS EXCLUSIVE MODE")
         erased: list[object] = []
         eraser = threading.Thread(
             target=lambda: erased.append(erase_operation(store, HASHER, "t1", "erased"))
         )
         eraser.start()
-        eventually(
-            lambda: (
-                db.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND wait_event = 'relation'"
-                ).fetchone()
-                == (1,)
-            ),
-            "the erasure waits on the blocker",
-        )
+        eventually(lambda: waiting_on(db, "relation"), "the erasure waits on the blocker")
         results: list[IngestResult] = []
         batch = [delivery("erased", tenant="t1"), delivery("other", tenant="t1")]
         writer = threading.Thread(target=lambda: results.extend(store.ingest(batch)))
         writer.start()
-        eventually(lambda: waiting_on_a_transaction(db), "the insert waits on the erasure")
+        eventually(lambda: waiting_on(db, "transactionid"), "the insert waits on the erasure")
         blocker.rollback()  # the erasure goes on and commits; then the insert goes on
-        blocker.close()
         eraser.join(30)
         writer.join(30)
     finally:
+        blocker.close()  # a failed wait above must not leave the erasure blocked
         store.close()
     assert len(erased) == 1
     assert [(r.decision, r.erased) for r in results] == [
