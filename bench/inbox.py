@@ -87,8 +87,10 @@ THREADS = 16
 #: is in flight, and claim rounds in flight
 PREFETCH = 640
 CLAIMERS = 1
-#: writer threads, one per subscription: with four the ingest was the limit of one process
-#: (its rows/s equal to the end to end), with eight the pool is (docs/benchmarks.md)
+#: writer threads, one per subscription: on the morning of 6 December, with four the ingest
+#: was the limit of one process (its rows/s equal to the end to end), with eight the pool; with
+#: the afternoon's cheaper pool and prefetch 640, eight writers are the limit again
+#: (docs/benchmarks.md)
 SUBSCRIPTIONS = 8
 #: a round may not take longer than this
 ROUND_TIMEOUT = 1800.0
