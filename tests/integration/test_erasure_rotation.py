@@ -18,10 +18,11 @@ import psycopg
 import pytest
 
 from bridge import keyring
-from bridge.errors import ConfigError, ErasureRefused
+from bridge.errors import ConfigError, ErasureRefused, IdentityKeysOutdated
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, IngestResult, Key, State, TargetClass
+from tests.integration.test_inbox_new_batches import waiting_on
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
 from tests.support.waiting import eventually
@@ -254,3 +255,84 @@ def test_an_erasure_waits_for_a_rotation_in_progress_and_is_refused_once_it_comm
     assert isinstance(raised, ErasureRefused), raised
     assert "key 2" in str(raised)
     assert db.execute("SELECT count(*) FROM erased_operation").fetchone() == (0,)
+
+
+def test_every_inbox_path_of_a_bridge_on_the_old_key_refuses_once_an_erasure_missed_it(
+    stores: Any, db: Db
+) -> None:
+    """The one-statement write of a batch of new operations, the careful write (a batch that
+    was not all new, or with a key twice) and the write under a tenant backlog quota: each
+    refuses, writing nothing, once an erasure hashed its tombstones under none of the
+    process's keys; a process started with the current key writes as before."""
+    old_bridge = attached(stores, IdentityHasher(OLD))
+    old_bridge.ingest([notify("erased", "t1"), notify("kept", "t1")])
+    run_all(old_bridge)
+    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    new_only = IdentityHasher(NEW)
+    new_bridge = attached(stores, new_only)
+    erase_operation(new_bridge, new_only, "t1", "erased")
+
+    batches = {
+        "new operations": [notify("fresh-1", "t1"), notify("fresh-2", "t1")],
+        "an erased operation": [notify("erased", "t1")],
+        "a replay": [notify("kept", "t1"), notify("fresh-3", "t1")],
+        "a key twice": [notify("fresh-4", "t1"), notify("fresh-4", "t1")],
+    }
+    for name, batch in batches.items():
+        with pytest.raises(IdentityKeysOutdated, match="restart it with") as refused:
+            old_bridge.ingest(batch)
+        assert "key 2, the current key" in str(refused.value), name
+    with pytest.raises(IdentityKeysOutdated):
+        old_bridge.ingest_within_quota([notify("fresh-5", "t1")], 10)
+    assert db.execute("SELECT operation_id FROM work_item").fetchall() == [("kept",)]
+
+    results = new_bridge.ingest([notify("erased", "t1"), notify("fresh-1", "t1")])
+    assert [(r.decision, r.erased) for r in results] == [
+        (Decision.REPLAY, True),
+        (Decision.NEW, False),
+    ]
+
+
+def test_an_erasure_that_commits_while_an_old_bridges_insert_waits_on_its_row_is_seen(
+    stores: Any, db_url: str, db: Db
+) -> None:
+    """The erasure (new key alone) deletes the row and marks the old key, and is held before
+    it commits; the old bridge's insert of that operation waits on the row, then goes on once
+    the erasure commits. Its check reads the keys' marks after that wait, so it refuses: the
+    statement's own snapshot, taken before the wait, would have let the erased operation in
+    as new work."""
+    old_bridge = attached(stores, IdentityHasher(OLD))
+    old_bridge.ingest([notify("erased", "t1")])
+    run_all(old_bridge)
+    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    new_only = IdentityHasher(NEW)
+    eraser = attached(stores, new_only)
+    # Holds the erasure after it deleted the row, wrote the tombstone and marked the old key:
+    # it waits for this lock on a table it deletes from later.
+    blocker: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(db_url)
+    outcome: list[BaseException | None] = []
+    try:
+        blocker.execute("LOCK TABLE shadow_delivery IN ACCESS EXCLUSIVE MODE")
+        erasing = threading.Thread(target=lambda: erase_operation(eraser, new_only, "t1", "erased"))
+        erasing.start()
+        eventually(lambda: waiting_on(db, "relation"), "the erasure waits on the blocker")
+
+        def write() -> None:
+            try:
+                old_bridge.ingest([notify("erased", "t1"), notify("other", "t1")])
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001  (asserted below)
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        eventually(lambda: waiting_on(db, "transactionid"), "the insert waits on the erasure")
+        blocker.rollback()  # the erasure goes on and commits; then the insert goes on
+        erasing.join(30)
+        writer.join(30)
+    finally:
+        blocker.close()  # a failed wait above must not leave the erasure blocked
+    (raised,) = outcome
+    assert isinstance(raised, IdentityKeysOutdated), raised
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
+    assert db.execute("SELECT key_id FROM erased_operation").fetchall() == [(2,)]
