@@ -1365,9 +1365,10 @@ class PostgresStore:
         only, in one transaction (rolled back on a dry run).
 
         A bridge started before a key rotation looks tombstones up under the old key alone, so
-        each one is hashed under every key this process holds; the database marks the keys it
-        holds none under, and a process whose keys are all marked refuses to write new work
-        (:class:`~bridge.errors.IdentityKeysOutdated`) until restarted with the current key.
+        each one is hashed under every key this process holds; the database marks the recorded
+        keys the erasure left out, and an inbox whose keys are all marked refuses to write new
+        work (:class:`~bridge.errors.IdentityKeysOutdated`) until restarted with the current
+        key.
 
         Refuses, changing nothing (:class:`~bridge.errors.ErasureRefused`), while a row in scope
         is queued or claimed, an outbox message in scope is pending (committed, not sent yet)
