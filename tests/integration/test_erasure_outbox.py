@@ -81,13 +81,13 @@ def run_all(bench: Bench, keys: list[Key]) -> None:
 def test_an_erasure_waits_for_the_relay_to_send_every_message_and_none_is_lost(
     bench: Bench, db: Db, sqs: SqsServer
 ) -> None:
-    """300 operations of the erased tenant and 10 of another, each run committing two
+    """500 operations of the erased tenant and 10 of another, each run committing two
     messages; the relay starts only after the first erasure was refused. The operator runs
-    the erasure again until it is accepted: by then every one of the tenant's 600 messages
+    the erasure again until it is accepted: by then every one of the tenant's 1,000 messages
     has reached the queue, and the erasure counts them."""
-    run_all(bench, bench.add([f"op-{i}" for i in range(300)], tenant="acme"))
+    run_all(bench, bench.add([f"op-{i}" for i in range(500)], tenant="acme"))
     run_all(bench, bench.add([f"op-{i}" for i in range(10)], tenant="globex"))
-    assert messages(db, "acme") == {"pending": 600}
+    assert messages(db, "acme") == {"pending": 1000}
     written = {
         str(m)
         for (m,) in db.execute(
@@ -96,9 +96,9 @@ def test_an_erasure_waits_for_the_relay_to_send_every_message_and_none_is_lost(
     }
 
     for dry_run in (True, False):
-        with pytest.raises(ErasureRefused, match=r"600 outbox message\(s\) .* not sent yet"):
+        with pytest.raises(ErasureRefused, match=r"1000 outbox message\(s\) .* not sent yet"):
             erase(bench, "acme", dry_run=dry_run)
-    assert messages(db, "acme") == {"pending": 600}
+    assert messages(db, "acme") == {"pending": 1000}
     assert db.execute("SELECT count(*) FROM erasure_audit").fetchone() == (0,)
 
     queue_url = sqs.create_queue("erasure-outbox")
@@ -125,13 +125,13 @@ def test_an_erasure_waits_for_the_relay_to_send_every_message_and_none_is_lost(
         relay.service.stop(10)
 
     (counts,) = accepted
-    assert (counts.outbox_sent, counts.outbox_parked) == (600, 0)
-    assert counts.work_rows == 300
+    assert (counts.outbox_sent, counts.outbox_parked) == (1000, 0)
+    assert counts.work_rows == 500
     assert messages(db, "acme") == {}
     assert db.execute("SELECT outbox_sent, outbox_parked FROM erasure_audit").fetchall() == [
-        (600, 0)
+        (1000, 0)
     ]
-    received = drain(sqs, queue_url, 620)
+    received = drain(sqs, queue_url, 1020)
     ids = {m["MessageAttributes"][MESSAGE_ID_ATTRIBUTE]["StringValue"] for m in received}
     assert written <= ids, f"{len(written - ids)} committed message(s) never sent"
 
