@@ -4,6 +4,7 @@
 
     FenceBridgeError              never raised itself
     ├── ConfigError               fix the configuration; raised at start-up, names file and key
+    │   └── IdentityKeysOutdated  restart with the current identity key; nothing was written
     ├── LeaseLost                 stop this work now; never retry the write that raised it
     │   └── FencedOut             the target itself refused a write carrying a stale fence
     ├── TransientError            retry later with backoff; nothing was decided
@@ -31,6 +32,13 @@ class FenceBridgeError(Exception):
 
 class ConfigError(FenceBridgeError):
     """The configuration is invalid; the message names the file, the key and the problem."""
+
+
+class IdentityKeysOutdated(ConfigError):  # noqa: N818  (a condition, named for what it found)
+    """The inbox wrote nothing: an erasure since this process started hashed its tombstones
+    under none of the identity keys it holds (a key rotation it has not been restarted for), so
+    it could not tell a redelivery of what was erased from new work. Restart it with the current
+    key; the broker hands the batch over again meanwhile."""
 
 
 class LeaseLost(FenceBridgeError):  # noqa: N818  (a condition, not a failure of the caller)

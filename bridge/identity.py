@@ -192,17 +192,19 @@ class IdentityHasher:
     # -- tombstones ----------------------------------------------------------------------------
 
     def erased_operation(self, tenant_id: str, operation_id: str) -> bytes:
-        """The full-length keyed hash an erased operation's tombstone is stored under (current
-        key). Full length, unlike the log hashes: a collision would make a new operation a
-        replay."""
+        """The full-length keyed hash of an erased operation's tombstone under the current key
+        (an erasure stores one under every key held: :meth:`erased_operation_candidates`).
+        Full length, unlike the log hashes: a collision would make a new operation a replay."""
         return self._mac(self._secret, "erased-operation", tenant_id, operation_id)
 
     def erased_operation_candidates(
         self, tenant_id: str, operation_id: str
     ) -> list[tuple[int, bytes]]:
-        """The operation's tombstone hash under every key this process holds, by key id: a
-        tombstone written before a rotation is found under the key it was written with.
-        Unbound (no database consulted): the current key only, as key 1."""
+        """The operation's tombstone hash under every key this process holds, by key id: what
+        the inbox looks tombstones up by (a tombstone written before a rotation is found under
+        the key it was written with), and what an erasure stores them under (so a bridge still
+        running on an earlier key finds them too). Unbound (no database consulted): the current
+        key only, as key 1."""
         if self._by_id is None:
             return [(FIRST_KEY_ID, self.erased_operation(tenant_id, operation_id))]
         return [

@@ -9,9 +9,20 @@ key id, and every process and command that hashes or derives keys calls :func:`a
   before keys were recorded), by a conditional insert; of two first uses at once, one wins
   and the other compares with it;
 * its key must be the newest recorded key (the current one), each key in
-  ``FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS`` must be a recorded one, and every key that open rows
-  (queued, claimed, unknown, quarantined) were written under must be held;
+  ``FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS`` must be a recorded one, every key that open rows
+  (queued, claimed, unknown, quarantined) were written under must be held, and every erasure
+  must have left its tombstones under a key it holds (an erasure hashes them under every key
+  its process holds);
 * otherwise it refuses, saying which key the database expects, and changes nothing.
+
+A process keeps the keys it started with while the database moves on: a rotation records a
+newer key, and an erasure run with that key alone hashes its tombstones under keys a bridge
+started before the rotation does not hold. Such an erasure marks the keys it left out
+(``missed_erasure_at``, migration 0024) and the inbox of a process whose every key is marked
+refuses to write new work (:class:`~bridge.errors.IdentityKeysOutdated`) until it is restarted
+with the current key; an erasure that holds the old key too leaves such a bridge working. An
+erasure by a process without the current key is refused, under a lock every new key's record
+waits for, so a process started with the new key alone never misses a tombstone.
 
 Then the hasher and the store learn the key ids: new rows carry the current key's id, a claim
 carries its row's id, and the row's idempotency key is derived under that key. The store
@@ -54,6 +65,9 @@ class RecordedKey:
     registered_at: datetime
     registered_by: str
     reason: str | None
+    #: when an erasure first left its tombstones under other keys only (migration 0024): a
+    #: process holding no other key that was never missed refuses to write new work since
+    missed_erasure_at: datetime | None = None
 
     def describe(self) -> str:
         return f"key {self.key_id} (fingerprint {shown(self.fingerprint)})"
@@ -217,7 +231,7 @@ def rotate(
 
 def _recorded(conn: Connection) -> list[RecordedKey]:
     rows = conn.execute(sql.statement("identity_keys")).fetchall()
-    return [RecordedKey(int(i), f, at, by, why) for i, f, at, by, why in rows]
+    return [RecordedKey(int(i), f, at, by, why, missed) for i, f, at, by, why, missed in rows]
 
 
 def _check(conn: Connection, keys: list[RecordedKey], hasher: IdentityHasher) -> None:
@@ -265,22 +279,26 @@ def _open_rows(conn: Connection, held: list[int]) -> dict[int, int]:
     return {int(k): int(n) for k, n in rows}
 
 
-def _tombstone_keys(conn: Connection, held: list[int]) -> dict[int, int]:
+def _tombstone_keys(conn: Connection, held: list[int]) -> dict[tuple[int, ...], int]:
+    """The erased operations none of whose tombstones is under a key in ``held``, by the keys
+    their tombstones are under (an erasure hashes each one under every key it holds)."""
     rows = conn.execute(sql.statement("identity_tombstone_keys"), {"held": held}).fetchall()
-    return {int(k): int(n) for k, n in rows}
+    return {tuple(int(k) for k in ks): int(n) for ks, n in rows}
 
 
-def _tombstone_message(missing: dict[int, int], keys: list[RecordedKey]) -> str:
+def _tombstone_message(missing: dict[tuple[int, ...], int], keys: list[RecordedKey]) -> str:
     by_id = {k.key_id: k for k in keys}
     parts = [
         f"{n} erased operation(s) whose tombstones are under "
-        + (by_id[i].describe() if i in by_id else f"key {i} (never recorded)")
-        for i, n in sorted(missing.items())
+        + " or ".join(
+            by_id[i].describe() if i in by_id else f"key {i} (never recorded)" for i in ids
+        )
+        for ids, n in sorted(missing.items())
     ]
     return (
         f"{'; '.join(parts)}, which this process does not hold: a redelivery of them would "
-        f"not be recognised, so add it to {IDENTITY_PREVIOUS_KEYS_ENV} until `fencebridge "
-        "purge` has removed them ([retention] tombstone_days)"
+        f"not be recognised, so add one of them to {IDENTITY_PREVIOUS_KEYS_ENV} until "
+        "`fencebridge purge` has removed them ([retention] tombstone_days)"
     )
 
 

@@ -223,6 +223,14 @@ class ErasureCounts:
     rejected_deliveries: int
     redrive_audits: int
     tombstones: int = 0
+    #: the scope's outbox messages removed: sent ones, and parked ones the caller dropped
+    outbox_sent: int = 0
+    outbox_parked: int = 0
+    #: the identity keys the tombstones are hashed under
+    tombstone_keys: tuple[int, ...] = ()
+    #: recorded keys this erasure was the first to leave no tombstone under: a process holding
+    #: no other key refuses to write new work from now on (migration 0024)
+    missed_keys: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from bridge.commands.arguments import KEY_NOTE, add_database_flag, stored_text
 from bridge.commands.session import identity_hasher, keyed, open_store, os_user
+from bridge.identity import IDENTITY_KEY_ENV
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
@@ -19,11 +20,14 @@ def register(commands: Subcommands) -> None:
         help="erase one tenant or one operation: payloads, rejected deliveries, audit rows and "
         "identifiers go, a tombstone per operation stays (audited)",
         description=(
-            "Each erased operation leaves a tombstone (keyed hashes, payload hash, state, "
-            "outcome code, time of erasure) so a redelivery is a replay or a conflict, never "
-            "new work; tombstones are purged after [retention] tombstone_days. Refused while an "
-            "operation in scope is queued or claimed. The erasure is recorded with the "
-            f"tenant's (and operation's) keyed hash. {KEY_NOTE}"
+            "Each erased operation leaves a tombstone (keyed hashes under every identity key "
+            "held, payload hash, state, outcome code, time of erasure) so a redelivery is a "
+            "replay or a conflict, never new work; tombstones are purged after [retention] "
+            "tombstone_days. Refused while an operation in scope is queued or claimed, or one "
+            "of its outbox messages is not sent yet (pending, or parked without "
+            "--drop-parked-messages). The erasure is recorded with the tenant's (and "
+            f"operation's) keyed hash. {KEY_NOTE} During a key rotation, hold the earlier key "
+            "too: a bridge still running on it then finds the tombstones."
         ),
     )
     p.add_argument("--tenant", type=stored_text, required=True, help="the tenant id to erase")
@@ -36,6 +40,12 @@ def register(commands: Subcommands) -> None:
         "--reason", type=stored_text, required=True, help="why (the request reference): recorded"
     )
     p.add_argument("--actor", type=stored_text, help="who: recorded (default: the OS user)")
+    p.add_argument(
+        "--drop-parked-messages",
+        action="store_true",
+        help="erase the scope's parked outbox messages (never sent) with it, counted and "
+        "recorded; without it they refuse the erasure",
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would go; erase nothing")
     add_database_flag(p)
     p.set_defaults(run=run)
@@ -64,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             actor=args.actor or os_user(),
             reason=args.reason,
             dry_run=args.dry_run,
+            drop_parked_messages=args.drop_parked_messages,
         )
     verb = "would erase" if args.dry_run else "erased"
     scope = f"tenant {tenant_hash}" + (f" operation {operation_hash}" if operation_hash else "")
@@ -72,5 +83,19 @@ def run(args: argparse.Namespace) -> int:
         f"{counts.rejected_deliveries} rejected deliveries, {counts.redrive_audits} redrive "
         f"audit row(s); {counts.tombstones} tombstone(s) kept"
     )
+    print(
+        f"outbox: {counts.outbox_sent} sent message(s) removed, {counts.outbox_parked} parked "
+        "message(s) dropped, never sent"
+    )
+    keys = ", ".join(f"key {k}" for k in counts.tombstone_keys)
+    print(f"tombstones hashed under every identity key held: {keys}")
+    if counts.missed_keys:
+        missed = ", ".join(f"key {k}" for k in counts.missed_keys)
+        print(
+            f"no tombstone under {missed}: a bridge still running with no other identity key "
+            "(started before a rotation) "
+            + ("would refuse" if args.dry_run else "refuses from now on")
+            + f" to write new work, until restarted with the current {IDENTITY_KEY_ENV}"
+        )
     print("dry run: nothing was written" if args.dry_run else "recorded in erasure_audit")
     return 0

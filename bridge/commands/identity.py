@@ -7,7 +7,15 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bridge.commands.arguments import add_database_flag, stored_text
-from bridge.commands.session import identity_hasher, moment, open_store, os_user, print_json, table
+from bridge.commands.session import (
+    identity_hasher,
+    iso_time,
+    moment,
+    open_store,
+    os_user,
+    print_json,
+    table,
+)
 from bridge.identity import IDENTITY_KEY_ENV
 
 if TYPE_CHECKING:
@@ -71,6 +79,7 @@ def status(args: argparse.Namespace) -> int:
                     "open_rows": u.open_rows,
                     "rows": u.rows,
                     "environment": u.held,
+                    "missed_erasure_at": iso_time(u.key.missed_erasure_at),
                 }
                 for u in uses
             ],
@@ -97,6 +106,13 @@ def status(args: argparse.Namespace) -> int:
     ]
     header = ["key", "fingerprint", "use", "recorded", "by", "open rows", "rows", "environment"]
     print("\n".join(table(header, rows)))
+    for u in uses:
+        if u.key.missed_erasure_at is not None:
+            print(
+                f"key {u.key.key_id}: erasures since {moment(u.key.missed_erasure_at)} left "
+                "tombstones under other keys only: a bridge running with no other key writes "
+                "no new work"
+            )
     assert current is not None
     if hasher is None:
         print(f"{IDENTITY_KEY_ENV} is not set: {REUSE_ADVICE}")
@@ -136,6 +152,7 @@ def rotate(args: argparse.Namespace) -> int:
     print(
         f"next: restart every bridge, and run every command, with {IDENTITY_KEY_ENV} set to the "
         f"new key and {IDENTITY_PREVIOUS_KEYS_ENV} to the earlier key(s); until restarted, a "
-        "bridge keeps working on its own key's rows and refuses to start again"
+        "bridge keeps working on its own key's rows and refuses to start again, and keeps "
+        "writing new work as long as every erasure holds its key too"
     )
     return 0

@@ -186,10 +186,13 @@ class OperatorStore(KeyedStore, Protocol):
         actor: str,
         reason: str,
         dry_run: bool = False,
+        drop_parked_messages: bool = False,
     ) -> ErasureCounts:
-        """Erase one tenant (or one operation): rows, payloads, rejected deliveries and audit
-        rows go, one tombstone per operation stays; recorded by hashes. Refuses while a row in
-        scope is queued or claimed."""
+        """Erase one tenant (or one operation): rows, payloads, rejected deliveries, audit rows
+        and sent outbox messages go, one tombstone per operation stays (under every identity
+        key held); recorded by hashes. Refuses while a row in scope is queued or claimed, an
+        outbox message in scope is pending or (unless ``drop_parked_messages``) parked, or the
+        current identity key is not held."""
         ...
 
     def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:

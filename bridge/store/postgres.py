@@ -55,7 +55,14 @@ from psycopg_pool import ConnectionPool
 from bridge import sql
 from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
-from bridge.errors import ConfigError, ErasureRefused, LeaseLost, StoreError, StoreUnavailable
+from bridge.errors import (
+    ConfigError,
+    ErasureRefused,
+    IdentityKeysOutdated,
+    LeaseLost,
+    StoreError,
+    StoreUnavailable,
+)
 from bridge.records import (
     AttemptRecord,
     ErasureCounts,
@@ -116,6 +123,13 @@ KEEP_SECONDS = 60.0
 #: the SQLSTATE of a refused one-round-trip write (migrations 0022, 0023): the batch was not all
 #: new
 NOT_NEW = "FBNEW"
+#: the SQLSTATE of an inbox write refused because an erasure hashed its tombstones under none of
+#: the keys this process holds, and of an erasure by a process without the current key (0024)
+KEYS_MISSED = "FBKEY"
+#: an erasure refused, nothing erased: rows or messages in scope not settled (object_in_use),
+#: rows written after their hashes were computed (serialization_failure), the current key not
+#: held
+ERASURE_REFUSALS = frozenset({"55006", "40001", KEYS_MISSED})
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
 ERASED_CONFLICT_REASON = "payload hash differs from the erased operation's payload"
@@ -433,6 +447,7 @@ class PostgresStore:
         except psycopg.DatabaseError as exc:
             if exc.sqlstate == NOT_NEW:
                 return None
+            _refuse_if_keys_missed(exc)
             raise
         return _written_claimed(firsts, rows)
 
@@ -562,13 +577,18 @@ class PostgresStore:
         lookup = self._erased_lookup(list(firsts))
         # One round trip: the tombstone lookup is sent with the insert and runs after it,
         # on a snapshot of its own (see ingest_erased.sql for why it must come after).
-        with conn.pipeline():
-            rows_cursor = conn.execute(
-                sql.statement("ingest_insert"), self._insert_params(list(firsts.values()), claim)
-            )
-            hits_cursor = conn.execute(*lookup)
-            rows = rows_cursor.fetchall()
-            hits = hits_cursor.fetchall()
+        try:
+            with conn.pipeline():
+                rows_cursor = conn.execute(
+                    sql.statement("ingest_insert"),
+                    self._insert_params(list(firsts.values()), claim),
+                )
+                hits_cursor = conn.execute(*lookup)
+                rows = rows_cursor.fetchall()
+                hits = hits_cursor.fetchall()
+        except psycopg.DatabaseError as exc:
+            _refuse_if_keys_missed(exc)
+            raise
         inserted = {Key(t, o) for t, o, _, _ in rows}
         erased = self._erased(conn, inserted, hits)
         claims = _written_claimed(firsts, rows)
@@ -1337,22 +1357,31 @@ class PostgresStore:
         actor: str,
         reason: str,
         dry_run: bool = False,
+        drop_parked_messages: bool = False,
     ) -> ErasureCounts:
-        """Erase one tenant (or one of its operations): rows, payloads, rejected deliveries
-        and audit rows go, a tombstone per operation stays (keyed hash under the current
-        identity key, payload hash, state, outcome code), recorded by hashes only, in one
-        transaction (rolled back on a dry run).
+        """Erase one tenant (or one of its operations): rows, payloads, rejected deliveries,
+        audit rows and sent outbox messages go, a tombstone per operation stays (keyed hash
+        under every identity key held, payload hash, state, outcome code), recorded by hashes
+        only, in one transaction (rolled back on a dry run).
+
+        A bridge started before a key rotation looks tombstones up under the old key alone, so
+        each one is hashed under every key this process holds; the database marks the recorded
+        keys the erasure left out, and an inbox whose keys are all marked refuses to write new
+        work (:class:`~bridge.errors.IdentityKeysOutdated`) until restarted with the current
+        key.
 
         Refuses, changing nothing (:class:`~bridge.errors.ErasureRefused`), while a row in scope
-        is queued or claimed. Needs the identity keys bound (:func:`bridge.keyring.attach`):
-        the tombstones are keyed hashes.
+        is queued or claimed, an outbox message in scope is pending (committed, not sent yet)
+        or, unless ``drop_parked_messages``, parked, or this process does not hold the
+        database's current identity key. Needs the identity keys bound
+        (:func:`bridge.keyring.attach`): the tombstones are keyed hashes.
         """
         if not tenant_id or not tenant_hash or not actor or not reason:
             raise ValueError("an erasure needs a tenant, its hash, an actor and a reason")
         if operation_id is not None and not (operation_id and operation_hash):
             raise ValueError("an erasure of one operation needs its id and its hash")
-        derive, key_id = self._erased_hashes, self._identity_key
-        if derive is None or key_id is None:
+        derive, keys = self._erased_hashes, self._identity_keys
+        if derive is None or not keys:
             raise ConfigError(
                 "erase: the identity keys are not bound (bridge.keyring.attach): tombstones "
                 "are keyed hashes"
@@ -1366,7 +1395,11 @@ class PostgresStore:
                 {"statement_timeout": "0", "idle_timeout": None},
             )
             ids = [o for (o,) in conn.execute(sql.statement("erase_scope"), scope).fetchall()]
-            hashes = [dict(derive(tenant_id, o))[key_id] for o in ids]
+            held = sorted(keys)
+            hashes: list[bytes] = []
+            for o in ids:
+                by_key = dict(derive(tenant_id, o))
+                hashes.extend(by_key[k] for k in held)
             try:
                 row = conn.execute(
                     sql.statement("erase"),
@@ -1374,20 +1407,34 @@ class PostgresStore:
                         **scope,
                         "tenant_hash": tenant_hash,
                         "operation_hash": operation_hash,
-                        "key_id": key_id,
+                        "key_ids": held,
                         "operation_ids": ids,
                         "operation_hashes": hashes,
                         "actor": actor,
                         "reason": reason,
+                        "drop_parked": drop_parked_messages,
                     },
                 ).fetchone()
-            except (psycopg.errors.ObjectInUse, psycopg.errors.SerializationFailure) as exc:
+            except psycopg.DatabaseError as exc:
+                if exc.sqlstate not in ERASURE_REFUSALS:
+                    raise
                 hint = exc.diag.message_hint
                 raise ErasureRefused(
                     f"{exc.diag.message_primary}" + (f"; {hint}" if hint else "")
                 ) from exc
         assert row is not None
-        return ErasureCounts(*(int(n) for n in row))
+        rows, payloads, rejected, audits, tombstones, sent, parked, missed = row
+        return ErasureCounts(
+            work_rows=int(rows),
+            payloads=int(payloads),
+            rejected_deliveries=int(rejected),
+            redrive_audits=int(audits),
+            tombstones=int(tombstones),
+            outbox_sent=int(sent),
+            outbox_parked=int(parked),
+            tombstone_keys=tuple(held),
+            missed_keys=tuple(int(k) for k in missed),
+        )
 
     # -- shadow subscriptions ----------------------------------------------------------------
 
@@ -2012,6 +2059,16 @@ def _shadow_params(
         for name, value in zip(cols, row, strict=True):
             cols[name].append(value)
     return {**cols, "now": now}
+
+
+def _refuse_if_keys_missed(exc: psycopg.DatabaseError) -> None:
+    """An inbox write the database refused because an erasure hashed its tombstones under
+    none of this process's identity keys (migration 0024) raises what the operator must do."""
+    if exc.sqlstate == KEYS_MISSED:
+        hint = exc.diag.message_hint
+        raise IdentityKeysOutdated(
+            f"ingest: {exc.diag.message_primary}" + (f"; {hint}" if hint else "")
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,9 @@
 --                    SELECT on the redrive audit and on identity_key (a rotation adds a
 --                    key, none is ever changed), USAGE on work_item_seq, SELECT on the
 --                    migration record so it can check the schema version, EXECUTE on
---                    fencebridge_erase_tenant, the audited erasure of one tenant, and on
---                    fencebridge_concurrency_room and fencebridge_claim_room, the claims'
---                    concurrency limits and token rates).
+--                    fencebridge_erase_under_keys and fencebridge_erase, the audited
+--                    erasures that keep tombstones, and on fencebridge_concurrency_room and
+--                    fencebridge_claim_room, the claims' concurrency limits and token rates).
 --
 --     The bridge serves every tenant, so the row-level security policies of
 --     bridge/sql/migrations/0001_work_store.sql must not apply to it. A table's owner is exempt
@@ -139,7 +139,9 @@ DECLARE
                                     'shadow_delivery', 'outbox_message', 'outbox_relay',
                                     'token_bucket'];
     -- Functions only the bridge may execute (see below), by signature.
-    bridge_functions constant text[] := ARRAY['fencebridge_erase_tenant(text, text, text, text)',
+    bridge_functions constant text[] := ARRAY['fencebridge_erase_under_keys(text, text, text, '
+                                              'text, smallint[], text[], bytea[], text, text, '
+                                              'boolean)',
                                               'fencebridge_erase(text, text, text, text, smallint, '
                                               'text[], bytea[], text, text)',
                                               'fencebridge_concurrency_room(jsonb)',
@@ -147,11 +149,20 @@ DECLARE
                                               'timestamp with time zone)'];
     -- Functions the migrations create, by signature (fencebridge_expect and
     -- fencebridge_expect_new_batch: the inbox's check that a batch it wrote in one round trip
-    -- was all new; they run with their caller's rights, so anyone may call them).
+    -- was all new; fencebridge_expect_tombstone_keys: its check that it could find every
+    -- tombstone; fencebridge_identity_key_recorded: the trigger that makes a new identity key
+    -- wait for the erasures in progress; they run with their caller's rights, so anyone may
+    -- call them).
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_expect(boolean, text)',
                                        'fencebridge_expect_new_batch(bigint, bigint, smallint[], '
-                                       'bytea[], boolean)'] || bridge_functions;
+                                       'bytea[], boolean)',
+                                       'fencebridge_expect_tombstone_keys(smallint[])',
+                                       'fencebridge_identity_key_recorded()'] || bridge_functions;
+    -- Functions a later migration drops, revoked from everyone until it has run: the erasure
+    -- without tombstones (0002; dropped by 0024), which would let a redelivery of what it
+    -- erased become new work.
+    retired_functions constant text[] := ARRAY['fencebridge_erase_tenant(text, text, text, text)'];
     missing text[] := '{}';
     tbl_name text;
     fn_signature text;
@@ -204,6 +215,14 @@ BEGIN
             EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I', fn,
                            prefix || '_operator', prefix || '_console', prefix || '_tenant');
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', fn, prefix || '_bridge');
+        END IF;
+    END LOOP;
+    FOREACH fn_signature IN ARRAY retired_functions LOOP
+        fn := to_regprocedure(format('%I.%s', target_schema, fn_signature));
+        IF fn IS NOT NULL THEN
+            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I, %I, %I, %I', fn,
+                           prefix || '_bridge', prefix || '_operator', prefix || '_console',
+                           prefix || '_tenant');
         END IF;
     END LOOP;
 

@@ -115,7 +115,12 @@ def test_erasing_a_tenant_keeps_one_tombstone_per_operation_and_no_identifier_or
     counts = erase(keyed, tenant)
 
     assert counts == ErasureCounts(
-        work_rows=5, payloads=6, rejected_deliveries=2, redrive_audits=0, tombstones=5
+        work_rows=5,
+        payloads=6,
+        rejected_deliveries=2,
+        redrive_audits=0,
+        tombstones=5,
+        tombstone_keys=(1,),
     )
     left = everything_of(db)
     assert tenant not in left

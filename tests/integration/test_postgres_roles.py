@@ -12,13 +12,18 @@ import secrets
 from collections.abc import Iterator
 from datetime import timedelta
 
+import psycopg
 import pytest
 from psycopg import errors, sql
 
+from bridge import keyring
 from bridge import sql as bridge_sql
+from bridge.identity import IdentityHasher
 from bridge.migrate import current_version, migrate
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
+from tests.support.erasure import erase_operation
+from tests.support.postgres import create_database, drop_database, unique_name
 from tests.support.roles import Conn, Roles, apply_roles, drop_roles
 
 LEASE = timedelta(seconds=30)
@@ -154,7 +159,7 @@ def test_the_migrator_owns_every_object_the_migrations_create(roles: Roles, db: 
 #: the functions only the bridge may execute: the erasures and the claims' rooms (they take the
 #: limited job types' claim locks)
 BRIDGE_FUNCTIONS = {
-    "fencebridge_erase_tenant",
+    "fencebridge_erase_under_keys",
     "fencebridge_erase",
     "fencebridge_concurrency_room",
     "fencebridge_claim_room",
@@ -355,7 +360,10 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None, "history": 20})
         with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute("SELECT fencebridge_erase_tenant('acme', 'x', 'x', 'x')")
+            conn.execute(
+                "SELECT * FROM fencebridge_erase_under_keys('acme', NULL, 'x', NULL,"
+                " ARRAY[1]::smallint[], '{}', '{}', 'x', 'x', false)"
+            )
 
 
 def test_a_tenant_role_sees_only_its_own_tenant(
@@ -425,3 +433,51 @@ def test_a_bad_prefix_is_refused_before_anything_is_created(db_url: str, db: Con
         apply_roles(db_url, "Not-A-Prefix")
     row = db.execute("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'Not-A-Prefix%'").fetchone()
     assert row == (0,)
+
+
+def test_the_bridge_role_records_its_key_and_erases_with_tombstones(
+    roles: Roles, bridge_store: PostgresStore, db: Conn
+) -> None:
+    """A first use records the key through the trigger that makes new keys wait for erasures;
+    the erasure writes tombstones and marks no key (it holds the only one)."""
+    hasher = IdentityHasher(b"roles-test-identity-key-000000001")
+    keyring.attach(bridge_store, hasher, used_by="test")
+    seed(bridge_store)
+    for claim in bridge_store.claim("worker-1", 10, LEASE):
+        bridge_store.complete(claim.ticket)
+    counts = erase_operation(bridge_store, hasher, "acme", "op-1")
+    assert (counts.work_rows, counts.tombstones, counts.missed_keys) == (1, 1, ())
+    assert db.execute("SELECT key_id FROM erased_operation").fetchall() == [(1,)]
+
+
+def test_the_erasure_without_tombstones_is_revoked_until_its_migration_drops_it(
+    pg_admin_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fencebridge_erase_tenant erased a tenant without tombstones: a redelivery of what it
+    erased became new work. roles.sql takes it from the bridge on a database not migrated past
+    0023 yet, and 0024 drops it."""
+    name, prefix = unique_name("fbt_retired"), f"fbroles_{secrets.token_hex(4)}"
+    url = create_database(pg_admin_url, name)
+    signature = "fencebridge_erase_tenant(text, text, text, text)"
+    try:
+        shipped = bridge_sql.migrations()
+        with monkeypatch.context() as m:
+            m.setattr(bridge_sql, "migrations", lambda: [v for v in shipped if v.version < 24])
+            with psycopg.connect(url, autocommit=True) as conn:
+                migrate(conn)
+        apply_roles(url, prefix)
+        roles = Roles(prefix, url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            allowed = conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                " has_function_privilege(%s, 'fencebridge_erase(text, text, text, text,"
+                " smallint, text[], bytea[], text, text)', 'EXECUTE')",
+                (roles.bridge, signature, roles.bridge),
+            ).fetchone()
+            assert allowed == (False, True)
+            migrate(conn)
+            assert conn.execute("SELECT to_regprocedure(%s)", (signature,)).fetchone() == (None,)
+        apply_roles(url, prefix)  # runs on the migrated database as before
+    finally:
+        drop_roles(url, prefix)
+        drop_database(pg_admin_url, name)

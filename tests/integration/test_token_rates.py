@@ -219,7 +219,7 @@ def test_two_transactions_never_both_spend_the_last_token(
     assert attempts(db, "queued") == [(0, 0)]
 
 
-@pytest.mark.parametrize("erasure", ["fencebridge_erase_tenant", "fencebridge_erase"])
+@pytest.mark.parametrize("erasure", ["fencebridge_erase", "fencebridge_erase_under_keys"])
 def test_erasing_a_tenant_deletes_its_buckets(store: PostgresStore, db: Db, erasure: str) -> None:
     store.use_token_rates({"refund": TokenRate(total=Rate(2, 1), per_tenant=Rate(1, 60))})
     store.ingest([delivery("op-1", tenant="gone"), delivery("op-2", tenant="kept")])
@@ -230,12 +230,16 @@ def test_erasing_a_tenant_deletes_its_buckets(store: PostgresStore, db: Db, eras
         ("gone",),
         ("kept",),
     ]
-    if erasure == "fencebridge_erase_tenant":
-        db.execute("SELECT * FROM fencebridge_erase_tenant('gone', 'h', 'test', 'test')")
-    else:
+    if erasure == "fencebridge_erase":
         db.execute(
             "SELECT * FROM fencebridge_erase('gone', NULL, 'h', NULL, 1::smallint,"
             " ARRAY['op-1'], ARRAY[decode(repeat('00', 32), 'hex')], 'test', 'test')"
+        )
+    else:
+        db.execute(
+            "SELECT * FROM fencebridge_erase_under_keys('gone', NULL, 'h', NULL,"
+            " ARRAY[1]::smallint[], ARRAY['op-1'], ARRAY[decode(repeat('00', 32), 'hex')],"
+            " 'test', 'test', false)"
         )
     assert db.execute("SELECT tenant_id FROM token_bucket ORDER BY 1").fetchall() == [
         ("",),

@@ -38,7 +38,8 @@ SELECT
       WHERE a.attname = 'body' AND NOT a.attisdropped) = 0 AS work_item_without_body,
     to_regclass('payload') IS NOT NULL AS payload_table,
     to_regclass('erasure_audit') IS NOT NULL AS erasure_audit,
-    -- the erasure that keeps a tombstone per operation (migration 0014)
-    (to_regprocedure('fencebridge_erase(text, text, text, text, smallint, text[], bytea[], '
-                     'text, text)') IS NOT NULL
+    -- the erasure that keeps a tombstone per operation under every identity key held, and
+    -- refuses while an outbox message in scope is unsent (migration 0024)
+    (to_regprocedure('fencebridge_erase_under_keys(text, text, text, text, smallint[], text[], '
+                     'bytea[], text, text, boolean)') IS NOT NULL
      AND to_regclass('erased_operation') IS NOT NULL) AS erasure_function
