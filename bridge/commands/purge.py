@@ -1,6 +1,6 @@
 """``fencebridge purge``: finished work older than an age, removed in bounded batches (never
-unknown or quarantined rows), and outbox messages sent before that age (never pending or
-parked ones)."""
+unknown or quarantined rows), what shadow subscriptions recorded before that age, and outbox
+messages sent before it (never pending or parked ones)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{_span(older_than)}, and {counts.tombstones} tombstone(s) older than "
                 f"{tombstone_days}d"
             )
+            print(
+                f"would purge {counts.shadow_deliveries} shadow delivery record(s) and "
+                f"{counts.shadow_operations} shadow operation record(s) older than "
+                f"{_span(older_than)}"
+            )
             if outbox is not None:
                 print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
             return 0
@@ -87,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         f"deliveries and {removed.payloads} payload(s) older than {_span(older_than)}, and "
         f"{removed.tombstones} tombstone(s) older than {tombstone_days}d in "
         f"{report.batches} batch(es)"
+    )
+    print(
+        f"purged {removed.shadow_deliveries} shadow delivery record(s) and "
+        f"{removed.shadow_operations} shadow operation record(s) older than {_span(older_than)}"
     )
     if sent is not None:
         print(f"purged {sent} sent outbox message(s) older than {_span(older_than)}")

@@ -1289,8 +1289,9 @@ class PostgresStore:
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts | None:
         """Remove one bounded batch of finished work older than ``older_than``, of tombstones
-        older than ``tombstone_horizon``, and of token buckets full for longer than
-        ``older_than`` (the same as no bucket; not counted).
+        older than ``tombstone_horizon``, of what shadow subscriptions recorded before
+        ``older_than``, and of token buckets full for longer than ``older_than`` (the same as
+        no bucket; not counted).
 
         Returns None, having removed nothing, when another purge holds the purge lock.
         """
@@ -1305,10 +1306,12 @@ class PostgresStore:
             gone = conn.execute(
                 sql.statement("purge_tombstones"), {**params, "horizon": tombstone_horizon}
             ).fetchone()
+            shadow = conn.execute(sql.statement("purge_shadow"), params).fetchone()
             conn.execute(sql.statement("purge_buckets"), params)
         assert row is not None
         assert gone is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
+        assert shadow is not None
+        return PurgeCounts(*(int(n) for n in (*row, *gone, *shadow)))
 
     def purge_preview(
         self,
@@ -1317,17 +1320,18 @@ class PostgresStore:
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts:
         """What a purge with this age (and tombstone horizon) would remove right now."""
+        params = {"older_than": older_than, "now": self._now()}
         with self._connection("purge") as conn:
-            row = conn.execute(
-                sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
-            ).fetchone()
+            row = conn.execute(sql.statement("purge_count"), params).fetchone()
             gone = conn.execute(
                 sql.statement("purge_tombstones_count"),
                 {"horizon": tombstone_horizon, "now": self._now()},
             ).fetchone()
+            shadow = conn.execute(sql.statement("purge_shadow_count"), params).fetchone()
         assert row is not None
         assert gone is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
+        assert shadow is not None
+        return PurgeCounts(*(int(n) for n in (*row, *gone, *shadow)))
 
     def erase(
         self,

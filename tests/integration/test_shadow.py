@@ -23,6 +23,7 @@ from bridge.decode import RawDelivery
 from bridge.errors import StoreError
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.inbox import Inbox
+from bridge.operations import purge
 from bridge.shadow import Effect, ShadowWrites, compare, in_key_order
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, Rejection
@@ -471,3 +472,60 @@ def test_the_report_holds_a_page_of_the_record_and_a_run_of_the_log_whatever_the
         assert document["effects_without_hash"] == expected["effects_without_hash"]
         assert document["listed_per_finding"] == 5
 
+
+# -- retention -----------------------------------------------------------------------------------
+
+
+def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_batches(
+    store: PostgresStore, db: Db, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1,200 operations recorded 40 days ago (with replays, conflicts and undecodable copies
+    then), 100 of them delivered again 5 days ago, and 100 operations first seen 5 days ago:
+    a purge at 35 days, 150 rows a batch, removes every delivery received before the cutoff
+    and every operation first seen before it that no kept delivery names; the rest stays, and
+    the report still counts what stays."""
+    rng = random.Random(35)
+    old = [shadowed(f"op-{i}", f"t{i % 3}") for i in range(1200)]
+    then: list[Delivery | Rejection] = [*old]
+    then += [dataclasses.replace(d) for d in rng.sample(old, 200)]
+    then += [dataclasses.replace(d, payload=b'{"changed": 1}') for d in rng.sample(old, 40)]
+    then += [Rejection(subscription="orders-shadow", reason="missing operation_id")] * 12
+    rng.shuffle(then)
+    for i in range(0, len(then), 200):
+        store.ingest_shadow(then[i : i + 200])
+    db.execute("UPDATE shadow_delivery SET received_at = now() - interval '40 days'")
+    db.execute("UPDATE shadow_operation SET first_seen_at = now() - interval '40 days'")
+    again = rng.sample(old, 100)
+    store.ingest_shadow([dataclasses.replace(d) for d in again])
+    young = [shadowed(f"new-{i}") for i in range(100)]
+    store.ingest_shadow(young)
+    db.execute(
+        "UPDATE shadow_delivery SET received_at = now() - interval '5 days'"
+        " WHERE received_at > now() - interval '1 day'"
+    )
+
+    db_url = db.info.dsn
+    assert main(["purge", "--older-than", "35d", "--dry-run", "--database-url", db_url]) == 0
+    assert (
+        "would purge 1452 shadow delivery record(s) and 1100 shadow operation record(s) older "
+        "than 35d" in capsys.readouterr().out
+    )
+    report = purge(store, timedelta(days=35), batch_size=150)
+
+    assert report.removed.shadow_deliveries == 1452
+    assert report.removed.shadow_operations == 1100
+    assert report.batches == 10  # 1,452 deliveries at 150 a batch: the tenth is not full
+    kept = {
+        Key(t, o) for t, o in db.execute("SELECT tenant_id, operation_id FROM shadow_operation")
+    }
+    assert kept == {d.key for d in again} | {d.key for d in young}
+    assert db.execute(
+        "SELECT count(*), min(received_at) > now() - interval '35 days' FROM shadow_delivery"
+    ).fetchone() == (200, True)
+    decisions = {(j, d): n for j, d, n in store.shadow_decisions(["orders-shadow"])}
+    assert decisions[("refund", "new")] == 100
+    assert sum(decisions.values()) == 200  # the 100 again: replays, or conflicts
+    assert main(["purge", "--older-than", "35d", "--database-url", db_url]) == 0
+    assert "purged 0 shadow delivery record(s) and 0 shadow operation record(s) older than 35d" in (
+        capsys.readouterr().out
+    )
