@@ -1,5 +1,5 @@
 """``fencebridge demo``: the whole protocol on an embedded database, a local broker and a
-payment provider. The only command that imports :mod:`bridge.demo`."""
+payment provider. The only command that imports :mod:`fencebridge_demo`."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.demo import scenario  # noqa: PLC0415
+    from fencebridge_demo import scenario  # noqa: PLC0415
 
     if args.dir is not None and not args.keep:
         raise usage("--dir names where --keep writes its files: add --keep, or drop --dir")
