@@ -15,7 +15,10 @@ effect it applied, with at least ``tenant``, ``operation`` and ``applied_at``, a
 subscription hashes). Per job type it reports what the inbox saw (deliveries, operations,
 replays and conflicts it would have caught, deliveries it could not decode) and what the
 existing system did that fencebridge would not have (operations applied more than once, applied
-with a payload other than the first one seen, never applied).
+with a payload other than the first one seen, never applied). Neither side is ever held whole:
+both come in key order (the record from the database, the log sorted by :func:`in_key_order` or
+by the database) and are merged one operation at a time, so a report over months of a busy
+stream needs no more memory than one over a day.
 """
 
 from __future__ import annotations

@@ -136,6 +136,13 @@ def test_a_bad_effect_log_names_the_line_and_the_problem(
         list(read_effect_file(path))
 
 
+def test_an_effect_log_that_is_not_utf8_is_refused_with_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "effects.csv"
+    path.write_bytes(b"tenant,operation,applied_at\nt1,caf\xe9,now\n")
+    with pytest.raises(EffectLogError, match=r"effects.csv: not UTF-8 text \(invalid"):
+        list(read_effect_file(path))
+
+
 # -- the comparison ----------------------------------------------------------------------------
 
 
