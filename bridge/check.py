@@ -29,6 +29,7 @@ import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final
 
 from bridge import sources, sql
@@ -46,6 +47,7 @@ from bridge.handlers import (
 from bridge.migrate import current_version
 from bridge.probe import ProbeReport
 from bridge.registry import Registry, build_job
+from bridge.retention import within_redelivery
 from bridge.types import TargetClass
 
 _BASES: Final = (
@@ -479,23 +481,13 @@ def retention(e: JobEvidence) -> Verdict:
     if plan is None:
         problems.append("no [retention] table: purge age and erasure owner unset")
         return _verdict(problems, seen)
-    for sub in e.subscriptions:
-        # after a purge, a redelivery would be a new operation: the adapter knows how long its
-        # broker can hand a message over again
-        window = sources.adapter(sub.source).redelivery_days
-        if plan.purge_after_days <= window:
-            problems.append(
-                f"purge after {plan.purge_after_days} d is within {sub.name}'s redelivery window "
-                f"({sub.source}: up to {window} d): a redelivery would run it again"
-            )
-        # past the horizon an erased operation's tombstone is gone, and a redelivery of it
-        # would be new work
-        if plan.tombstone_days <= window:
-            problems.append(
-                f"tombstones kept {plan.tombstone_days} d, within {sub.name}'s redelivery "
-                f"window ({sub.source}: up to {window} d): a redelivery of an erased operation "
-                "would run it again"
-            )
+    problems.extend(
+        within_redelivery(
+            timedelta(days=plan.purge_after_days),
+            timedelta(days=plan.tombstone_days),
+            ((sub.name, sub.source) for sub in e.subscriptions),
+        )
+    )
     seen.append(
         f"purge after {plan.purge_after_days} d; tombstones kept {plan.tombstone_days} d; "
         f"erasure owner {plan.erasure_owner}"

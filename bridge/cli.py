@@ -20,13 +20,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Final
 
 from bridge.commands import (
     check,
     config,
     console,
-    demo,
     erase,
     identity,
     inspect,
@@ -48,12 +48,11 @@ if TYPE_CHECKING:
 
 Command = Callable[[argparse.Namespace], int]
 
-#: every command, in the order ``--help`` lists them: a new command is a module in
+#: every command of the core, in the order ``--help`` lists them: a new command is a module in
 #: :mod:`bridge.commands` and its ``register`` here
 COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     migrate.register,
     run.register,
-    demo.register,
     status.register,
     inspect.register,
     redrive.register,
@@ -68,10 +67,17 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     console.register,
 )
 
+#: commands from outside the core, listed after its own: each entry point names a
+#: ``register(commands)``. The demo's is ``demo = "fencebridge_demo.command:register"``, so the
+#: core never imports the demo to offer ``fencebridge demo``.
+COMMAND_ENTRY_POINTS: Final = "fencebridge.commands"
+
 EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``argv``: the core's commands, and the commands found by entry point
+    unless ``argv`` names one of the core's (so ``fencebridge run`` loads none of them)."""
     parser = argparse.ArgumentParser(
         prog="fencebridge",
         description="Broker deliveries become fenced work rows in PostgreSQL.",
@@ -79,12 +85,34 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in COMMANDS:
         register(commands)
+    if argv and argv[0] in commands.choices:
+        return parser
+    for found in sorted(entry_points(group=COMMAND_ENTRY_POINTS), key=lambda ep: ep.name):
+        if found.name not in commands.choices:  # the core's own command keeps its name
+            _add_found(commands, found)
     return parser
 
 
+def _add_found(commands: Subcommands, found: EntryPoint) -> None:
+    """Add a command found by entry point; one that cannot be loaded is still listed, and
+    running it says why, so that a broken install never takes the other commands down."""
+    try:
+        register: Callable[[Subcommands], None] = found.load()
+        register(commands)
+    except Exception as exc:  # noqa: BLE001  (any failure of another package's import)
+        problem = f"cannot be loaded from {found.value} ({type(exc).__name__}: {exc})"
+        broken = commands.add_parser(found.name, help=f"(unavailable: {problem})")
+
+        def unavailable(args: argparse.Namespace) -> int:
+            raise FenceBridgeError(f"{problem}; reinstall the package that provides it")
+
+        broken.set_defaults(run=unavailable)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(arguments)
+    args = parser.parse_args(arguments)
     configure_logging()
     command: Command = args.run
     try:

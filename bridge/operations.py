@@ -415,8 +415,9 @@ def purge(
     batch_size: int = PURGE_BATCH_DEFAULT,
     tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
 ) -> PurgeReport:
-    """Remove finished work older than ``older_than``, and erased operations' tombstones older
-    than ``tombstone_horizon``, in bounded batches, one purger at a time.
+    """Remove finished work and what shadow subscriptions recorded older than ``older_than``,
+    and erased operations' tombstones older than ``tombstone_horizon``, in bounded batches, one
+    purger at a time.
 
     Each batch is its own short transaction holding the purge lock, so a purge never holds
     locks on many rows for long and the bridge keeps running beside it.
@@ -427,9 +428,12 @@ def purge(
         if removed is None:
             return PurgeReport(total, batches, locked_out=True)
         total, batches = total + removed, batches + 1
-        if (
-            removed.work_rows < batch_size
-            and removed.rejected_deliveries < batch_size
-            and removed.tombstones < batch_size
-        ):
+        limited = (
+            removed.work_rows,
+            removed.rejected_deliveries,
+            removed.tombstones,
+            removed.shadow_deliveries,
+            removed.shadow_operations,
+        )
+        if max(limited) < batch_size:  # every kind a batch is limited in has run out
             return PurgeReport(total, batches, locked_out=False)

@@ -204,6 +204,9 @@ class PurgeCounts:
     payloads: int = 0
     #: erased operations' tombstones past the horizon
     tombstones: int = 0
+    #: what shadow subscriptions recorded before the cutoff: deliveries, and operations
+    shadow_deliveries: int = 0
+    shadow_operations: int = 0
 
     def __add__(self, other: PurgeCounts) -> PurgeCounts:
         return PurgeCounts(
@@ -211,6 +214,8 @@ class PurgeCounts:
             self.rejected_deliveries + other.rejected_deliveries,
             self.payloads + other.payloads,
             self.tombstones + other.tombstones,
+            self.shadow_deliveries + other.shadow_deliveries,
+            self.shadow_operations + other.shadow_operations,
         )
 
 

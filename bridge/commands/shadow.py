@@ -4,16 +4,18 @@ effect log (``report``), and forgetting a finished comparison (``clear``)."""
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.commands.arguments import KEY_NOTE, add_database_flag, usage
+from bridge.commands.arguments import KEY_NOTE, add_database_flag, positive, usage
 from bridge.commands.session import identity_hasher, keyed, open_store, print_json, table
+from bridge.shadow import LISTED_DEFAULT
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
-    from bridge.shadow import Comparison
+    from bridge.shadow import Comparison, JobComparison
     from bridge.types import Key
 
 _COLUMNS = (
@@ -26,6 +28,12 @@ _COLUMNS = (
     "applied >1",
     "other payload",
     "never applied",
+)
+#: what the existing system did that fencebridge would not have: (field, title)
+_FINDINGS = (
+    ("applied_more_than_once", "applied more than once"),
+    ("applied_with_other_payload", "applied with another payload"),
+    ("never_applied", "never applied"),
 )
 
 
@@ -59,6 +67,13 @@ def register(commands: Subcommands) -> None:
         help="a shadow subscription to report (repeatable; default: every shadow subscription "
         "of the configuration)",
     )
+    q.add_argument(
+        "--limit",
+        type=positive,
+        default=LISTED_DEFAULT,
+        help="operations listed per finding and job type, in key order (default "
+        f"{LISTED_DEFAULT}; every one is counted)",
+    )
     q.add_argument("--json", action="store_true", help="print a JSON document instead")
     q.add_argument(
         "--reveal",
@@ -78,7 +93,14 @@ def register(commands: Subcommands) -> None:
 
 def report(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415
-    from bridge.shadow import compare, effect, read_effect_file  # noqa: PLC0415
+    from bridge.shadow import (  # noqa: PLC0415
+        SORT_RUN_DEFAULT,
+        compare,
+        effect,
+        in_key_order,
+        read_effect_file,
+    )
+    from bridge.store.operator import SHADOW_PAGE_DEFAULT  # noqa: PLC0415
 
     config = load_config(args.config)
     shadows = [n for n, s in config.subscriptions.items() if s.shadow]
@@ -89,13 +111,24 @@ def report(args: argparse.Namespace) -> int:
     if unknown:
         raise usage(f"not a shadow subscription of {args.config}: {', '.join(unknown)}")
     hasher = identity_hasher()
-    effects = read_effect_file(args.effects) if args.effects is not None else None
-    with open_store(args) as store:
+    with ExitStack() as stack:
+        if args.effects is not None:
+            log = stack.enter_context(closing(read_effect_file(args.effects)))
+        store = stack.enter_context(open_store(args))
         keyed(store, hasher)
-        if effects is None:
-            rows = store.effect_table(args.effects_table)
-            effects = [effect(r, f"{args.effects_table} row {n}") for n, r in enumerate(rows, 1)]
-        result = compare(store.shadow_decisions(names), store.shadow_operations(names), effects)
+        decisions = store.shadow_decisions(names)
+        # What the report holds at once, whatever the size of the record and the log: a page
+        # of each query, a run of a log file being sorted, and the listed operations.
+        page, run = SHADOW_PAGE_DEFAULT, SORT_RUN_DEFAULT
+        if args.effects is None:
+            table_rows = store.effect_table(args.effects_table, page=page)
+            rows = stack.enter_context(closing(table_rows))
+            where = args.effects_table
+            effects = (effect(r, f"{where} row {n}") for n, r in enumerate(rows, start=1))
+        else:
+            effects = stack.enter_context(closing(in_key_order(log, run=run)))
+        seen = stack.enter_context(closing(store.shadow_operations(names, page=page)))
+        result = compare(decisions, seen, effects, limit=args.limit)
     document = _document(result, names, hasher, reveal=args.reveal)
     if args.json:
         print_json(document)
@@ -108,23 +141,20 @@ def report(args: argparse.Namespace) -> int:
             j["replays"],
             j["conflicts"],
             j["undecodable"],
-            len(j["applied_more_than_once"]),
-            len(j["applied_with_other_payload"]),
-            len(j["never_applied"]),
+            *(j["totals"][finding] for finding, _ in _FINDINGS),
         ]
         for name, j in document["job_types"].items()
     ]
     print(f"shadow subscriptions: {', '.join(names)}")
     print("\n".join(table(_COLUMNS, rows_out)))
     for name, j in document["job_types"].items():
-        for title, field in (
-            ("applied more than once", "applied_more_than_once"),
-            ("applied with another payload", "applied_with_other_payload"),
-            ("never applied", "never_applied"),
-        ):
-            for op in j[field]:
+        for finding, title in _FINDINGS:
+            for op in j[finding]:
                 times = f" ({op['times']} times)" if "times" in op else ""
                 print(f"{name}: {title}: tenant {op['tenant']} operation {op['operation']}{times}")
+            left = j["totals"][finding] - len(j[finding])
+            if left:
+                print(f"{name}: {title}: {left} more, not listed (--limit {args.limit})")
     print(
         f"effects of operations no shadow subscription saw: {document['effects_not_seen']}; "
         f"effects without a payload hash (payload not compared): "
@@ -144,24 +174,29 @@ def _document(
             "operation": hasher.operation(key.tenant_id, key.operation_id),
         }
 
+    def job(j: JobComparison) -> dict[str, Any]:
+        more, other, never = j.applied_more_than_once, j.applied_with_other_payload, j.never_applied
+        return {
+            "deliveries": j.deliveries,
+            "operations": j.operations,
+            "replays": j.replays,
+            "conflicts": j.conflicts,
+            "undecodable": j.undecodable,
+            "applied_more_than_once": [{**ident(k), "times": n} for k, n in more.first],
+            "applied_with_other_payload": [ident(k) for k, _ in other.first],
+            "never_applied": [ident(k) for k, _ in never.first],
+            "totals": {
+                "applied_more_than_once": more.total,
+                "applied_with_other_payload": other.total,
+                "never_applied": never.total,
+            },
+        }
+
     return {
         "subscriptions": names,
         "identifiers": "raw" if reveal else "keyed hashes",
-        "job_types": {
-            name: {
-                "deliveries": j.deliveries,
-                "operations": j.operations,
-                "replays": j.replays,
-                "conflicts": j.conflicts,
-                "undecodable": j.undecodable,
-                "applied_more_than_once": [
-                    {**ident(k), "times": n} for k, n in j.applied_more_than_once.items()
-                ],
-                "applied_with_other_payload": [ident(k) for k in j.applied_with_other_payload],
-                "never_applied": [ident(k) for k in j.never_applied],
-            }
-            for name, j in result.job_types.items()
-        },
+        "listed_per_finding": result.limit,
+        "job_types": {name: job(j) for name, j in result.job_types.items()},
         "effects_not_seen": result.effects_not_seen,
         "effects_without_hash": result.effects_without_hash,
     }

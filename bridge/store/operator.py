@@ -9,9 +9,9 @@ rolls it back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from bridge.records import (
     ErasureCounts,
@@ -50,6 +50,9 @@ from bridge.types import (
     Stats,
     Ticket,
 )
+
+#: rows of a shadow report's query per round trip: what the report holds of the record at once
+SHADOW_PAGE_DEFAULT: Final = 1000
 
 
 class OperatorStore(KeyedStore, Protocol):
@@ -199,12 +202,19 @@ class OperatorStore(KeyedStore, Protocol):
         """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
         ...
 
-    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
-        """The operations these shadow subscriptions recorded, with their first payload hash."""
+    def shadow_operations(
+        self, subscriptions: Sequence[str], *, page: int = SHADOW_PAGE_DEFAULT
+    ) -> Generator[SeenOperation, None, None]:
+        """The operations these shadow subscriptions recorded, one per operation with the
+        payload hash it was first seen with, in key order (code point order of the tenant,
+        then the operation), read ``page`` rows at a time."""
         ...
 
-    def effect_table(self, name: str) -> list[dict[str, Any]]:
-        """Every row of an effect log kept as a table or view of this database."""
+    def effect_table(
+        self, name: str, *, page: int = SHADOW_PAGE_DEFAULT
+    ) -> Generator[dict[str, Any], None, None]:
+        """Every row of an effect log kept as a table or view of this database, in the key
+        order of :meth:`shadow_operations`, read ``page`` rows at a time."""
         ...
 
     def shadow_clear(self, subscription: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +49,7 @@ from typing import Any, LiteralString
 import psycopg
 import psycopg.sql
 from psycopg import RawCursor, pq
+from psycopg.abc import Query
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -85,6 +86,7 @@ from bridge.store.listing import (
     RejectedSummary,
     RowSummary,
 )
+from bridge.store.operator import SHADOW_PAGE_DEFAULT
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     PRIORITY_AGING_DEFAULT,
@@ -1307,8 +1309,9 @@ class PostgresStore:
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts | None:
         """Remove one bounded batch of finished work older than ``older_than``, of tombstones
-        older than ``tombstone_horizon``, and of token buckets full for longer than
-        ``older_than`` (the same as no bucket; not counted).
+        older than ``tombstone_horizon``, of what shadow subscriptions recorded before
+        ``older_than``, and of token buckets full for longer than ``older_than`` (the same as
+        no bucket; not counted).
 
         Returns None, having removed nothing, when another purge holds the purge lock.
         """
@@ -1323,10 +1326,12 @@ class PostgresStore:
             gone = conn.execute(
                 sql.statement("purge_tombstones"), {**params, "horizon": tombstone_horizon}
             ).fetchone()
+            shadow = conn.execute(sql.statement("purge_shadow"), params).fetchone()
             conn.execute(sql.statement("purge_buckets"), params)
         assert row is not None
         assert gone is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
+        assert shadow is not None
+        return PurgeCounts(*(int(n) for n in (*row, *gone, *shadow)))
 
     def purge_preview(
         self,
@@ -1335,17 +1340,18 @@ class PostgresStore:
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts:
         """What a purge with this age (and tombstone horizon) would remove right now."""
+        params = {"older_than": older_than, "now": self._now()}
         with self._connection("purge") as conn:
-            row = conn.execute(
-                sql.statement("purge_count"), {"older_than": older_than, "now": self._now()}
-            ).fetchone()
+            row = conn.execute(sql.statement("purge_count"), params).fetchone()
             gone = conn.execute(
                 sql.statement("purge_tombstones_count"),
                 {"horizon": tombstone_horizon, "now": self._now()},
             ).fetchone()
+            shadow = conn.execute(sql.statement("purge_shadow_count"), params).fetchone()
         assert row is not None
         assert gone is not None
-        return PurgeCounts(int(row[0]), int(row[1]), int(row[2]), int(gone[0]))
+        assert shadow is not None
+        return PurgeCounts(*(int(n) for n in (*row, *gone, *shadow)))
 
     def erase(
         self,
@@ -1446,29 +1452,66 @@ class PostgresStore:
             ).fetchall()
         return [(j, d, int(n)) for j, d, n in rows]
 
-    def shadow_operations(self, subscriptions: Sequence[str]) -> list[SeenOperation]:
-        """The operations these shadow subscriptions recorded, with their first payload hash."""
-        with self._connection("shadow report") as conn:
-            rows = conn.execute(
-                sql.statement("shadow_operations"), {"subscription": list(subscriptions)}
-            ).fetchall()
-        return [SeenOperation(Key(t, o), j, bytes(h)) for t, o, j, h in rows]
+    def shadow_operations(
+        self, subscriptions: Sequence[str], *, page: int = SHADOW_PAGE_DEFAULT
+    ) -> Generator[SeenOperation, None, None]:
+        """The operations these shadow subscriptions recorded, one per operation with the
+        payload hash it was first seen with, in key order (code point order of tenant, then
+        operation), ``page`` rows per round trip: :meth:`_held_pages`."""
+        rows = self._held_pages(
+            "shadow_operations",
+            sql.statement("shadow_operations"),
+            {"subscription": list(subscriptions)},
+            page,
+        )
+        for t, o, j, h in rows:
+            yield SeenOperation(Key(t, o), j, bytes(h))
 
-    def effect_table(self, name: str) -> list[dict[str, Any]]:
-        """Every row of the table or view ``name`` (``schema.table`` or ``table``) as a dict:
-        an effect log the existing system keeps in this database."""
+    def effect_table(
+        self, name: str, *, page: int = SHADOW_PAGE_DEFAULT
+    ) -> Generator[dict[str, Any], None, None]:
+        """Every row of the table or view ``name`` (``schema.table`` or ``table``) as a dict,
+        in the key order of :meth:`shadow_operations`, ``page`` rows per round trip: an effect
+        log the existing system keeps in this database."""
         parts = name.split(".")
         if not 1 <= len(parts) <= 2 or not all(parts):
             raise ConfigError(f"an effect table is named table or schema.table, not {name!r}")
         query = psycopg.sql.SQL(sql.statement("shadow_effects_table")).format(
             effects=psycopg.sql.Identifier(*parts)
         )
-        with self._connection("shadow report") as conn:
+        missing = f"shadow report: no table or view {name!r}"
+        for (row,) in self._held_pages("shadow_effects", query, {}, page, missing=missing):
+            yield dict(row)
+
+    def _held_pages(
+        self,
+        name: str,
+        query: Query,
+        params: Mapping[str, Any],
+        page: int,
+        *,
+        missing: str | None = None,
+    ) -> Iterator[tuple[Any, ...]]:
+        """The rows of a report's query, ``page`` at a time, from a cursor held on the server
+        (``WITH HOLD``): the client keeps one page, and no transaction stays open while it
+        works through one, so neither the idle transaction limit nor a snapshot held back
+        from vacuum depends on how long the report takes. The server keeps the result until
+        the cursor closes (with the generator, or the session). ``missing``: the error when
+        the query names a table that does not exist (an operator's table)."""
+        if page < 1:
+            raise ValueError(f"a page holds at least one row, not {page}")
+        with (
+            self._connection("shadow report") as conn,
+            conn.cursor(name=name, withhold=True) as cursor,
+        ):
             try:
-                rows = conn.execute(query).fetchall()
+                cursor.execute(query, params)
             except psycopg.errors.UndefinedTable as exc:
-                raise ConfigError(f"shadow report: no table or view {name!r}") from exc
-        return [dict(r[0]) for r in rows]
+                if missing is None:
+                    raise
+                raise ConfigError(missing) from exc
+            while rows := cursor.fetchmany(page):
+                yield from rows
 
     def shadow_clear(self, subscription: str) -> tuple[int, int]:
         """Forget one shadow subscription's record: (operations, deliveries) removed."""

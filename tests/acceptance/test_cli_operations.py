@@ -506,11 +506,11 @@ def test_purge_removes_old_finished_rows_and_payloads_in_batches(
     store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{")])
     db.execute("UPDATE rejected_delivery SET created_at = now() - interval '400 days'")
 
-    preview = cli("purge", "--older-than", "30d", "--dry-run").stdout
+    preview = cli("purge", "--older-than", "35d", "--dry-run").stdout
     assert preview.startswith("would purge 4 work row(s), 0 rejected deliveries and 4 payload(s)")
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (7,)
 
-    out = cli("purge", "--older-than", "30d", "--batch-size", "2").stdout
+    out = cli("purge", "--older-than", "35d", "--batch-size", "2").stdout
 
     assert out.startswith("purged 4 work row(s), 0 rejected deliveries and 4 payload(s)")
     assert "in 3 batch(es)" in out
@@ -539,11 +539,61 @@ def test_only_one_purge_runs_at_a_time(cli: Any, store: PostgresStore, db: Db, d
     settled(store, db, "old", State.SUCCEEDED, 40)
     with psycopg.connect(db_url) as holder, holder.transaction():
         holder.execute(sql.statement("purge_lock"))
-        done = cli("purge", "--older-than", "30d", check=False)
+        done = cli("purge", "--older-than", "35d", check=False)
     assert done.returncode == 1
     assert "another purge is running" in done.stderr
     assert done.stdout.startswith("purged 0 work row(s)")
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (1,)
+
+
+def test_a_purge_within_a_brokers_redelivery_window_is_refused_unless_forced(
+    cli: Any, store: PostgresStore, db: Db, tmp_path: Path
+) -> None:
+    """The rule `check` reports as no-go (control 9), in its words: without --force nothing is
+    deleted, dry run included. A configuration's own subscriptions decide; without one, every
+    installed source's window does (Pub/Sub's 31 days)."""
+    settled(store, db, "old", State.SUCCEEDED, 40)
+    settled(store, db, "week", State.SUCCEEDED, 8)
+
+    def refused(*args: str) -> str:
+        done = cli("purge", *args, check=False)
+        assert done.returncode == 1, done.stdout
+        assert done.stdout == ""
+        assert db.execute("SELECT count(*) FROM work_item").fetchone() == (2,)
+        assert done.stderr.startswith("fencebridge purge: refused, nothing deleted: ")
+        return done.stderr
+
+    err = refused("--older-than", "7d")
+    assert "7 d is within a sqs subscription's redelivery window (sqs: up to 14 d)" in err
+    assert "7 d is within a pubsub subscription's redelivery window (pubsub: up to 31 d)" in err
+    assert "name the configuration (--config) to compare with its subscriptions only" in err
+    assert "a pubsub subscription's" in refused("--older-than", "30d", "--dry-run")
+    assert "(pubsub: up to 31 d)" in refused("--older-than", "36h")
+    err = refused("--older-than", "32d", "--tombstone-days", "20")
+    assert err.startswith(
+        "fencebridge purge: refused, nothing deleted: tombstones kept 20 d, within a pubsub "
+        "subscription's redelivery window (pubsub: up to 31 d): a redelivery of an erased "
+        "operation would run it again (name the configuration"
+    )
+
+    week = tmp_path / "week.toml"
+    week.write_text(config_text("1").replace("purge_after_days = 30", "purge_after_days = 7"))
+    err = refused("--config", str(week))
+    assert err == (
+        "fencebridge purge: refused, nothing deleted: purge after 7 d is within orders's "
+        "redelivery window (sqs: up to 14 d): a redelivery would run it again (pass --force)\n"
+    )
+    month = tmp_path / "month.toml"
+    month.write_text(config_text("1"))
+    assert "tombstones kept 14 d, within orders's redelivery window (sqs: up to 14 d)" in (
+        refused("--config", str(month), "--tombstone-days", "14")
+    )
+
+    # the SQS-only configuration's 30 days are past its window, though not Pub/Sub's
+    assert cli("purge", "--config", str(month)).stdout.startswith("purged 1 work row(s)")
+    forced = cli("purge", "--config", str(week), "--force").stdout
+    assert forced.startswith("purged 1 work row(s)")
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
 
 
 # -- erase ---------------------------------------------------------------------------------------
@@ -698,7 +748,7 @@ def test_resolve_closes_conflicts_audited_and_leaves_the_work_row_untouched(
     assert f"delivery #{given_up}" not in redrive
     # Closed deliveries age out with retention; the open quarantined one is kept.
     db.execute("UPDATE rejected_delivery SET created_at = now() - interval '400 days'")
-    preview = cli("purge", "--older-than", "30d", "--dry-run").stdout
+    preview = cli("purge", "--older-than", "35d", "--dry-run").stdout
     assert "2 rejected deliveries" in preview
 
     again = cli("resolve", str(conflict_id), "999999", "--reason", "r", check=False)
@@ -769,7 +819,7 @@ def test_inspect_says_whether_an_absent_operation_was_erased_purged_or_never_see
     (claim,) = store.claim_keys("w", [delivery("acme", "old", "ledger").key], LEASE)
     store.complete(claim.ticket)
     db.execute("UPDATE work_item SET settled_at = now() - interval '40 days'")
-    cli("purge", "--older-than", "30d")
+    cli("purge", "--older-than", "35d")
     parked(store, "initech", "op-9", "ledger")
     cli("erase", "--tenant", "initech", "--reason", "GDPR-2", "--actor", "dpo")
 

@@ -33,7 +33,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bridge import keyring, sql
 from bridge.config.model import DestinationConfig
 from bridge.database import DATABASE_URL_ENV, Connection
-from bridge.demo import invoices
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.settlement import Run
@@ -49,6 +48,7 @@ from bridge.telemetry import names as n
 from bridge.types import Key, State
 from consumers import sns_sink
 from consumers.sqs_sink import SqsSink
+from fencebridge_demo import invoices
 from tests.support.deliveries import for_job
 from tests.support.roles import Roles, apply_roles, drop_roles
 from tests.support.sqs_proxy import Fault, sqs_proxy
@@ -546,10 +546,12 @@ def test_status_shows_each_destinations_backlog_and_purge_removes_only_sent_mess
 
     assert (
         "would purge 2 sent outbox message(s)"
-        in cli(db_url, "purge", "--older-than", "30m", "--dry-run").stdout
+        in cli(db_url, "purge", "--older-than", "30m", "--dry-run", "--force").stdout
     )
-    assert "purged 0 sent outbox message(s)" in cli(db_url, "purge", "--older-than", "2h").stdout
-    out = cli(db_url, "purge", "--older-than", "30m", "--batch-size", "1").stdout
+    # ages this short are within every broker's redelivery window: --force says it is meant
+    purged = cli(db_url, "purge", "--older-than", "2h", "--force").stdout
+    assert "purged 0 sent outbox message(s)" in purged
+    out = cli(db_url, "purge", "--older-than", "30m", "--batch-size", "1", "--force").stdout
     assert "purged 2 sent outbox message(s)" in out
     left = bench.db.execute("SELECT message_id, state FROM outbox_message").fetchall()
     assert sorted(state for _, state in left) == ["parked", "parked", "pending", "pending"]

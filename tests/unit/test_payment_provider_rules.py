@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.demo.provider import (
+from fencebridge_demo.provider import (
     ChargeResult,
     Fault,
     FaultKind,

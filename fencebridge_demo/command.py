@@ -1,5 +1,11 @@
 """``fencebridge demo``: the whole protocol on an embedded database, a local broker and a
-payment provider. The only command that imports :mod:`bridge.demo`."""
+payment provider.
+
+The command lives with the demo, not in the core: ``fencebridge`` finds it under the
+``fencebridge.commands`` entry point group (pyproject.toml), so no module of ``bridge`` imports
+the demo. What the demo needs beyond the bridge (an embedded PostgreSQL, a local SQS server)
+is the ``demo`` extra; without it the command says what to install.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.demo import scenario  # noqa: PLC0415
+    from fencebridge_demo import scenario  # noqa: PLC0415  (keeps `fencebridge --help` fast)
 
     if args.dir is not None and not args.keep:
         raise usage("--dir names where --keep writes its files: add --keep, or drop --dir")

@@ -1,4 +1,9 @@
-"""The runnable demonstration: a local payment provider and the scenario that drives it."""
+"""The runnable demonstration: a local payment provider and the scenario that drives it.
+
+A package of its own beside the bridge, shipped in the same distribution: it imports the
+bridge, the bridge never imports it. ``fencebridge demo`` (:mod:`fencebridge_demo.command`) is
+found by the command line through the ``fencebridge.commands`` entry point group.
+"""
 
 from __future__ import annotations
 
