@@ -21,7 +21,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
 COPY consumers ./consumers
-COPY fencebridge_demo ./fencebridge_demo
 
 # Every dependency ships binary wheels for amd64 and arm64 (psycopg[binary], grpcio), so no
 # compiler is installed, even here. The environment is made without pip of its own; the

@@ -28,13 +28,13 @@ demo: $(STAMP) ## run the whole protocol end to end on an embedded database and 
 	$(BIN)/fencebridge demo
 
 lint: $(STAMP) ## ruff and mypy
-	$(BIN)/ruff check bridge consumers fencebridge_demo tests bench
-	$(BIN)/ruff format --check bridge consumers fencebridge_demo tests bench
+	$(BIN)/ruff check bridge consumers tests bench
+	$(BIN)/ruff format --check bridge consumers tests bench
 	$(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's formatting and safe fixes
-	$(BIN)/ruff check --fix bridge consumers fencebridge_demo tests bench
-	$(BIN)/ruff format bridge consumers fencebridge_demo tests bench
+	$(BIN)/ruff check --fix bridge consumers tests bench
+	$(BIN)/ruff format bridge consumers tests bench
 
 $(BENCH_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(BENCH_VENV)

@@ -65,6 +65,12 @@ from bench.store import (
 )
 from bridge.config import parse_config
 from bridge.decode import decode
+from bridge.demo.emulator import (
+    EMULATOR_ENV,
+    PubSubEmulator,
+    find_launcher,
+    with_emulator_host,
+)
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
@@ -72,12 +78,6 @@ from bridge.runtime import build_registry
 from bridge.store import PostgresStore
 from bridge.worker import WorkerPool
 from consumers.pubsub import PubSubConsumer, from_config, subscriber_client
-from fencebridge_demo.emulator import (
-    EMULATOR_ENV,
-    PubSubEmulator,
-    find_launcher,
-    with_emulator_host,
-)
 
 JOB = "noop"
 TENANT = "bench"

@@ -68,7 +68,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
 )
 
 #: commands from outside the core, listed after its own: each entry point names a
-#: ``register(commands)``. The demo's is ``demo = "fencebridge_demo.command:register"``, so the
+#: ``register(commands)``. The demo's is ``demo = "bridge.demo.command:register"``, so the
 #: core never imports the demo to offer ``fencebridge demo``.
 COMMAND_ENTRY_POINTS: Final = "fencebridge.commands"
 

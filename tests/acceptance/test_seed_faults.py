@@ -24,11 +24,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from bridge.demo import balances, invoices, payments
+from bridge.demo.provider import PaymentProvider
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, RedriveFilter, State, TargetClass, Ticket
-from fencebridge_demo import balances, invoices, payments
-from fencebridge_demo.provider import PaymentProvider
 from tests.support.worker_process import NOTIFY_JOB, Claimed, WorkerProcess
 
 pytestmark = pytest.mark.slow

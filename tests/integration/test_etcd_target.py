@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 
+from bridge.demo.emulator import free_port
 from bridge.errors import FencedOut
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
@@ -23,7 +24,6 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.targets.etcd import EtcdClient, fence_key, fenced_put, stored_fence
 from bridge.types import Delivery, Key, TargetClass
-from fencebridge_demo.emulator import free_port
 from tests.support.etcd_server import EtcdServer, etcd_server, require_etcd
 from tests.support.etcd_worker import JOB_TYPE, SetValueInEtcd
 from tests.support.worker_process import context_for

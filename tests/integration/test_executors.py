@@ -18,6 +18,13 @@ import psycopg
 import pytest
 
 from bridge.database import Connection
+from bridge.demo import invoices, payments
+from bridge.demo.provider import (
+    FaultKind,
+    PaymentClient,
+    PaymentProvider,
+    ProviderConflict,
+)
 from bridge.errors import LeaseLost
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
@@ -51,13 +58,6 @@ from bridge.types import (
     State,
     TargetClass,
     Ticket,
-)
-from fencebridge_demo import invoices, payments
-from fencebridge_demo.provider import (
-    FaultKind,
-    PaymentClient,
-    PaymentProvider,
-    ProviderConflict,
 )
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job

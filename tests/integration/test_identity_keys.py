@@ -18,6 +18,8 @@ import pytest
 
 from bridge import keyring
 from bridge.cli import main
+from bridge.demo.payments import ChargeCustomer
+from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.handlers import Ambiguous, Context, RetryPolicy
@@ -33,8 +35,6 @@ from bridge.keyring import IdentityKeyMismatch
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, State, TargetClass
-from fencebridge_demo.payments import ChargeCustomer
-from fencebridge_demo.provider import FaultKind, PaymentClient, PaymentProvider
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
 

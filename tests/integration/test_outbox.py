@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bridge import keyring, sql
 from bridge.config.model import DestinationConfig
 from bridge.database import DATABASE_URL_ENV, Connection
+from bridge.demo import invoices
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.settlement import Run
@@ -48,7 +49,6 @@ from bridge.telemetry import names as n
 from bridge.types import Key, State
 from consumers import sns_sink
 from consumers.sqs_sink import SqsSink
-from fencebridge_demo import invoices
 from tests.support.deliveries import for_job
 from tests.support.roles import Roles, apply_roles, drop_roles
 from tests.support.sqs_proxy import Fault, sqs_proxy

@@ -21,7 +21,7 @@ from typing import IO
 
 import pytest
 
-from fencebridge_demo.provider import (
+from bridge.demo.provider import (
     ChargeResult,
     FaultKind,
     PaymentClient,
@@ -540,7 +540,7 @@ def read_line(stream: IO[str], timeout: float = 10.0) -> str:
 @pytest.fixture
 def provider_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fencebridge_demo.provider", "--port", "0"],
+        [sys.executable, "-m", "bridge.demo.provider", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -586,7 +586,7 @@ def test_the_process_outlives_a_killed_client(
 ) -> None:
     _, url = provider_process
     script = (
-        "import sys; from fencebridge_demo.provider import PaymentClient;"
+        "import sys; from bridge.demo.provider import PaymentClient;"
         "PaymentClient(sys.argv[1]).charge('key-1', {'amount': 1200, 'currency': 'eur'});"
         "print('charged', flush=True);"
         "import time; time.sleep(600)"
@@ -609,7 +609,7 @@ def test_the_process_reports_a_port_in_use() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "fencebridge_demo.provider", "--port", str(port)],
+            [sys.executable, "-m", "bridge.demo.provider", "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=30,

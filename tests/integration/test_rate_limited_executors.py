@@ -11,9 +11,9 @@ from datetime import timedelta
 
 import pytest
 
+from bridge.demo import invoices
 from bridge.handlers import Context, RateLimited, Success
 from bridge.types import State, TargetClass
-from fencebridge_demo import invoices
 from tests.integration.test_executors import START, TENANT, Bench, ScriptedApi, bench, scripted
 
 __all__ = ["bench"]  # the fixture, imported for these tests

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from bridge.demo import payments
+from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider, ProviderRateLimited
 from bridge.handlers import RateLimited
-from fencebridge_demo import payments
-from fencebridge_demo.provider import FaultKind, PaymentClient, PaymentProvider, ProviderRateLimited
 from tests.integration.test_executors import (
     CHARGE,
     START,

@@ -18,6 +18,7 @@ import pytest
 
 from bridge.database import Connection, SessionTimeouts
 from bridge.deadline import DeadlineExceeded
+from bridge.demo import invoices
 from bridge.errors import StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
@@ -27,7 +28,6 @@ from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Key
 from bridge.worker import WorkerPool
-from fencebridge_demo import invoices
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

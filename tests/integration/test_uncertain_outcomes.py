@@ -20,14 +20,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from bridge.demo import payments
+from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.handlers import Context, RetryPolicy, Success, UnfencedHandler
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery
 from bridge.worker import WorkerPool
-from fencebridge_demo import payments
-from fencebridge_demo.provider import FaultKind, PaymentClient, PaymentProvider
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

@@ -23,6 +23,8 @@ import pytest
 from bridge import sql
 from bridge.database import APPLICATION_NAME
 from bridge.decode import RawDelivery
+from bridge.demo import balances, invoices, payments
+from bridge.demo.provider import PaymentClient, PaymentProvider
 from bridge.handlers import (
     ConditionalWriteHandler,
     Context,
@@ -38,8 +40,6 @@ from bridge.store import PostgresStore
 from bridge.sweeper import Sweeper
 from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
 from bridge.worker import WorkerPool
-from fencebridge_demo import balances, invoices, payments
-from fencebridge_demo.provider import PaymentClient, PaymentProvider
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
 from tests.support.held import HeldRows

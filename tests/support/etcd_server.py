@@ -19,8 +19,8 @@ from typing import IO
 
 import pytest
 
+from bridge.demo.emulator import free_port
 from bridge.targets.etcd import EtcdClient, EtcdRequestError
-from fencebridge_demo.emulator import free_port
 from tests.support.processes import ChildProcess
 from tests.support.waiting import eventually
 

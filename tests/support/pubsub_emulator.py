@@ -1,4 +1,4 @@
-"""Google's Pub/Sub emulator for tests (see :mod:`fencebridge_demo.emulator`).
+"""Google's Pub/Sub emulator for tests (see :mod:`bridge.demo.emulator`).
 
 When the emulator is missing, tests that need it are skipped, except in CI (``CI=true``), where
 a missing emulator fails the run instead of silently skipping it.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fencebridge_demo.emulator import (
+from bridge.demo.emulator import (
     EMULATOR_ENV,
     EMULATOR_HOST_ENV,
     LAUNCHER,

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import IO
 
 from bridge.database import Connection
+from bridge.demo import balances, invoices, payments
+from bridge.demo.provider import PaymentClient
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.handlers import Context, RetryPolicy, Success, UnfencedHandler
@@ -48,8 +50,6 @@ from bridge.identity import IdentityHasher
 from bridge.registry import JobSpec, Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
-from fencebridge_demo import balances, invoices, payments
-from fencebridge_demo.provider import PaymentClient
 from tests.support.processes import ChildProcess
 
 REPO = Path(__file__).resolve().parents[2]

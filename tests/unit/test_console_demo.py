@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bridge.cli import build_parser
 from bridge.console.auth import Role, Tokens
-from fencebridge_demo.explore import Workspace, console_commands, lines
+from bridge.demo.explore import Workspace, console_commands, lines
 
 
 def test_the_kept_demo_prints_how_to_start_the_console(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from bridge.cli import COMMAND_ENTRY_POINTS, build_parser, main
 
 def test_the_demo_command_is_found_by_its_entry_point() -> None:
     args = build_parser(["demo", "--keep"]).parse_args(["demo", "--keep", "--broker", "pubsub"])
-    assert args.run.__module__ == "fencebridge_demo.command"
+    assert args.run.__module__ == "bridge.demo.command"
     assert (args.keep, args.broker) == (True, "pubsub")
     assert "demo" in build_parser([]).format_help()
 
@@ -27,7 +27,7 @@ def test_the_core_commands_load_nothing_of_the_demo() -> None:
         "from bridge.cli import build_parser\n"
         "import bridge.runtime\n"
         "build_parser(['run', '--config', 'bridge.toml']).parse_args(['run', '--config', 'x'])\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fencebridge_demo'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('bridge.demo')))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True

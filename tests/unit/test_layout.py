@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("bridge", "consumers", "fencebridge_demo")
+PACKAGES = ("bridge", "consumers")
 
 #: a string constant that reads as a SQL statement: a statement keyword first, then what that
 #: statement needs next (``SELECT <columns> FROM``, ``INSERT INTO``, ``UPDATE <table> SET``,
@@ -88,8 +88,8 @@ def test_the_core_never_imports_an_adapter() -> None:
 def test_the_core_never_imports_the_demo() -> None:
     """No module of ``bridge`` or ``consumers``, not even to run ``fencebridge demo``: the
     command line finds that command by its entry point (``fencebridge.commands``)."""
-    core = [m for m in modules() if not under(m, "fencebridge_demo")]
-    offenders = {m: sorted(t for t in imported(m) if under(t, "fencebridge_demo")) for m in core}
+    core = [m for m in modules() if not under(m, "bridge.demo")]
+    offenders = {m: sorted(t for t in imported(m) if under(t, "bridge.demo")) for m in core}
     assert {m: ts for m, ts in offenders.items() if ts} == {}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fencebridge_demo.provider import (
+from bridge.demo.provider import (
     ChargeResult,
     Fault,
     FaultKind,

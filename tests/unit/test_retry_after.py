@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bridge.demo.payments import RETRY_AFTER_DEFAULT, RETRY_AFTER_MAX, retry_after
+from bridge.demo.provider import Fault, FaultKind, PaymentProvider
 from bridge.handlers import OutcomeKind, RateLimited
-from fencebridge_demo.payments import RETRY_AFTER_DEFAULT, RETRY_AFTER_MAX, retry_after
-from fencebridge_demo.provider import Fault, FaultKind, PaymentProvider
 
 NOW = datetime(2024, 5, 6, 12, 0, 0, tzinfo=UTC)
 

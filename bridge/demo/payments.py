@@ -33,7 +33,7 @@ Payload (JSON)::
     {"amount": 1200, "currency": "eur", "reference": "order-1042"}
 
 Built by ``fencebridge run`` (or ``check``) from
-``handler = "fencebridge_demo.payments:ChargeCustomer"``, the class takes no argument and reads the
+``handler = "bridge.demo.payments:ChargeCustomer"``, the class takes no argument and reads the
 provider's URL from ``FENCEBRIDGE_DEMO_PROVIDER_URL`` (``fencebridge demo --keep`` writes it to
 its env file): settings come from the environment, as secrets would.
 """
@@ -45,6 +45,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
+from bridge.demo.provider import (
+    ChargeResult,
+    PaymentClient,
+    ProviderAmbiguous,
+    ProviderConflict,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRejected,
+    ProviderServerError,
+    ProviderTimeout,
+)
 from bridge.errors import ConfigError
 from bridge.handlers import (
     Ambiguous,
@@ -58,17 +69,6 @@ from bridge.handlers import (
     RetryLater,
     Success,
     TerminalFailure,
-)
-from fencebridge_demo.provider import (
-    ChargeResult,
-    PaymentClient,
-    ProviderAmbiguous,
-    ProviderConflict,
-    ProviderError,
-    ProviderRateLimited,
-    ProviderRejected,
-    ProviderServerError,
-    ProviderTimeout,
 )
 
 JOB_TYPE = "charge_customer"

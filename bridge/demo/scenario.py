@@ -10,7 +10,7 @@ charging. It prints a live progress line, then a summary, and checks the one thi
 matters: the provider's ledger holds exactly one charge per operation that succeeded, and none
 twice.
 
-With ``keep`` it then writes its configuration and an env file (:mod:`fencebridge_demo.explore`),
+With ``keep`` it then writes its configuration and an env file (:mod:`bridge.demo.explore`),
 prints the commands to try and keeps everything running until SIGINT or SIGTERM.
 """
 
@@ -36,6 +36,10 @@ from typing import Any, Protocol
 from bridge import embedded
 from bridge.config import load_config, parse_config
 from bridge.database import DATABASE_URL_ENV, connect
+from bridge.demo import explore
+from bridge.demo.emulator import EMULATOR_HOST_ENV, PubSubEmulator, find_launcher
+from bridge.demo.payments import JOB_TYPE, PROVIDER_URL_ENV, ChargeCustomer
+from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.errors import ConfigError
 from bridge.handlers import Context, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
@@ -43,10 +47,6 @@ from bridge.migrate import migrate
 from bridge.runtime import Bridge, build_registry
 from bridge.store import PostgresStore
 from bridge.types import State
-from fencebridge_demo import explore
-from fencebridge_demo.emulator import EMULATOR_HOST_ENV, PubSubEmulator, find_launcher
-from fencebridge_demo.payments import JOB_TYPE, PROVIDER_URL_ENV, ChargeCustomer
-from fencebridge_demo.provider import FaultKind, PaymentClient, PaymentProvider
 
 TENANTS = ("acme", "globex")
 ORDERS = 10
@@ -68,7 +68,7 @@ shutdown_deadline_seconds = 5.0
 health_port = 0
 
 [jobs.{job_type}]
-handler = "fencebridge_demo.payments:ChargeCustomer"
+handler = "bridge.demo.payments:ChargeCustomer"
 target_class = "C"
 max_attempts = 5
 lease_seconds = {lease}

@@ -1,8 +1,9 @@
 """The runnable demonstration: a local payment provider and the scenario that drives it.
 
-A package of its own beside the bridge, shipped in the same distribution: it imports the
-bridge, the bridge never imports it. ``fencebridge demo`` (:mod:`fencebridge_demo.command`) is
-found by the command line through the ``fencebridge.commands`` entry point group.
+Shipped with the bridge so that ``fencebridge demo`` runs from an install, and kept out of
+the core's import path: it imports the bridge, no other module of the bridge imports it.
+``fencebridge demo`` (:mod:`bridge.demo.command`) is found by the command line through the
+``fencebridge.commands`` entry point group.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ that says what the caller may do next::
     ├── ProviderRejected            400/422 and other 4xx: terminal; this request applied nothing
     └── ProviderUnavailable         a lookup could not tell (503, 5xx, timeout, connection)
 
-Run alone with ``python -m fencebridge_demo.provider --port 8080``: it prints its URL once
+Run alone with ``python -m bridge.demo.provider --port 8080``: it prints its URL once
 listening and exits cleanly on SIGTERM or SIGINT.
 """
 
@@ -831,7 +831,7 @@ class PaymentClient:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM or SIGINT; print the URL on stdout once listening."""
     parser = argparse.ArgumentParser(
-        prog="python -m fencebridge_demo.provider",
+        prog="python -m bridge.demo.provider",
         description="A local payment provider with idempotency keys and switchable faults.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")

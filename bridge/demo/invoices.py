@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass
 
 from bridge.database import Connection
+from bridge.demo import statement
 from bridge.handlers import Context, Quarantine, SameDatabaseHandler, Success, TerminalFailure
-from fencebridge_demo import statement
 
 JOB_TYPE = "refund_invoice"
 #: the outbox destination :class:`RefundAndAnnounce` publishes its events to

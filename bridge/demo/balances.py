@@ -23,9 +23,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from bridge.database import Connection
+from bridge.demo import statement
 from bridge.handlers import ConditionalWriteHandler, Context, Quarantine, Success
 from bridge.targets.postgres import fenced_write
-from fencebridge_demo import statement
 
 JOB_TYPE = "set_balance"
 

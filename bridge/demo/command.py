@@ -46,7 +46,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fencebridge_demo import scenario  # noqa: PLC0415  (keeps `fencebridge --help` fast)
+    from bridge.demo import scenario  # noqa: PLC0415  (keeps `fencebridge --help` fast)
 
     if args.dir is not None and not args.keep:
         raise usage("--dir names where --keep writes its files: add --keep, or drop --dir")
