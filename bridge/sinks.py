@@ -29,6 +29,7 @@ from typing import Final, Protocol
 from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError, TransientError
 from bridge.outbox import OutboxMessage
+from bridge.outbox_limits import LEAST_COMMON, MessageLimits
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sinks"
 
@@ -73,6 +74,9 @@ class SinkAdapter:
     open: Callable[[str, DestinationConfig], Sink]
     #: ``messaging.system`` of its spans (OpenTelemetry messaging conventions)
     messaging_system: str
+    #: what its broker accepts of one message: ``ctx.outbox.publish`` checks a message to one
+    #: of its destinations against them (a sink that declares none gets the narrowest)
+    limits: MessageLimits = LEAST_COMMON
 
 
 def _found() -> dict[str, EntryPoint]:

@@ -17,11 +17,33 @@ from typing import Any, Final
 from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
+from bridge.outbox_limits import MessageLimits
 from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
 
 #: how long one publish may take before it counts as failed (it may still have been published)
 PUBLISH_TIMEOUT_SECONDS: Final = 30.0
 _TOPIC: Final = re.compile(r"^projects/[^/]+/topics/[^/]+$")
+#: What Pub/Sub accepts of one message, from its resource limits (Pub/Sub "Quotas and
+#: limits", https://cloud.google.com/pubsub/quotas#resource_limits): a message of 10 MB
+#: (the client refuses a publish request over 10,000,000 bytes, the topic's name and the
+#: encoding's framing included, so 2,048 bytes are kept for those), 100 attributes, an
+#: attribute key of 256 bytes and a value of 1,024 (the service's own refusal: "the maximum
+#: allowed is 1024", googleapis/google-cloud-python#7906), an ordering key of 1,024 bytes;
+#: keys starting with ``goog`` are the service's.
+LIMITS: Final = MessageLimits(
+    broker="Pub/Sub",
+    max_message_bytes=10_000_000 - 2_048,
+    counts_ordering_key=True,
+    max_attributes=100,
+    attribute_name=re.compile(r".+", re.DOTALL),
+    attribute_name_rule="1 to 256 bytes",
+    max_attribute_name_bytes=256,
+    max_attribute_value_bytes=1_024,
+    reserved_prefixes=("goog",),
+    ordering_key=re.compile(r".+", re.DOTALL),
+    ordering_key_rule="1 to 1,024 bytes",
+    max_ordering_key_bytes=1_024,
+)
 
 
 class PubSubSink:
@@ -93,4 +115,4 @@ def open_sink(name: str, config: DestinationConfig) -> PubSubSink:
     return PubSubSink(publisher, config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="gcp_pubsub")
+SINK = SinkAdapter(open=open_sink, messaging_system="gcp_pubsub", limits=LIMITS)

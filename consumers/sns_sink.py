@@ -15,7 +15,7 @@ from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
 from bridge.sinks import Refused, SinkAdapter
-from consumers.sqs_sink import aws_client, batch_entry, send_batches
+from consumers.sqs_sink import LIMITS, aws_client, batch_entry, send_batches
 
 
 class SnsSink:
@@ -49,4 +49,4 @@ def open_sink(name: str, config: DestinationConfig) -> SnsSink:
     return SnsSink(aws_client("sns", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns")
+SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns", limits=LIMITS)

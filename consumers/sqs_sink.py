@@ -15,14 +15,19 @@ sink (:func:`send_batches`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
+from bridge.outbox_limits import LEAST_COMMON
 from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
 
+#: What SQS and SNS accept of one message (:data:`bridge.outbox_limits.LEAST_COMMON` cites
+#: their documentation): the narrowest rules are theirs, less Pub/Sub's reserved prefix.
+LIMITS: Final = dataclasses.replace(LEAST_COMMON, reserved_prefixes=("aws.", "amazon."))
 #: SQS and SNS send at most 10 messages per batch call
 MAX_BATCH: Final = 10
 
@@ -174,4 +179,4 @@ def open_sink(name: str, config: DestinationConfig) -> SqsSink:
     return SqsSink(aws_client("sqs", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sqs")
+SINK = SinkAdapter(open=open_sink, messaging_system="aws_sqs", limits=LIMITS)
