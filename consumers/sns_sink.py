@@ -1,9 +1,9 @@
 """The ``sns`` outbox sink: publishes a destination's messages to an SNS topic.
 
-Like the ``sqs`` sink (whose batching it shares): every message carries its id in the
-``fencebridge-message-id`` attribute and its trace context in ``traceparent``; a FIFO topic (a
-``.fifo`` ARN) also gets ``MessageDeduplicationId`` = the message id and ``MessageGroupId`` =
-the ordering key (or the operation).
+Like the ``sqs`` sink (whose limits and batching, by count and by bytes, it shares): every
+message carries its id in the ``fencebridge-message-id`` attribute and its trace context in
+``traceparent``; a FIFO topic (a ``.fifo`` ARN) also gets ``MessageDeduplicationId`` = the
+message id and ``MessageGroupId`` = the ordering key (or the operation).
 """
 
 from __future__ import annotations
