@@ -9,6 +9,9 @@ paused and its later batches cancelled. The relay sends rounds of 300 through a 
 connections are cut twice mid-run. Only the five are parked, invalid; every other message is
 sent with no failed attempt counted, arrives by its id, and each key's messages arrive in the
 order they were written.
+
+A call to a topic that cannot be reached waits one deadline in all (not one per message) and is
+unavailable, not counted, whatever keys its timed-out publishes had.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import SchemaServiceClient
 from google.pubsub_v1.types import Encoding, Schema
@@ -31,11 +35,13 @@ from bridge.executors import execute
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE
+from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxMessage
 from bridge.registry import Registry
 from bridge.relay import DestinationRelay, OutboxStore
+from bridge.sinks import SinkUnavailable
 from bridge.store import PostgresStore
 from bridge.types import Key
+from consumers import pubsub_sink
 from consumers.pubsub_sink import PubSubSink
 from tests.support.deliveries import for_job
 from tests.support.proxy import proxy_to
@@ -222,3 +228,66 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
         if key and message_id in expected:
             in_order[key].append(message_id)
     assert dict(arrived) == dict(in_order), "each key's messages arrived in the order written"
+
+
+class Watched:
+    """The client, with the timeout each wait on one of its futures was given written down."""
+
+    def __init__(self, publisher: Any) -> None:
+        self._publisher = publisher
+        self.waits: list[float] = []
+
+    def publish(self, topic: str, data: bytes, **kwargs: Any) -> Any:
+        return WatchedFuture(self._publisher.publish(topic, data, **kwargs), self.waits)
+
+    def resume_publish(self, topic: str, key: str) -> None:
+        self._publisher.resume_publish(topic, key)
+
+
+class WatchedFuture:
+    def __init__(self, future: Any, waits: list[float]) -> None:
+        self._future = future
+        self._waits = waits
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._waits.append(timeout if timeout is not None else float("inf"))
+        return self._future.result(timeout=timeout)
+
+
+def test_a_call_to_an_unreachable_topic_waits_one_deadline_and_is_unavailable(
+    emulator: PubSubEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic, subscription = emulator.create(enable_message_ordering=True)
+    monkeypatch.setattr(pubsub_sink, "PUBLISH_TIMEOUT_SECONDS", 1.0)
+    messages = [
+        OutboxMessage(f"fb1_unreachable.{n}", "t1", "op-1", b"hello", ordering_key=key)
+        for n, key in enumerate(["k1", "k2", None, "k1"], start=1)
+    ]
+    host, _, port = emulator.host.rpartition(":")
+    with proxy_to(host, int(port)) as proxy:
+        options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+        client = with_emulator_host(
+            f"127.0.0.1:{proxy.port}", lambda: pubsub_v1.PublisherClient(publisher_options=options)
+        )
+        watched = Watched(client)
+        sink = PubSubSink(watched, topic)
+        proxy.stop()  # the emulator cannot be reached: every publish waits
+        # nothing went through: unavailable (not counted), within one deadline for the call,
+        # and the keys whose publishes timed out (not paused) need no resuming
+        with pytest.raises(SinkUnavailable, match="TimeoutError"):
+            sink.send(messages)
+        assert len(watched.waits) == len(messages)
+        assert sum(watched.waits) <= 1.0
+
+        proxy.start()
+
+        def delivered() -> bool:
+            try:
+                return sink.send(messages) == {}
+            except SinkUnavailable:
+                return False
+
+        eventually(delivered, "the messages published once the emulator is back")
+        client.stop()
+    ids = {m.attributes[MESSAGE_ID_ATTRIBUTE] for m in pull_all(emulator, subscription)}
+    assert ids == {m.message_id for m in messages}
