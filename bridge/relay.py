@@ -13,7 +13,8 @@ it was written with; a message is marked sent only after its sink accepted it. I
 more than once (a relay that lost its lease while sending, an answer lost on the way back): a
 copy always carries the same id, and consumers deduplicate on it. Messages of one ordering key
 leave in the order they were written. A message the sink refuses as invalid, or refuses more
-than ``max_attempts`` times, is parked with the reason and never sent without an operator.
+than ``max_attempts`` times, is parked with the reason and never sent again until an operator
+sends it back (``fencebridge resend``, :mod:`bridge.outbox_resend`).
 
 A send call that fails as a whole is tried again within the round with tenacity's exponential
 backoff with jitter (``send_tries``); past that the round fails, the supervisor logs and counts

@@ -14,7 +14,9 @@ it answers, per message, sent or refused; and once a message is refused, it send
 message of the same ordering key in that call (those are :attr:`Refusal.HELD`), so a key's
 messages leave in the order they were written. A call that fails as a whole raises
 :class:`SinkUnavailable` when nothing says it did not send: the relay sends again later, with
-the same ids.
+the same ids. A service that refuses a whole request for one message in it is the sink's to
+answer per message (send the rest again in smaller requests), so that no one message the
+service will not take holds its destination back.
 """
 
 from __future__ import annotations
