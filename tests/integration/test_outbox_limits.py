@@ -6,6 +6,7 @@ attributes, ten attributes, attribute names, text, 128-character message groups;
 10 MB, 100 attributes, keys of 256 bytes, values of 1,024 bytes, ordering keys of 1,024
 bytes). What the broker would refuse raises ``OutboxError`` in the handler, naming the limit,
 and the run ends with nothing recorded; what it takes is recorded, as the relay will send it.
+Large messages that a destination takes are read by the relay a bounded size at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox import OutboxError
 from bridge.registry import Registry, build_registry
+from bridge.relay import OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key, State
 from tests.support.deliveries import for_job
@@ -219,3 +221,30 @@ def test_a_destination_named_without_its_sink_takes_the_narrowest_limits(
     assert isinstance(handler, Publish)
     assert "over the 262144 SQS and SNS takes" in str(handler.raised[name])
     assert db.execute("SELECT count(*) FROM outbox_message").fetchone() == (0,)
+
+
+class PublishLarge(SameDatabaseHandler):
+    """One 4.5 MB message to the Pub/Sub destination (it takes up to 10 MB)."""
+
+    def handle(self, ctx: Context, tx: Connection) -> None:
+        ctx.outbox.publish(TOPIC, b"x" * 4_500_000)
+
+
+def test_a_relay_round_reads_a_bounded_size_of_bodies_and_always_one_message(
+    store: PostgresStore,
+) -> None:
+    registry = build_registry(parse_config(CONFIG), {JOB: PublishLarge()})
+    hasher = IdentityHasher(b"outbox-limits-identity-secret")
+    operations = [f"large-{n}" for n in range(9)]
+    store.ingest([for_job(registry, JOB, op) for op in operations])
+    for op in operations:
+        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+    outbox = OutboxStore(store.pool)
+    # 40.5 MB pending: a round of up to 100 reads the first ones up to 32 MiB (the last one
+    # read may cross it), in the order written
+    read = outbox.pending(TOPIC, 100)
+    assert [m.operation_id for m in read] == operations[:8]
+    assert sum(len(m.body) for m in read) == 8 * 4_500_000
+    # however small the bound, a round reads one message, so a large one never stalls it
+    assert [m.operation_id for m in outbox.pending(TOPIC, 100, max_bytes=1)] == operations[:1]
