@@ -17,7 +17,6 @@ id carries no raw tenant or operation identifier.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -26,6 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from psycopg.types.json import Jsonb
 
 from bridge import sql
+from bridge.outbox_limits import LEAST_COMMON, MessageLimits
 from bridge.telemetry.propagation import valid_traceparent
 
 if TYPE_CHECKING:
@@ -37,13 +37,6 @@ MESSAGE_ID_ATTRIBUTE: Final = "fencebridge-message-id"
 TRACEPARENT_ATTRIBUTE: Final = "traceparent"
 #: attributes the relay sets itself; a handler may not
 RESERVED_ATTRIBUTES: Final = frozenset({MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE})
-#: a handler's own attributes per message: SQS and SNS carry 10, two are the relay's
-MAX_ATTRIBUTES: Final = 8
-#: SQS FIFO's MessageGroupId limit, the shortest of the brokers'
-MAX_ORDERING_KEY: Final = 128
-#: SQS's and SNS's message size limit (256 KiB), the smallest of the brokers'
-MAX_BODY_BYTES: Final = 262_144
-_ATTRIBUTE_NAME: Final = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -72,11 +65,15 @@ class OutboxMessage:
 
     def sent_attributes(self) -> dict[str, str]:
         """The handler's attributes plus the relay's own: the id and the trace context."""
-        sent = dict(self.attributes)
-        sent[MESSAGE_ID_ATTRIBUTE] = self.message_id
-        if self.trace_context:
-            sent[TRACEPARENT_ATTRIBUTE] = self.trace_context
-        return sent
+        return {**self.attributes, **relay_attributes(self.message_id, self.trace_context)}
+
+
+def relay_attributes(message_id: str, trace_context: str | None) -> dict[str, str]:
+    """The attributes the relay adds to a message: its id, and the trace context if any."""
+    added = {MESSAGE_ID_ATTRIBUTE: message_id}
+    if trace_context:
+        added[TRACEPARENT_ATTRIBUTE] = trace_context
+    return added
 
 
 def current_traceparent() -> str | None:
@@ -107,7 +104,7 @@ class Outbox:
         tx: Connection,
         ctx: RunIdentity,
         *,
-        destinations: frozenset[str] | None = None,
+        destinations: Mapping[str, MessageLimits] | None = None,
         trace_context: str | None = None,
     ) -> None:
         self._tx = tx
@@ -128,24 +125,37 @@ class Outbox:
 
         It is sent after the transaction commits, by the relay, and only if it commits.
         ``ordering_key`` keeps messages with the same key in order (SQS FIFO message group,
-        Pub/Sub ordering key); a destination without ordering ignores it.
+        Pub/Sub ordering key); a destination without ordering ignores it. A message its
+        destination's broker would refuse (:mod:`bridge.outbox_limits`) raises
+        :class:`OutboxError` here, naming the limit, and takes no number.
         """
         data = _body(body)
         attrs = _attributes(attributes or {})
-        if self._destinations is not None and destination not in self._destinations:
-            known = ", ".join(sorted(self._destinations)) or "none configured"
-            raise OutboxError(
-                f"no outbox destination {destination!r} (configured: {known}); add "
-                f"[outbox.{destination}] to the configuration"
-            )
-        if ordering_key is not None and not 0 < len(ordering_key) <= MAX_ORDERING_KEY:
-            raise OutboxError(f"an ordering key is 1 to {MAX_ORDERING_KEY} characters")
+        limits = LEAST_COMMON
+        if self._destinations is not None:
+            if destination not in self._destinations:
+                known = ", ".join(sorted(self._destinations)) or "none configured"
+                raise OutboxError(
+                    f"no outbox destination {destination!r} (configured: {known}); add "
+                    f"[outbox.{destination}] to the configuration"
+                )
+            limits = self._destinations[destination]
         ctx = self._ctx
         prefix = ctx.idempotency_key  # derived on first use: most runs never publish
         if not prefix:
             raise OutboxError("the outbox needs the operation's idempotency key for message ids")
+        message_id = f"{prefix}.{self._count + 1}"
+        trace_context = current_traceparent() or self._trace_context
+        problem = limits.problem(
+            data,
+            attrs,
+            ordering_key,
+            relay_attributes(message_id, trace_context),
+            relay_may_add=len(RESERVED_ATTRIBUTES),
+        )
+        if problem is not None:
+            raise OutboxError(f"outbox.{destination}: {problem}")
         self._count += 1
-        message_id = f"{prefix}.{self._count}"
         self._tx.execute(
             sql.statement("outbox_publish"),
             {
@@ -157,7 +167,7 @@ class Outbox:
                 "body": data,
                 "attributes": Jsonb(attrs),
                 "ordering_key": ordering_key,
-                "trace_context": current_traceparent() or self._trace_context,
+                "trace_context": trace_context,
             },
         )
         return message_id
@@ -191,30 +201,34 @@ NO_OUTBOX: Final = NoOutbox()
 
 def _body(body: bytes | str) -> bytes:
     if isinstance(body, str):
-        body = body.encode("utf-8")
+        try:
+            body = body.encode("utf-8")
+        except UnicodeEncodeError:
+            raise OutboxError("a message body of str must be encodable as UTF-8") from None
     if not isinstance(body, bytes | bytearray | memoryview):
         raise OutboxError(f"a message body is bytes or str, not {type(body).__name__}")
     data = bytes(body)
     if not data:
         raise OutboxError("a message body may not be empty (SQS and SNS refuse one)")
-    if len(data) > MAX_BODY_BYTES:
-        raise OutboxError(f"a message body is at most {MAX_BODY_BYTES} bytes, not {len(data)}")
     return data
 
 
 def _attributes(attributes: Mapping[str, str]) -> dict[str, str]:
-    if len(attributes) > MAX_ATTRIBUTES:
-        raise OutboxError(f"a message carries at most {MAX_ATTRIBUTES} attributes of its own")
+    """The handler's attributes as strings, none of the relay's own (the destination's
+    broker's rules are its :class:`MessageLimits`)."""
     checked: dict[str, str] = {}
     for name, value in attributes.items():
-        if not isinstance(name, str) or not _ATTRIBUTE_NAME.match(name):
-            raise OutboxError(
-                f"attribute name {name!r}: 1 to 256 of letters, digits, '_', '-' and '.'"
-            )
-        if name in RESERVED_ATTRIBUTES or name.lower().startswith(("aws.", "amazon.", "goog")):
+        if not isinstance(name, str) or not name:
+            raise OutboxError(f"attribute name {name!r}: a name is a non-empty string")
+        if name in RESERVED_ATTRIBUTES:
             raise OutboxError(f"attribute {name!r} is reserved")
         if not isinstance(value, str) or not value:
             raise OutboxError(f"attribute {name!r}: a value is a non-empty string")
+        try:
+            value.encode("utf-8")
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise OutboxError(f"attribute {name!r}: names and values are UTF-8 text") from None
         checked[name] = value
     return checked
 

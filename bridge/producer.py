@@ -36,6 +36,7 @@ from bridge.decode import (
     identifier_problem,
 )
 from bridge.errors import FenceBridgeError
+from bridge.outbox_limits import SQS_ID, SQS_TEXT
 from bridge.telemetry.propagation import ATTRIBUTE_NAMES
 from bridge.types import Rejection
 
@@ -46,12 +47,8 @@ if TYPE_CHECKING:
 
 #: the attribute the consumers read the producer's trace context from, before any other
 TRACEPARENT_ATTRIBUTE: Final = ATTRIBUTE_NAMES[0]
-#: SQS: message group and deduplication ids are 1..128 printable ASCII characters, no space
-_SQS_ID: Final = re.compile(r"[!-~]{1,128}")
 #: SQS: attribute names are letters, digits, '-', '_' and '.', at most 256 characters
 _SQS_ATTRIBUTE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-#: SQS: the characters a message body and a String attribute may hold
-_SQS_TEXT: Final = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
 _W3C: Final = TraceContextTextMapPropagator()
 _UNSET: Final = object()
 
@@ -189,7 +186,7 @@ class Producer:
                 "deduplication_id applies to FIFO queues only: give group_id too, or drop it"
             )
         for name, value in (("group_id", group_id), ("deduplication_id", deduplication_id)):
-            if value is not None and not _SQS_ID.fullmatch(value):
+            if value is not None and not SQS_ID.fullmatch(value):
                 raise ProducerError(
                     f"{name} must be 1 to 128 printable ASCII characters without spaces "
                     "(SQS refuses anything else)"
@@ -219,7 +216,7 @@ class Producer:
                 "SQS message bodies are text and this payload is not UTF-8: encode it (base64, "
                 "say) before producing, or use Pub/Sub, whose data is bytes"
             ) from None
-        if not _SQS_TEXT.fullmatch(text):
+        if not SQS_TEXT.fullmatch(text):
             raise ProducerError(
                 "the body holds a character SQS refuses (a control character other than tab, "
                 "newline or carriage return): escape it in the payload"

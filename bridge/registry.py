@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
+from bridge import sinks
 from bridge.errors import ConfigError
 from bridge.handlers import (
     ConditionalWriteHandler,
@@ -32,6 +33,7 @@ from bridge.handlers import (
     SameDatabaseHandler,
     UnfencedHandler,
 )
+from bridge.outbox_limits import LEAST_COMMON, MessageLimits
 from bridge.types import TargetClass
 
 if TYPE_CHECKING:
@@ -58,8 +60,9 @@ class JobSpec:
     handler: Handler
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     lease: timedelta = LEASE_DEFAULT
-    #: the outbox destinations its handler may publish to (None: any, as in a bare registry)
-    outbox_destinations: frozenset[str] | None = None
+    #: the outbox destinations its handler may publish to, with what each one's broker accepts
+    #: of a message (None: any, as in a bare registry, under the narrowest limits)
+    outbox_destinations: Mapping[str, MessageLimits] | None = None
 
     @property
     def target_class(self) -> TargetClass:
@@ -80,8 +83,10 @@ class Registry:
         retry: RetryPolicy | None = None,
         lease: timedelta = LEASE_DEFAULT,
         declared_class: TargetClass | None = None,
-        outbox_destinations: frozenset[str] | None = None,
+        outbox_destinations: Mapping[str, MessageLimits] | frozenset[str] | None = None,
     ) -> JobSpec:
+        """Register ``handler`` for ``job_type``. ``outbox_destinations`` given as names only
+        take the narrowest limits (:data:`bridge.outbox_limits.LEAST_COMMON`)."""
         if job_type in self._specs:
             raise ConfigError(f"job type {job_type!r} is registered twice")
         if not isinstance(handler, _BASES):
@@ -105,7 +110,12 @@ class Registry:
             )
         if lease <= timedelta(0):
             raise ConfigError(f"job type {job_type!r}: the lease must be positive")
-        spec = JobSpec(job_type, handler, policy, lease, outbox_destinations)
+        destinations = (
+            dict.fromkeys(outbox_destinations, LEAST_COMMON)
+            if isinstance(outbox_destinations, frozenset)
+            else outbox_destinations
+        )
+        spec = JobSpec(job_type, handler, policy, lease, destinations)
         self._specs[job_type] = spec
         return spec
 
@@ -214,7 +224,10 @@ def build_job(
             ),
             lease=timedelta(seconds=job.lease_seconds),
             declared_class=job.target_class,
-            outbox_destinations=frozenset(config.outbox),
+            outbox_destinations={
+                name: sinks.adapter(destination.sink).limits
+                for name, destination in config.outbox.items()
+            },
         )
     except ConfigError as exc:
         raise ConfigError(f"{config.file}: jobs.{job_type}: {exc}") from exc

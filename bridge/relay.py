@@ -13,7 +13,8 @@ it was written with; a message is marked sent only after its sink accepted it. I
 more than once (a relay that lost its lease while sending, an answer lost on the way back): a
 copy always carries the same id, and consumers deduplicate on it. Messages of one ordering key
 leave in the order they were written. A message the sink refuses as invalid, or refuses more
-than ``max_attempts`` times, is parked with the reason and never sent without an operator.
+than ``max_attempts`` times, is parked with the reason and never sent again until an operator
+sends it back (``fencebridge resend``, :mod:`bridge.outbox_resend`).
 
 A send call that fails as a whole is tried again within the round with tenacity's exponential
 backoff with jitter (``send_tries``); past that the round fails, the supervisor logs and counts
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 import tenacity
 from psycopg_pool import ConnectionPool
@@ -42,6 +44,10 @@ from bridge.service import IDLE, Deadline, Limits, Service, Supervised
 from bridge.sinks import Refusal, Refused, Sink, SinkUnavailable
 
 log = logging.getLogger(__name__)
+
+#: the bodies one round reads at most (and one message, whatever its size): with ``batch``
+#: messages of up to 10 MB (Pub/Sub) a round would otherwise hold gigabytes
+ROUND_BYTES: Final = 32 * 1024 * 1024
 
 
 class RelayLost(FenceBridgeError):  # noqa: N818  (a condition, like LeaseLost)
@@ -104,8 +110,12 @@ class OutboxStore:
         with self._connection("outbox relay release") as conn:
             conn.execute(sql.statement("outbox_relay_release"), params)
 
-    def pending(self, destination: str, limit: int) -> list[OutboxMessage]:
-        params = {"destination": destination, "limit": limit}
+    def pending(
+        self, destination: str, limit: int, max_bytes: int = ROUND_BYTES
+    ) -> list[OutboxMessage]:
+        """The next pending messages in the order written: at most ``limit``, and none past
+        ``max_bytes`` of bodies but the first."""
+        params = {"destination": destination, "limit": limit, "max_bytes": max_bytes}
         with self._connection("outbox read") as conn:
             rows = conn.execute(sql.statement("outbox_pending"), params).fetchall()
         return [message_from_row(r) for r in rows]

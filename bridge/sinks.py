@@ -14,7 +14,9 @@ it answers, per message, sent or refused; and once a message is refused, it send
 message of the same ordering key in that call (those are :attr:`Refusal.HELD`), so a key's
 messages leave in the order they were written. A call that fails as a whole raises
 :class:`SinkUnavailable` when nothing says it did not send: the relay sends again later, with
-the same ids.
+the same ids. A service that refuses a whole request for one message in it is the sink's to
+answer per message (send the rest again in smaller requests), so that no one message the
+service will not take holds its destination back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Final, Protocol
 from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError, TransientError
 from bridge.outbox import OutboxMessage
+from bridge.outbox_limits import LEAST_COMMON, MessageLimits
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sinks"
 
@@ -73,6 +76,9 @@ class SinkAdapter:
     open: Callable[[str, DestinationConfig], Sink]
     #: ``messaging.system`` of its spans (OpenTelemetry messaging conventions)
     messaging_system: str
+    #: what its broker accepts of one message: ``ctx.outbox.publish`` checks a message to one
+    #: of its destinations against them (a sink that declares none gets the narrowest)
+    limits: MessageLimits = LEAST_COMMON
 
 
 def _found() -> dict[str, EntryPoint]:

@@ -1,9 +1,9 @@
 """The ``sns`` outbox sink: publishes a destination's messages to an SNS topic.
 
-Like the ``sqs`` sink (whose batching it shares): every message carries its id in the
-``fencebridge-message-id`` attribute and its trace context in ``traceparent``; a FIFO topic (a
-``.fifo`` ARN) also gets ``MessageDeduplicationId`` = the message id and ``MessageGroupId`` =
-the ordering key (or the operation).
+Like the ``sqs`` sink (whose limits and batching, by count and by bytes, it shares): every
+message carries its id in the ``fencebridge-message-id`` attribute and its trace context in
+``traceparent``; a FIFO topic (a ``.fifo`` ARN) also gets ``MessageDeduplicationId`` = the
+message id and ``MessageGroupId`` = the ordering key (or the operation).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
 from bridge.sinks import Refused, SinkAdapter
-from consumers.sqs_sink import aws_client, batch_entry, send_batches
+from consumers.sqs_sink import LIMITS, aws_client, batch_entry, send_batches
 
 
 class SnsSink:
@@ -49,4 +49,4 @@ def open_sink(name: str, config: DestinationConfig) -> SnsSink:
     return SnsSink(aws_client("sns", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns")
+SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns", limits=LIMITS)

@@ -9,22 +9,52 @@ five minutes), and its consumers deduplicate on it. The relay's trace context tr
 ``traceparent`` attribute.
 
 A batch call holds at most one message per group of a FIFO queue, so a refused message never
-has a later message of its group sent in the same call. The batching is shared with the ``sns``
-sink (:func:`send_batches`).
+has a later message of its group sent in the same call. A call holds at most ten messages and
+262,144 bytes (bodies and attributes, as SQS and SNS count them): a message larger than that
+alone is refused as invalid without a call. A call refused as a whole for what it holds (too
+long, an invalid parameter) is split in halves and sent again, down to single messages, so
+one message the service will not take never holds back the others: refused alone, it counts
+as a failed attempt (parked after ``max_attempts``; at once when it alone is too long). The
+batching is shared with the ``sns`` sink (:func:`send_batches`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from bridge.config.model import DestinationConfig
 from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
+from bridge.outbox_limits import LEAST_COMMON
 from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
 
+#: What SQS and SNS accept of one message (:data:`bridge.outbox_limits.LEAST_COMMON` cites
+#: their documentation): the narrowest rules are theirs, less Pub/Sub's reserved prefix.
+LIMITS: Final = dataclasses.replace(LEAST_COMMON, reserved_prefixes=("aws.", "amazon."))
 #: SQS and SNS send at most 10 messages per batch call
 MAX_BATCH: Final = 10
+#: and at most 256 KiB per call: "the maximum total payload size (the sum of the individual
+#: lengths of all of the batched messages)" is 262,144 bytes (SQS API Reference,
+#: SendMessageBatch; SNS API Reference, PublishBatch), counted as :data:`LIMITS` counts one
+MAX_BATCH_BYTES: Final = LIMITS.max_message_bytes
+#: whole-call refusals that name what the call holds, not the service's state or the
+#: destination's: the call is split and its messages sent again
+_REFUSED_AS_SENT: Final = frozenset(
+    {
+        "BatchRequestTooLong",
+        "RequestEntityTooLarge",
+        "InvalidParameterValue",
+        "InvalidParameter",
+        "InvalidMessageContents",
+        "MessageAttributesInvalid",
+        "InvalidAttributeName",
+        "InvalidAttributeValue",
+    }
+)
+#: of those, the ones that make a message sent alone invalid as it is: parked at once
+_TOO_LONG: Final = frozenset({"BatchRequestTooLong", "RequestEntityTooLarge"})
 
 #: (entries of one call) -> the response's ``Failed`` list
 BatchCall = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -60,56 +90,129 @@ def send_batches(
     fifo: bool,
     service: str,
 ) -> Mapping[str, Refused]:
-    """Send in order, in batch calls; the refused messages by id.
+    """Send in order, in batch calls of at most :data:`MAX_BATCH` messages and
+    :data:`MAX_BATCH_BYTES`; the refused messages by id.
 
-    A call that raises before any message was sent raises :class:`SinkUnavailable`; after some
-    were, the rest are reported held (not tried), so what was sent is marked sent.
+    A call refused for what it holds is split (:data:`_REFUSED_AS_SENT`). Any other call that
+    raises before a message was sent raises :class:`SinkUnavailable`; after some were, the rest
+    are reported held (not tried), so what was sent is marked sent.
     """
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
-    refused: dict[str, Refused] = {}
-    failed_groups: set[str] = set()
-    waiting = list(messages)
+    batches = _Batches(messages, entry_of, fifo=fifo)
     sent_any = False
-    while waiting:
-        chunk: list[tuple[OutboxMessage, dict[str, Any]]] = []
-        later: list[OutboxMessage] = []
-        groups: set[str] = set()
-        for message in waiting:
-            group = group_of(message)
-            if message.ordering_key is not None and group in failed_groups:
-                refused[message.message_id] = Refused(Refusal.HELD, "an earlier message of its key")
-                continue
-            if len(chunk) >= MAX_BATCH or (fifo and group in groups):
-                later.append(message)
-                continue
-            entry = entry_of(message)
-            if isinstance(entry, Refused):
-                refused[message.message_id] = entry
-                failed_groups.add(group)
-                continue
-            entry["Id"] = str(len(chunk))
-            chunk.append((message, entry))
-            groups.add(group)
-        waiting = later
+    while batches.waiting:
+        chunk = batches.next_call()
         if not chunk:
             continue
         try:
             failures = call([entry for _, entry in chunk])
         except (BotoCoreError, ClientError) as exc:
             code = _code(exc)
+            if _short(code) in _REFUSED_AS_SENT:
+                batches.refused_as_sent(chunk, code)
+                continue
             if not sent_any:
                 raise SinkUnavailable(f"{service} send failed: {code}") from exc
-            for message in [m for m, _ in chunk] + waiting:
-                refused[message.message_id] = Refused(Refusal.HELD, f"send failed: {code}")
-            return refused
+            batches.hold([m for m, _ in chunk] + batches.waiting, f"send failed: {code}")
+            return batches.refused
         sent_any = True
         for failure in failures:
-            message = chunk[int(failure["Id"])][0]
             kind = Refusal.INVALID if failure.get("SenderFault") else Refusal.RETRY
-            refused[message.message_id] = Refused(kind, str(failure.get("Code", "refused")))
-            failed_groups.add(group_of(message))
-    return refused
+            code = str(failure.get("Code", "refused"))
+            batches.refuse(chunk[int(failure["Id"])][0], Refused(kind, code))
+    return batches.refused
+
+
+class _Batches:
+    """One send's messages, handed out as batch calls in their order, and what was refused."""
+
+    def __init__(self, messages: Sequence[OutboxMessage], entry_of: EntryOf, *, fifo: bool) -> None:
+        self.waiting = list(messages)
+        self.refused: dict[str, Refused] = {}
+        self._failed_groups: set[str] = set()
+        self._place = {m.message_id: n for n, m in enumerate(messages)}
+        self._entries: dict[str, dict[str, Any] | Refused] = {}
+        self._entry_of = entry_of
+        self._fifo = fifo
+        #: messages per call: halved for the rest of the send at each split
+        self._most = MAX_BATCH
+
+    def next_call(self) -> list[tuple[OutboxMessage, dict[str, Any]]]:
+        """The next call's messages and entries, taken off :attr:`waiting`: the first ones
+        that fit, never a message ahead of an earlier one of its group."""
+        chunk: list[tuple[OutboxMessage, dict[str, Any]]] = []
+        later: list[OutboxMessage] = []
+        groups: set[str] = set()
+        deferred: set[str] = set()
+        size = 0
+        for message in self.waiting:
+            group = group_of(message)
+            if message.ordering_key is not None and group in self._failed_groups:
+                self.refused[message.message_id] = Refused(
+                    Refusal.HELD, "an earlier message of its key"
+                )
+                continue
+            entry = self._entry(message)
+            if isinstance(entry, Refused):
+                self.refuse(message, entry)
+                continue
+            length = message_size(message)
+            if (
+                len(chunk) >= self._most
+                or group in deferred
+                or (self._fifo and group in groups)
+                or size + length > MAX_BATCH_BYTES
+            ):
+                later.append(message)
+                deferred.add(group)
+                continue
+            chunk.append((message, {**entry, "Id": str(len(chunk))}))
+            groups.add(group)
+            size += length
+        self.waiting = later
+        return chunk
+
+    def refused_as_sent(self, chunk: Sequence[tuple[OutboxMessage, Any]], code: str) -> None:
+        """A call refused as a whole for what it holds: split it, or, a message alone, refuse
+        it (a failed attempt; invalid at once when it alone is too long)."""
+        if len(chunk) > 1:
+            self._most = max(1, len(chunk) // 2)
+            back = [m for m, _ in chunk] + self.waiting
+            self.waiting = sorted(back, key=lambda m: self._place[m.message_id])
+            return
+        kind = Refusal.INVALID if _short(code) in _TOO_LONG else Refusal.RETRY
+        self.refuse(chunk[0][0], Refused(kind, code))
+
+    def refuse(self, message: OutboxMessage, refusal: Refused) -> None:
+        self.refused[message.message_id] = refusal
+        self._failed_groups.add(group_of(message))
+
+    def hold(self, messages: Sequence[OutboxMessage], reason: str) -> None:
+        for message in messages:
+            self.refused[message.message_id] = Refused(Refusal.HELD, reason)
+
+    def _entry(self, message: OutboxMessage) -> dict[str, Any] | Refused:
+        """The message's batch entry (built once), or a refusal when no call could carry it."""
+        found = self._entries.get(message.message_id)
+        if found is None:
+            length = message_size(message)
+            found = (
+                Refused(
+                    Refusal.INVALID,
+                    f"{length} bytes with its attributes, over the {MAX_BATCH_BYTES} SQS and "
+                    "SNS take",
+                )
+                if length > MAX_BATCH_BYTES
+                else self._entry_of(message)
+            )
+            self._entries[message.message_id] = found
+        return found
+
+
+def message_size(message: OutboxMessage) -> int:
+    """The message's size as SQS and SNS count it: body and attributes (names, types, values)."""
+    return LIMITS.size(message.body, message.sent_attributes(), message.ordering_key)
 
 
 def _code(exc: Exception) -> str:
@@ -117,6 +220,11 @@ def _code(exc: Exception) -> str:
     if isinstance(response, dict):
         return str(response.get("Error", {}).get("Code", type(exc).__name__))
     return type(exc).__name__
+
+
+def _short(code: str) -> str:
+    """An error code without its namespace (``AWS.SimpleQueueService.X``, ``...#XException``)."""
+    return code.rpartition(".")[2].rpartition("#")[2].removesuffix("Exception")
 
 
 def aws_client(service: Literal["sqs", "sns"], config: DestinationConfig) -> Any:
@@ -174,4 +282,4 @@ def open_sink(name: str, config: DestinationConfig) -> SqsSink:
     return SqsSink(aws_client("sqs", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sqs")
+SINK = SinkAdapter(open=open_sink, messaging_system="aws_sqs", limits=LIMITS)

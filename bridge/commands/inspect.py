@@ -1,6 +1,6 @@
 """``fencebridge inspect``: one operation's row, its attempts, its redrives, its rejected
-deliveries and its outbox messages, and, when there is no row, why as far as the database can
-tell."""
+deliveries and its outbox messages (with their resends), and, when there is no row, why as far
+as the database can tell."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
+    from bridge.outbox_resend import ResendAudit
     from bridge.records import AttemptRecord, ErasureRecord, OperationHistory
     from bridge.relay import OutboxRecord
 
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         hasher = optional_hasher(store)
         history = store.history(key)
         outbox = _outbox(store, key.tenant_id, key.operation_id)
+        resends = _resends(store, key.tenant_id, key.operation_id)
         erasures = (
             store.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
@@ -70,6 +72,20 @@ def run(args: argparse.Namespace) -> int:
         }
         for m in outbox
     ]
+    document["outbox_resends"] = [
+        {
+            "at": iso_time(r.at),
+            "actor": r.actor,
+            "reason": r.reason,
+            "message_id": r.message_id,
+            "destination": r.destination,
+            "from_state": r.from_state,
+            "to_state": r.to_state,
+            "attempts": r.attempts,
+            "park_reason": r.park_reason,
+        }
+        for r in resends
+    ]
     hashes: list[str] = []
     if hasher is not None:
         hashes = log_hashes(hasher, key)
@@ -92,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(document)
     else:
         lines = _history_lines(history, absence)
-        lines[-1:-1] = _outbox_lines(outbox)
+        lines[-1:-1] = _outbox_lines(outbox, resends)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
         print("\n".join(lines))
@@ -109,7 +125,17 @@ def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxReco
     return OutboxStore(store.pool).of_operation(tenant_id, operation_id)
 
 
-def _outbox_lines(outbox: Sequence[OutboxRecord]) -> list[str]:
+def _resends(store: object, tenant_id: str, operation_id: str) -> list[ResendAudit]:
+    """Who sent the operation's parked outbox messages back, and why."""
+    from bridge.outbox_resend import OutboxResend  # noqa: PLC0415
+    from bridge.store import PostgresStore  # noqa: PLC0415
+
+    if not isinstance(store, PostgresStore):
+        return []
+    return OutboxResend(store.pool).of_operation(tenant_id, operation_id)
+
+
+def _outbox_lines(outbox: Sequence[OutboxRecord], resends: Sequence[ResendAudit]) -> list[str]:
     lines = [f"outbox messages: {len(outbox) or 'none'}"]
     for m in outbox:
         when = {"sent": m.sent_at, "parked": m.parked_at}.get(m.state) or m.created_at
@@ -121,6 +147,13 @@ def _outbox_lines(outbox: Sequence[OutboxRecord]) -> list[str]:
             lines.append(f"      {m.park_reason}")
         elif m.last_error:
             lines.append(f"      last error: {m.last_error}")
+    if resends:
+        lines.append(f"outbox resends: {len(resends)}")
+    lines += [
+        f"  {moment(r.at)}  {r.message_id}  {r.from_state} -> {r.to_state}  after "
+        f"{r.attempts} failed send(s)  by {r.actor}: {r.reason}"
+        for r in resends
+    ]
     return lines
 
 

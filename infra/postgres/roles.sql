@@ -137,7 +137,7 @@ DECLARE
                                     'erasure_audit', 'identity_key', 'work_attempt',
                                     'rate_wait', 'erased_operation', 'shadow_operation',
                                     'shadow_delivery', 'outbox_message', 'outbox_relay',
-                                    'token_bucket'];
+                                    'token_bucket', 'outbox_audit'];
     -- Functions only the bridge may execute (see below), by signature.
     bridge_functions constant text[] := ARRAY['fencebridge_erase_under_keys(text, text, text, '
                                               'text, smallint[], text[], bytea[], text, text, '
@@ -250,6 +250,8 @@ BEGIN
                        -- purged by retention; the relay's lease and fence per destination
                        ('outbox_message', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('outbox_relay', 'bridge', 'SELECT, INSERT, UPDATE'),
+                       -- who sent parked messages back (`fencebridge resend`): append-only
+                       ('outbox_audit', 'bridge', 'SELECT, INSERT'),
                        -- token buckets: read and spent by the limited claims
                        ('token_bucket', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('work_item', 'operator', 'SELECT'),
@@ -267,6 +269,7 @@ BEGIN
                        ('erased_operation', 'operator', 'SELECT'),
                        ('outbox_message', 'operator', 'SELECT'),
                        ('outbox_relay', 'operator', 'SELECT'),
+                       ('outbox_audit', 'operator', 'SELECT'),
                        ('token_bucket', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes
@@ -285,6 +288,7 @@ BEGIN
                        ('erased_operation', 'console', 'SELECT'),
                        ('outbox_message', 'console', 'SELECT'),
                        ('outbox_relay', 'console', 'SELECT'),
+                       ('outbox_audit', 'console', 'SELECT'),
                        ('token_bucket', 'console', 'SELECT'),
                        ('work_item', 'tenant', 'SELECT'),
                        ('payload', 'tenant', 'SELECT'),

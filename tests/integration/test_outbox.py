@@ -48,8 +48,8 @@ from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.types import Key, State
 from consumers import sns_sink
-from consumers.sqs_sink import SqsSink
 from tests.support.deliveries import for_job
+from tests.support.outbox import destination, drain, sqs_sink
 from tests.support.roles import Roles, apply_roles, drop_roles
 from tests.support.sqs_proxy import Fault, sqs_proxy
 from tests.support.sqs_server import REGION, SqsServer, sqs_server
@@ -251,63 +251,6 @@ def test_publishing_outside_a_class_a_transaction_is_refused() -> None:
 
 
 # -- the relay -----------------------------------------------------------------------------------
-
-
-def destination(url: str, **overrides: Any) -> DestinationConfig:
-    table: dict[str, Any] = {
-        "sink": "sqs",
-        "address": url,
-        "region": REGION,
-        "batch": 50,
-        "lease_seconds": 5.0,
-        "poll_interval_seconds": 0.05,
-        "send_tries": 5,
-        "retry_initial_seconds": 0.01,
-        "retry_max_seconds": 0.2,
-        **overrides,
-    }
-    return DestinationConfig.read(table, name=DESTINATION)
-
-
-def sqs_sink(endpoint: str, queue_url: str) -> SqsSink:
-    client = boto3.client(
-        "sqs",
-        endpoint_url=endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    return SqsSink(client, queue_url)
-
-
-def drain(server: SqsServer, queue_url: str, expected: int) -> list[dict[str, Any]]:
-    """Receive and delete until ``expected`` messages came and the queue stays empty."""
-    client = server.client()
-    got: list[dict[str, Any]] = []
-    empty = 0
-    while empty < 3 or len(got) < expected:
-        response = client.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            MessageAttributeNames=["All"],
-            AttributeNames=["MessageGroupId"],
-            WaitTimeSeconds=1 if len(got) >= expected else 0,
-        )
-        batch = response.get("Messages", [])
-        if not batch:
-            empty += 1
-            if len(got) < expected and empty > 60:
-                break
-            continue
-        empty = 0
-        got.extend(batch)
-        client.delete_message_batch(
-            QueueUrl=queue_url,
-            Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(batch)
-            ],
-        )
-    return got
 
 
 #: the backlog's destinations, one queue each: moto's SQS slows down with every message a queue
