@@ -2,11 +2,16 @@
 
 Sinks live in the ``consumers`` package (or a package of their own), which depends on
 ``bridge``; the core never depends on them. Each sink module exposes one :class:`SinkAdapter`
-under the ``fencebridge.sinks`` entry-point group, keyed by the ``sink`` value a destination
-names::
+under the ``fencebridge.sinks`` entry-point group (found as sources are: :mod:`bridge.plugins`),
+keyed by the ``sink`` value a destination names::
 
     [project.entry-points."fencebridge.sinks"]
     sqs = "consumers.sqs_sink:SINK"
+
+As a source does, a sink owns its keys of a destination's table (a :class:`SinkSettings`: its
+address's form, its service's region or endpoint): the core validates the keys every
+destination has, the sink's settings model the rest, and the configuration reference and JSON
+Schema are built from both.
 
 What a sink promises (:class:`Sink`): it sends the messages it is given in their order, each with
 its id and trace context as attributes (:meth:`~bridge.outbox.OutboxMessage.sent_attributes`);
@@ -24,14 +29,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import Final, Protocol
 
-from bridge.config.model import DestinationConfig
-from bridge.errors import ConfigError, TransientError
+from bridge.config.model import DestinationConfig, SinkSettings
+from bridge.errors import TransientError
 from bridge.outbox import OutboxMessage
 from bridge.outbox_limits import LEAST_COMMON, MessageLimits
+from bridge.plugins import Plugins
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sinks"
 
@@ -70,10 +74,13 @@ class Sink(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SinkAdapter:
-    """What a sink module registers."""
+    """What a sink module registers: its keys, its sink, and the facts the core checks."""
 
-    #: builds the sink of one destination (its name and table)
+    #: builds the sink of one destination (its name and table; the table's
+    #: :attr:`~bridge.config.model.DestinationConfig.settings` are an instance of ``settings``)
     open: Callable[[str, DestinationConfig], Sink]
+    #: the sink's keys of a destination table, beside the core's (none unless it declares them)
+    settings: type[SinkSettings] = SinkSettings
     #: ``messaging.system`` of its spans (OpenTelemetry messaging conventions)
     messaging_system: str
     #: what its broker accepts of one message: ``ctx.outbox.publish`` checks a message to one
@@ -81,32 +88,11 @@ class SinkAdapter:
     limits: MessageLimits = LEAST_COMMON
 
 
-def _found() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
-
-
-def names() -> list[str]:
-    """Every installed sink, sorted; none is imported."""
-    return sorted(_found())
-
-
-def adapter(kind: str) -> SinkAdapter:
-    """The installed sink of ``sink = kind``; imports its module on first use."""
-    found = _found()
-    if kind not in found:
-        known = ", ".join(sorted(found)) or "none installed"
-        raise ConfigError(f"no sink {kind!r} (available: {known})")
-    return _load(found[kind])
-
-
-@cache
-def _load(ep: EntryPoint) -> SinkAdapter:
-    loaded = ep.load()
-    if not isinstance(loaded, SinkAdapter):
-        raise ConfigError(
-            f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} ({ep.value}) is not a SinkAdapter"
-        )
-    return loaded
+#: the installed sinks, by the ``sink`` value a destination names
+SINKS: Final = Plugins(ENTRY_POINT_GROUP, SinkAdapter, "sink")
+#: every installed sink, sorted; none is imported
+names = SINKS.names
+#: the sinks this distribution ships itself (what the published reference documents)
+shipped = SINKS.shipped
+#: the installed sink of ``sink = kind``; imports its module on first use
+adapter = SINKS.get

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Final, Protocol
 
 from bridge.config.model import SourceSettings, SubscriptionConfig
-from bridge.errors import ConfigError
+from bridge.plugins import Plugins
 
 if TYPE_CHECKING:
     from bridge.inbox import Inbox
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "SOURCES",
     "AckProbe",
     "Consumer",
     "Factory",
@@ -46,8 +45,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sources"
-#: the distribution whose adapters the published reference documents
-DISTRIBUTION: Final = "fencebridge"
 
 
 class Consumer(Protocol):
@@ -112,44 +109,14 @@ class SourceAdapter:
     probe_ack_after_commit: AckProbe | None = None
 
 
-def _found() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
-    return found
-
-
-def names() -> list[str]:
-    """Every installed source, sorted; none is imported."""
-    return sorted(_found())
-
-
-def shipped() -> list[str]:
-    """The sources this distribution ships itself (what the published reference documents)."""
-    return sorted(
-        name
-        for name, ep in _found().items()
-        if ep.dist is not None and ep.dist.metadata["Name"] == DISTRIBUTION
-    )
-
-
-def adapter(kind: str) -> SourceAdapter:
-    """The installed adapter of ``source = kind``; imports its module on first use."""
-    found = _found()
-    if kind not in found:
-        known = ", ".join(sorted(found)) or "none installed"
-        raise ConfigError(f"no consumer for source {kind!r} (available: {known})")
-    return _load(found[kind])
-
-
-@cache
-def _load(ep: EntryPoint) -> SourceAdapter:
-    loaded = ep.load()
-    if not isinstance(loaded, SourceAdapter):
-        raise ConfigError(
-            f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} ({ep.value}) is not a SourceAdapter"
-        )
-    return loaded
+#: the installed sources, by the ``source`` value a subscription names
+SOURCES: Final = Plugins(ENTRY_POINT_GROUP, SourceAdapter, "source")
+#: every installed source, sorted; none is imported
+names = SOURCES.names
+#: the sources this distribution ships itself (what the published reference documents)
+shipped = SOURCES.shipped
+#: the installed adapter of ``source = kind``; imports its module on first use
+adapter = SOURCES.get
 
 
 def factory(kind: str) -> Factory:

@@ -21,8 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from bridge.config.model import DestinationConfig
-from bridge.errors import ConfigError
+from bridge.config.model import DestinationConfig, SinkSettings
 from bridge.outbox import OutboxMessage
 from bridge.outbox_limits import MessageLimits
 from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
@@ -173,18 +172,26 @@ def _refusal(error: BaseException | None) -> Refused:
     return Refused(Refusal.INVALID if isinstance(error, invalid) else Refusal.RETRY, name)
 
 
+class PubSubSinkSettings(SinkSettings):
+    """A Pub/Sub topic: `address` is `projects/<project>/topics/<topic>`. The client finds
+    its credentials, and a local emulator, in its environment (`PUBSUB_EMULATOR_HOST`)."""
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        if _TOPIC.match(address):
+            return None
+        return "a pubsub destination's address is projects/<project>/topics/<topic>"
+
+
 def open_sink(name: str, config: DestinationConfig) -> PubSubSink:
     from google.cloud import pubsub_v1  # noqa: PLC0415  (only when such a destination is configured)
 
-    if not _TOPIC.match(config.address):
-        raise ConfigError(
-            f"outbox.{name}.address: a pubsub destination's address is "
-            "projects/<project>/topics/<topic>"
-        )
     publisher = pubsub_v1.PublisherClient(
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
     )
     return PubSubSink(publisher, config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="gcp_pubsub", limits=LIMITS)
+SINK = SinkAdapter(
+    open=open_sink, settings=PubSubSinkSettings, messaging_system="gcp_pubsub", limits=LIMITS
+)

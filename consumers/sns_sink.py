@@ -12,10 +12,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.config.model import DestinationConfig
-from bridge.errors import ConfigError
 from bridge.outbox import OutboxMessage
 from bridge.sinks import Refused, SinkAdapter
-from consumers.sqs_sink import LIMITS, aws_client, batch_entry, send_batches
+from consumers.sqs_sink import LIMITS, AwsSinkSettings, aws_client, batch_entry, send_batches
+
+
+class SnsSinkSettings(AwsSinkSettings):
+    """An SNS topic: `address` is the topic's ARN (a FIFO topic by its `.fifo` name)."""
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        if address.startswith("arn:"):
+            return None
+        return "an sns destination's address is a topic ARN (arn:aws:sns:...)"
 
 
 class SnsSink:
@@ -44,9 +53,9 @@ class SnsSink:
 
 
 def open_sink(name: str, config: DestinationConfig) -> SnsSink:
-    if not config.address.startswith("arn:"):
-        raise ConfigError(f"outbox.{name}.address: an sns destination's address is a topic ARN")
     return SnsSink(aws_client("sns", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sns", limits=LIMITS)
+SINK = SinkAdapter(
+    open=open_sink, settings=SnsSinkSettings, messaging_system="aws_sns", limits=LIMITS
+)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from bridge.config.model import DestinationConfig
-from bridge.errors import ConfigError
+from pydantic import Field
+
+from bridge.config.fields import HttpUrl, Shown
+from bridge.config.model import DestinationConfig, SinkSettings
 from bridge.outbox import OutboxMessage
 from bridge.outbox_limits import LEAST_COMMON
 from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
+from consumers.sqs import Region
 
 #: What SQS and SNS accept of one message (:data:`bridge.outbox_limits.LEAST_COMMON` cites
 #: their documentation): the narrowest rules are theirs, less Pub/Sub's reserved prefix.
@@ -227,14 +230,42 @@ def _short(code: str) -> str:
     return code.rpartition(".")[2].rpartition("#")[2].removesuffix("Exception")
 
 
+class AwsSinkSettings(SinkSettings):
+    """The keys an SQS or SNS destination has beside the core's. Credentials come from the AWS
+    environment (`AWS_*`, a profile, a role), never from the file."""
+
+    region: Annotated[
+        Region | None,
+        Shown(default="the AWS environment (`AWS_REGION`, `AWS_DEFAULT_REGION`, profile)"),
+    ] = Field(default=None, description="The AWS region of the queue or topic.")
+    endpoint_url: Annotated[
+        HttpUrl | None, Shown(default="the service's endpoint (or `AWS_ENDPOINT_URL`)")
+    ] = Field(
+        default=None,
+        description="Endpoint of a local server, for development and tests.",
+    )
+
+
+class SqsSinkSettings(AwsSinkSettings):
+    """An SQS queue: `address` is the queue's URL, as `GetQueueUrl` returns it (a FIFO queue
+    by its `.fifo` name)."""
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        if address.startswith(("https://", "http://")):
+            return None
+        return "an sqs destination's address is its queue URL (http:// or https://)"
+
+
 def aws_client(service: Literal["sqs", "sns"], config: DestinationConfig) -> Any:
     import boto3  # noqa: PLC0415  (only when such a destination is configured)
     from botocore.config import Config  # noqa: PLC0415
 
+    settings = AwsSinkSettings.of(config)
     return boto3.session.Session().client(
         service,
-        region_name=config.region,
-        endpoint_url=config.endpoint_url,
+        region_name=settings.region,
+        endpoint_url=settings.endpoint_url,
         config=Config(connect_timeout=5, read_timeout=10, retries={"mode": "standard"}),
     )
 
@@ -277,9 +308,9 @@ class SqsSink:
 
 
 def open_sink(name: str, config: DestinationConfig) -> SqsSink:
-    if not config.address.startswith(("https://", "http://")):
-        raise ConfigError(f"outbox.{name}.address: an sqs destination's address is its queue URL")
     return SqsSink(aws_client("sqs", config), config.address)
 
 
-SINK = SinkAdapter(open=open_sink, messaging_system="aws_sqs", limits=LIMITS)
+SINK = SinkAdapter(
+    open=open_sink, settings=SqsSinkSettings, messaging_system="aws_sqs", limits=LIMITS
+)

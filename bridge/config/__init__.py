@@ -25,7 +25,7 @@ to start: about 75 ms to import and 20 ms to build the models, against msgspec's
 
 from __future__ import annotations
 
-from bridge.config.loading import load_config, parse_config
+from bridge.config.loading import load_config, parse_config, read_destination
 from bridge.config.model import (
     ACK_MODE_DEFAULT,
     BACKOFF_INITIAL_SECONDS_DEFAULT,
@@ -83,5 +83,6 @@ __all__ = [
     "default_worker_id",
     "load_config",
     "parse_config",
+    "read_destination",
     "reference_markdown",
 ]

@@ -12,8 +12,9 @@ import os
 import tomllib
 import types
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -31,12 +32,14 @@ from bridge.config.model import (
 from bridge.config.problems import Scope, Where, did_you_mean, messages
 from bridge.database import DATABASE_URL_ENV
 from bridge.errors import ConfigError
+from bridge.plugins import Plugins
 
 TOP_LEVEL: Final = ("bridge", "jobs", "subscriptions", "retention", "outbox")
 #: the one key refused anywhere in the file: the database URL holds credentials
 REFUSED_KEY: Final = "database_url"
 
 T = TypeVar("T", bound=Table)
+C = TypeVar("C", SubscriptionConfig, DestinationConfig)
 
 
 def load_config(path: str | os.PathLike[str]) -> BridgeConfig:
@@ -85,7 +88,7 @@ def parse_config(text: str, *, file: str = "<config>") -> BridgeConfig:
     subscriptions: dict[str, SubscriptionConfig] = {}
     for name, table in _named(document, "subscriptions", "subscription", where, report).items():
         at = where.child("subscriptions").child(name)
-        sub = _subscription(name, table, at, declared, report)
+        sub = _split(SUBSCRIPTIONS, name, table, at, report, context={DECLARED_JOBS: declared})
         if sub is not None:
             subscriptions[name] = sub
     _shadows_read_copies(subscriptions, where, report)
@@ -187,6 +190,18 @@ def _named(
     return named
 
 
+def read_destination(
+    name: str, table: Mapping[str, Any], *, file: str = "<config>"
+) -> DestinationConfig:
+    """One ``[outbox.<name>]`` table, its sink's keys included, as the file's reader checks
+    it (for code that builds a relay without a file); ConfigError lists every problem."""
+    problems: list[str] = []
+    found = _outbox({"outbox": {name: dict(table)}}, Where(file), problems.extend)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return found[name]
+
+
 def _outbox(document: dict[str, Any], where: Where, report: Report) -> dict[str, DestinationConfig]:
     """The outbox destinations, ``[outbox.<name>]``; none is required."""
     tables = document.get("outbox")
@@ -197,82 +212,102 @@ def _outbox(document: dict[str, Any], where: Where, report: Report) -> dict[str,
         report([at.message(f"expected tables [outbox.<name>], got {shown(tables)}")])
         return {}
     found: dict[str, DestinationConfig] = {}
-    installed = sinks.names()
     for name, table in tables.items():
         if name_problem(name) is not None:
             report([at.child(name).message(f"an outbox destination name is {NAME_RULE}")])
             continue
-        destination = _table(DestinationConfig, table, at.child(name), report, name=name)
+        destination = _split(DESTINATIONS, name, table, at.child(name), report)
         if destination is None:
             continue
-        if destination.sink not in installed:
-            expected = either([repr(n) for n in installed]) if installed else "an installed sink"
-            report(
-                [
-                    at.child(name)
-                    .child("sink")
-                    .message(f"no sink {destination.sink!r} is installed; expected {expected}")
-                ]
-            )
+        problem = destination.settings.address_problem(destination.address)
+        if problem is not None:
+            report([at.child(name).child("address").message(problem)])
             continue
         found[name] = destination
     return found
 
 
-def _subscription(
-    name: str, raw: object, where: Where, declared: frozenset[str] | None, report: Report
-) -> SubscriptionConfig | None:
-    """The core's keys and the adapter's, validated side by side and reported together."""
+@dataclass(frozen=True, slots=True)
+class _Split(Generic[C]):
+    """A kind of table whose keys are split between the core's model and a plugin's: the
+    plugin is named by ``key`` and found in ``plugins``; its ``settings`` model holds the rest
+    of the table."""
+
+    core: type[C]
+    #: the registry, looked up when a table is read: the plugin modules import this package
+    registry: Callable[[], Plugins[Any]]
+    key: str
+    table: str
+
+
+SUBSCRIPTIONS: Final = _Split(SubscriptionConfig, lambda: sources.SOURCES, "source", "subscription")
+DESTINATIONS: Final = _Split(DestinationConfig, lambda: sinks.SINKS, "sink", "destination")
+
+
+def _split(
+    kind: _Split[C],
+    name: str,
+    raw: object,
+    where: Where,
+    report: Report,
+    *,
+    context: dict[str, Any] | None = None,
+) -> C | None:
+    """The core's keys and the plugin's, validated side by side and reported together."""
     if not isinstance(raw, dict):
         report([where.message(f"expected a table, got {shown(raw)}")])
         return None
-    installed = sources.names()
-    expected = either([repr(n) for n in installed]) if installed else "an installed source"
-    if "source" not in raw:
-        report([where.child("source").message(f"required key is missing; expected {expected}")])
+    plugins = kind.registry()
+    installed = plugins.names()
+    expected = either([repr(n) for n in installed]) if installed else f"an installed {kind.key}"
+    if kind.key not in raw:
+        report([where.child(kind.key).message(f"required key is missing; expected {expected}")])
         return None
-    source = raw["source"]
-    if not isinstance(source, str) or source not in installed:
-        report([where.child("source").message(f"expected {expected}, got {shown(source)}")])
+    plugin = raw[kind.key]
+    if not isinstance(plugin, str) or plugin not in installed:
+        report([where.child(kind.key).message(f"expected {expected}, got {shown(plugin)}")])
         return None
-    settings_model = sources.adapter(source).settings
-    core, own = SubscriptionConfig.model_fields, settings_model.model_fields
+    settings_model: type[Table] = plugins.get(plugin).settings
+    core: tuple[str, ...] = tuple(kind.core.model_fields)
+    own: tuple[str, ...] = tuple(settings_model.model_fields)
     failed: list[tuple[type[Table], ValidationError]] = []
-    sub = settings = None
+    table: C | None = None
+    settings: Table | None = None
     try:
-        sub = SubscriptionConfig.read(
-            {k: v for k, v in raw.items() if k in core},
-            name=name,
-            context={DECLARED_JOBS: declared},
+        table = kind.core.read(
+            {k: v for k, v in raw.items() if k in core}, name=name, context=context
         )
     except ValidationError as exc:
-        failed.append((SubscriptionConfig, exc))
+        failed.append((kind.core, exc))
     try:
         settings = settings_model.read({k: v for k, v in raw.items() if k not in core}, name=name)
     except ValidationError as exc:
         failed.append((settings_model, exc))
-    if failed or sub is None or settings is None:
+    if failed or table is None or settings is None:
         scope = Scope(
             known=(*core, *own),
-            source=source,
+            plugin=plugin,
             owned=frozenset(own),
-            elsewhere=partial(_owner, source),
+            elsewhere=partial(_owner, plugins, plugin),
+            key=kind.key,
+            table=kind.table,
         )
         report(messages(failed, where, scope))
         return None
-    return sub.with_settings(settings)
+    attached: C = cast(Any, table).with_settings(settings)  # the plugin's own settings model
+    return attached
 
 
-def _owner(source: str, key: str) -> str | None:
-    """Another installed source whose adapter declares ``key``, for a key set in the wrong
+def _owner(plugins: Plugins[Any], plugin: str, key: str) -> str | None:
+    """Another installed plugin whose settings declare ``key``, for a key set in the wrong
     place."""
-    for other in sources.names():
-        if other == source:
+    for other in plugins.names():
+        if other == plugin:
             continue
         try:
-            owned = sources.adapter(other).settings.model_fields
+            owned = plugins.get(other).settings.model_fields
         except (ConfigError, ImportError):
-            continue  # an adapter that cannot be imported cannot claim the key
+            continue  # a plugin that cannot be imported cannot claim the key
         if key in owned:
             return other
     return None

@@ -984,44 +984,53 @@ OUTBOX_RETRY_INITIAL_SECONDS_DEFAULT: Final = 0.2
 OUTBOX_RETRY_MAX_SECONDS_DEFAULT: Final = 5.0
 
 
+class SinkSettings(Table):
+    """A sink's keys of a destination table, beside the core's. Its docstring opens the
+    sink's section of the reference (with the form of its `address`); each field's description
+    documents its key. The base class has none: a sink that needs no key of its own uses it."""
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        """What is wrong with ``address`` for this sink (None: nothing it can tell before it
+        sends): checked as the file is read, so a destination that could never send is an
+        error at start, not at its first message."""
+        return None
+
+    @classmethod
+    def of(cls, destination: DestinationConfig) -> Self:
+        """The destination's settings, if they are this sink's (guards direct use)."""
+        if not isinstance(destination.settings, cls):
+            raise ConfigError(
+                f"outbox.{destination.name}: sink {destination.sink!r} is not sent by "
+                f"{cls.__name__}"
+            )
+        return destination.settings
+
+
 class DestinationConfig(Table):
     """One outbox destination, `[outbox.<name>]`: where `ctx.outbox.publish("<name>", ...)`
     messages go. `fencebridge run` relays each destination's committed messages, one relay per
     destination at a time across every process (a lease and a fence in the database).
-    Credentials come from the environment of the sink's client library, never from the file.
+    `sink` names the sink, which owns the rest of the table's keys: they are listed under the
+    sink below, and a key of another sink is an error. Credentials come from the environment of
+    the sink's client library, never from the file.
     """
 
     sink: Identifier = Field(
         description=_doc(
             """
             The sink that sends this destination's messages, by its `fencebridge.sinks` entry
-            point: `sqs` (a queue; a FIFO queue by its `.fifo` name), `sns` (a topic) or
-            `pubsub` (a Pub/Sub topic).
+            point: decides which further keys apply, and the form of `address`.
             """
         )
     )
     address: Identifier = Field(
         description=_doc(
             """
-            The sink's target: the queue URL for `sqs`, the topic ARN for `sns`,
-            `projects/<project>/topics/<topic>` for `pubsub`.
+            The sink's target (a queue URL, a topic), in the form its sink's section below
+            gives.
             """
         )
-    )
-    region: Annotated[
-        Identifier | None,
-        Shown(default="the AWS environment (`AWS_REGION`, `AWS_DEFAULT_REGION`, profile)"),
-    ] = Field(default=None, description="AWS region of an `sqs` or `sns` destination.")
-    endpoint_url: Annotated[
-        Identifier | None, Shown(default="the service's endpoint (or `AWS_ENDPOINT_URL`)")
-    ] = Field(
-        default=None,
-        description=_doc(
-            """
-            Endpoint of a local server for an `sqs` or `sns` destination, for development and
-            tests (`pubsub` reads `PUBSUB_EMULATOR_HOST`).
-            """
-        ),
     )
     batch: StrictInt = Field(
         default=OUTBOX_BATCH_DEFAULT,
@@ -1085,6 +1094,20 @@ class DestinationConfig(Table):
         le=3600,
         description="Longest backoff between tries of a failed send call.",
     )
+
+    _settings: Any = PrivateAttr(default=None)
+
+    @property
+    def settings(self) -> SinkSettings:
+        """The sink's keys of this destination (its ``SinkSettings`` model)."""
+        assert self._settings is not None, "a destination is built with its sink's settings"
+        settings: SinkSettings = self._settings
+        return settings
+
+    def with_settings(self, settings: SinkSettings) -> Self:
+        """Attach the sink's keys, once both halves of the table have been validated."""
+        self._settings = settings
+        return self
 
     @model_validator(mode="after")
     def _ordered_backoff(self) -> Self:

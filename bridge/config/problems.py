@@ -60,17 +60,20 @@ def _no_other(_key: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """A table validated by more than one model: a subscription's core keys and its
-    adapter's."""
+    """A table validated by more than one model: the core's keys and its plugin's (a
+    subscription's source, a destination's sink)."""
 
     #: every key the table may hold
     known: tuple[str, ...]
-    #: the subscription's source
-    source: str
-    #: the keys its adapter owns
+    #: the value of the key that names the plugin (the subscription's source)
+    plugin: str
+    #: the keys its plugin owns
     owned: frozenset[str] = frozenset()
-    #: the other source a key belongs to, if any
+    #: the other plugin a key belongs to, if any
     elsewhere: Callable[[str], str | None] = field(default=_no_other)
+    #: the key that names the plugin, and what the table is called in messages
+    key: str = "source"
+    table: str = "subscription"
 
 
 def messages(
@@ -87,7 +90,7 @@ def messages(
         if e["type"] == "extra_forbidden" and isinstance(e["loc"][-1], str):
             table, name = e["loc"][:-1], e["loc"][-1]
             if not table and scope is not None and scope.elsewhere(name) is not None:
-                continue  # not a typo: a key of another source
+                continue  # not a typo: a key of another plugin
             close = difflib.get_close_matches(name, _known(model, table, scope), n=1)
             meant.update((*table, m) for m in close)
     lines: list[str] = []
@@ -130,8 +133,8 @@ def _describe(
         if other is not None and scope is not None:
             return [
                 at.message(
-                    f"applies to source = '{other}' only, and this subscription's source is "
-                    f"'{scope.source}'"
+                    f"applies to {scope.key} = '{other}' only, and this {scope.table}'s "
+                    f"{scope.key} is '{scope.plugin}'"
                 )
             ]
         known = _known(model, loc[:-1], scope)
@@ -139,7 +142,7 @@ def _describe(
         return [at.message(f"unknown key; {hint}")]
     if kind == "missing":
         if top and scope is not None and name in scope.owned:
-            return [at.message(f"required for source = '{scope.source}'")]
+            return [at.message(f"required for {scope.key} = '{scope.plugin}'")]
         return [at.message("required key is missing")]
     return [at.message(_problem(model, e, kind, raw, ctx))]
 

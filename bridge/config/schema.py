@@ -2,7 +2,8 @@
 
 Editors that read JSON Schema for TOML (taplo, Even Better TOML) use it to check
 ``bridge.toml`` as it is typed. A subscription's table is one alternative per installed
-source: the core's keys and that adapter's, chosen by the value of ``source``. The schema
+source: the core's keys and that adapter's, chosen by the value of ``source``; a destination's
+table likewise, one per installed sink, chosen by ``sink``. The schema
 checks what a schema can say (types, ranges, unknown keys, spellings); the rules across keys
 and tables (a job type a subscription names must be declared, say) are the reader's alone.
 """
@@ -14,7 +15,7 @@ from typing import Annotated, Any, Final, Literal, Union, cast
 
 from pydantic import BaseModel, Field, create_model
 
-from bridge import sources
+from bridge import sinks, sources
 from bridge.config.fields import NAME_PATTERN, TABLE_CONFIG
 from bridge.config.model import (
     BridgeSettings,
@@ -41,20 +42,41 @@ def _subscription(name: str) -> type[BaseModel]:
     )
 
 
-def config_schema(source_names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The schema of the whole file; ``source_names`` defaults to every installed source."""
+def _destination(name: str) -> type[BaseModel]:
+    settings = sinks.adapter(name).settings
+    keys: dict[str, Any] = {
+        "sink": (cast(Any, Literal)[name], Field(description=f"The sink: `{name}`."))
+    }
+    return create_model(
+        f"Destination_{name}",
+        __base__=(DestinationConfig, settings),
+        __doc__=DestinationConfig.__doc__,
+        **keys,
+    )
+
+
+def _one_of(alternatives: Sequence[type[BaseModel]], key: str) -> Any:
+    """One table's alternatives, chosen by the value of ``key``."""
+    if len(alternatives) == 1:
+        return alternatives[0]
+    return Annotated[Union[tuple(alternatives)], Field(discriminator=key)]  # noqa: UP007
+
+
+def config_schema(
+    source_names: Sequence[str] | None = None, sink_names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The schema of the whole file; the names default to every installed source and sink."""
     names = sources.names() if source_names is None else source_names
-    alternatives = [_subscription(n) for n in names]
-    subscription: Any = alternatives[0]
-    if len(alternatives) > 1:
-        subscription = Annotated[Union[tuple(alternatives)], Field(discriminator="source")]  # noqa: UP007
+    subscription: Any = _one_of([_subscription(n) for n in names], "source")
+    sink_names = sinks.names() if sink_names is None else sink_names
+    destination: Any = _one_of([_destination(n) for n in sink_names], "sink")
     table_name: Any = Annotated[str, Field(pattern=NAME_PATTERN)]
     tables: dict[str, Any] = {
         "bridge": (BridgeSettings, Field(default_factory=BridgeSettings)),
         "jobs": (dict[table_name, JobConfig], Field(min_length=1)),
         "subscriptions": (dict[table_name, subscription], Field(min_length=1)),
         "retention": (RetentionConfig | None, Field(default=None)),
-        "outbox": (dict[table_name, DestinationConfig], Field(default_factory=dict)),
+        "outbox": (dict[table_name, destination], Field(default_factory=dict)),
     }
     document = create_model("BridgeFile", __config__=TABLE_CONFIG, **tables)
     schema = document.model_json_schema()

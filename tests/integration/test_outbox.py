@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bridge import keyring, sql
-from bridge.config.model import DestinationConfig
+from bridge.config import read_destination
 from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.demo import invoices
 from bridge.events import EventCounter
@@ -731,9 +731,9 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
         Endpoint=queue_arn,
         Attributes={"RawMessageDelivery": "true"},
     )
-    config = DestinationConfig.read(
+    config = read_destination(
+        DESTINATION,
         {"sink": "sns", "address": topic, "region": REGION, "endpoint_url": sqs.endpoint},
-        name=DESTINATION,
     )
     relay = DestinationRelay(
         DESTINATION,

@@ -22,7 +22,7 @@ import boto3
 import psycopg
 import pytest
 
-from bridge.config.model import DestinationConfig
+from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
@@ -203,9 +203,9 @@ def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
         Endpoint=queue_arn,
         Attributes={"RawMessageDelivery": "true"},
     )
-    config = DestinationConfig.read(
+    config = read_destination(
+        QUEUES[0],
         {"sink": "sns", "address": topic, "region": REGION, "endpoint_url": sqs.endpoint},
-        name=QUEUES[0],
     )
     calls: list[int] = []
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import boto3
 
+from bridge.config import read_destination
 from bridge.config.model import DestinationConfig
 from consumers.sqs_sink import SqsSink
 from tests.support.sqs_server import REGION, SqsServer
@@ -26,7 +27,7 @@ def destination(url: str, *, name: str = "refunds", **overrides: Any) -> Destina
         "retry_max_seconds": 0.2,
         **overrides,
     }
-    return DestinationConfig.read(table, name=name)
+    return read_destination(name, table)
 
 
 def sqs_sink(endpoint: str, queue_url: str) -> SqsSink:

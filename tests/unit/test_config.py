@@ -9,13 +9,22 @@ import pytest
 from pydantic import ValidationError
 
 from bridge import config
-from bridge.config import AckMode, BridgeConfig, load_config, parse_config, reference_markdown
+from bridge.config import (
+    AckMode,
+    BridgeConfig,
+    load_config,
+    parse_config,
+    read_destination,
+    reference_markdown,
+)
 from bridge.decode import FieldSource, PayloadSource, SourceKind
 from bridge.errors import ConfigError
 from bridge.types import TargetClass
 from consumers import sqs
 from consumers.pubsub import FlowControl, PubSubSettings
+from consumers.sns_sink import SnsSinkSettings
 from consumers.sqs import SqsSettings
+from consumers.sqs_sink import SqsSinkSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "bridge.toml"
@@ -778,8 +787,8 @@ def test_an_outbox_destination_takes_its_defaults() -> None:
 
 def test_an_outbox_destination_names_a_sink_that_is_installed() -> None:
     text = message(BASE + OUTBOX.replace('sink = "sqs"', 'sink = "kafka"'))
-    assert "bridge.toml: outbox.ledger_events.sink: no sink 'kafka' is installed" in text
-    assert "'pubsub'" in text
+    expected = "expected 'pubsub', 'sns' or 'sqs', got 'kafka'"
+    assert f"bridge.toml: outbox.ledger_events.sink: {expected}" in text
 
 
 def test_every_problem_of_outbox_destinations_is_reported_at_once() -> None:
@@ -794,3 +803,44 @@ def test_every_problem_of_outbox_destinations_is_reported_at_once() -> None:
     )
     assert 'outbox."bad name": an outbox destination name is' in text
     assert "outbox.missing.address" in text
+
+
+def test_a_destination_takes_its_sinks_own_keys() -> None:
+    text = OUTBOX + 'region = "eu-west-1"\nendpoint_url = "http://127.0.0.1:5000"\n'
+    destination = parse_config(BASE + text, file="bridge.toml").outbox["ledger_events"]
+    settings = SqsSinkSettings.of(destination)
+    assert (settings.region, settings.endpoint_url) == ("eu-west-1", "http://127.0.0.1:5000")
+
+
+def test_a_key_of_another_sink_says_which_sink_it_belongs_to() -> None:
+    topic = 'sink = "pubsub"\naddress = "projects/p/topics/t"\nregion = "eu-west-1"\n'
+    text = message(BASE + "\n[outbox.ledger_events]\n" + topic)
+    assert (  # the first other installed sink that declares the key, by name
+        "outbox.ledger_events.region: applies to sink = 'sns' only, and this destination's "
+        "sink is 'pubsub'"
+    ) in text
+    typo = message(BASE + OUTBOX + 'regoin = "eu-west-1"\n')
+    assert "outbox.ledger_events.regoin: unknown key; did you mean 'region'?" in typo
+
+
+@pytest.mark.parametrize(
+    ("sink", "address", "problem"),
+    [
+        ("sqs", "ledger-events", "an sqs destination's address is its queue URL"),
+        ("sns", "https://sns.example", "an sns destination's address is a topic ARN"),
+        ("pubsub", "ledger-events", "a pubsub destination's address is projects/"),
+    ],
+)
+def test_a_destination_address_its_sink_cannot_send_to_is_an_error_when_read(
+    sink: str, address: str, problem: str
+) -> None:
+    table = f'\n[outbox.ledger_events]\nsink = "{sink}"\naddress = "{address}"\n'
+    assert f"outbox.ledger_events.address: {problem}" in message(BASE + table)
+
+
+def test_a_destination_read_alone_reports_every_problem() -> None:
+    with pytest.raises(ConfigError) as caught:
+        read_destination("refunds", {"sink": "sqs", "address": "q", "batch": 0})
+    assert "outbox.refunds.batch" in str(caught.value)
+    good = read_destination("refunds", {"sink": "sns", "address": "arn:aws:sns:x"})
+    assert isinstance(good.settings, SnsSinkSettings)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from google.cloud import pubsub_v1
 
-from bridge.config.model import DestinationConfig
+from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
@@ -86,9 +86,9 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
     publisher = with_emulator_host(
         emulator.host, lambda: pubsub_v1.PublisherClient(publisher_options=options)
     )
-    config = DestinationConfig.read(
+    config = read_destination(
+        DESTINATION,
         {"sink": "pubsub", "address": topic, "batch": 7, "poll_interval_seconds": 0.05},
-        name=DESTINATION,
     )
     relay = DestinationRelay(
         DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
@@ -142,9 +142,9 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
     publisher = with_emulator_host(
         emulator.host, lambda: pubsub_v1.PublisherClient(publisher_options=options)
     )
-    config = DestinationConfig.read(
+    config = read_destination(
+        DESTINATION,
         {"sink": "pubsub", "address": topic, "send_tries": 2, "retry_initial_seconds": 0.01},
-        name=DESTINATION,
     )
     relay = DestinationRelay(
         DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"

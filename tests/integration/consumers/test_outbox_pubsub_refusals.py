@@ -28,7 +28,7 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import SchemaServiceClient
 from google.pubsub_v1.types import Encoding, Schema
 
-from bridge.config.model import DestinationConfig
+from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
@@ -164,7 +164,8 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
             f"127.0.0.1:{proxy.port}",
             lambda: pubsub_v1.PublisherClient(batch_settings=batches, publisher_options=options),
         )
-        config = DestinationConfig.read(
+        config = read_destination(
+            DESTINATION,
             {
                 "sink": "pubsub",
                 "address": topic,
@@ -173,7 +174,6 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
                 "max_attempts": 3,
                 "retry_initial_seconds": 0.05,
             },
-            name=DESTINATION,
         )
         relay = DestinationRelay(
             DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
