@@ -35,6 +35,7 @@ from datetime import timedelta
 from bridge.config import BridgeConfig
 from bridge.decode import DecodeRules, RawDelivery, SourceKind, decode
 from bridge.errors import ConfigError
+from bridge.executors.intent import call_may_have_left
 from bridge.handlers import (
     Applied,
     Context,
@@ -202,7 +203,7 @@ class Redrive:
         )
 
     def _unfenced(self, row: ParkedRow) -> RowResult | None:
-        if row.intent_fence is None:
+        if not call_may_have_left(row.intent_fence):
             return None  # the intent is recorded before any call: none was made
         if not self._confirm_not_called:
             return RowResult(

@@ -703,6 +703,62 @@ def test_class_c_ambiguous_result_with_a_lookup_that_cannot_tell_is_unknown(
     assert provider.charges_for(ikey) == 1
 
 
+def test_class_c_timeout_on_the_last_attempt_that_the_lookup_cannot_find_yet_is_unknown(
+    bench: Bench, provider: PaymentProvider
+) -> None:
+    client = PaymentClient(provider.url, timeout=0.3)
+    bench.register(payments.JOB_TYPE, payments.ChargeCustomer(client), max_attempts=1)
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    ikey = key_of(bench, key)
+    provider.set_fault(FaultKind.LATE_APPLY, key=ikey, seconds=1.0)  # lands after the lookup
+
+    counts = bench.run(key).snapshot()
+
+    # "Not applied" right after a timeout is not a confirmed failure: the request may land.
+    # Failed, its owner would send the operation again under a new key and charge twice.
+    assert counts == {"reconciled.not_applied": 1, "settled.unknown": 1}
+    row = bench.row(key)
+    assert (row["state"], row["outcome_code"]) == ("unknown", "provider_timeout")
+    assert "may still land" in row["outcome_detail"]
+    eventually(lambda: provider.late() == 0, "the timed-out request to land")
+    assert provider.charges_for(ikey) == 1
+
+    # The unknown runbook: a redrive, whose next claim looks the key up and finds the charge.
+    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
+    assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
+    (charge,) = provider.ledger()
+    assert bench.row(key)["outcome_detail"] == charge.id
+    assert provider.requests_for(ikey) == 1
+
+
+def test_class_c_retry_on_the_last_attempt_after_an_ambiguous_one_is_unknown_not_failed(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C, max_attempts=2)
+    handler.outcomes["op"] = Ambiguous("timeout")
+    key = bench.ingest("scripted", "op")
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.queued": 1}
+    bench.clock.advance(PAST_ANY_BACKOFF)
+    # The last attempt finds nothing either and is told to retry ("still in flight"): the first
+    # request may still land, so there is no confirmed failure to report.
+    handler.outcomes["op"] = RetryLater("provider_in_progress")
+
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.unknown": 1}
+    assert bench.outcome(key) == (UNKNOWN, "provider_in_progress")
+
+
+def test_class_c_retry_on_the_last_attempt_of_a_row_that_never_sent_anything_is_failed(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C, max_attempts=1)
+    handler.outcomes["op"] = RetryLater("provider_in_progress")
+    key = bench.ingest("scripted", "op")
+    # The only request there ever was answered with an explicit refusal: nothing can land.
+    assert bench.run(key).snapshot() == {"settled.failed_terminal": 1}
+    assert bench.outcome(key) == (FAILED, "attempts_exhausted")
+    assert handler.looked_up == []
+
+
 def test_class_c_key_in_flight_elsewhere_is_retried_later(
     bench: Bench, charges: PaymentClient, provider: PaymentProvider
 ) -> None:

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from bridge.demo import invoices
-from bridge.handlers import Context, RateLimited, Success
+from bridge.handlers import Applied, Context, RateLimited, Success
 from bridge.types import State, TargetClass
 from tests.integration.test_executors import START, TENANT, Bench, ScriptedApi, bench, scripted
 
@@ -53,7 +53,9 @@ def test_a_rate_limit_requeues_after_its_wait_and_gives_the_attempt_back(
         assert handler.calls == [("op", 1)]
         return
     handler.outcomes["op"] = Success("done")
-    assert bench.execute(claim).snapshot() == {"settled.succeeded": 1}
+    # Class C's call left before the 429 (its intent is recorded): it looks the key up first.
+    looked_up = {"reconciled.not_applied": 1} if target is TargetClass.C else {}
+    assert bench.execute(claim).snapshot() == {**looked_up, "settled.succeeded": 1}
     assert bench.row(key)["attempts"] == 1
 
 
@@ -78,7 +80,7 @@ def test_class_d_rate_limited_before_the_call_never_calls_and_records_no_intent(
     assert handler.calls == [("op", 4)]  # called once, under the fence that recorded its intent
 
 
-def test_class_c_rate_limited_perform_is_looked_up_on_a_later_attempt_and_charged(
+def test_class_c_rate_limited_perform_is_looked_up_on_the_next_claim_and_charged(
     bench: Bench,
 ) -> None:
     handler = scripted(bench, TargetClass.C)
@@ -88,10 +90,28 @@ def test_class_c_rate_limited_perform_is_looked_up_on_a_later_attempt_and_charge
     bench.clock.advance(WAIT)
     handler.outcomes["op"] = Success("charged")
 
-    assert bench.run(key).snapshot() == {"settled.succeeded": 1}
-    # attempts stayed 1, so the claim performs without a lookup (the 429 said nothing applied)
-    assert handler.looked_up == []
+    claim = bench.claim(key)
+    assert (claim.attempts, claim.intent_fence) == (1, 1)
+    assert bench.execute(claim).snapshot() == {"reconciled.not_applied": 1, "settled.succeeded": 1}
+    # The 429 gave the attempt back, but perform had been entered: a request may have left
+    # before the refusal (a client's own retry after a timeout), so the key is looked up first.
+    assert handler.looked_up == ["op"]
     assert handler.performed == ["op", "op"]
+
+
+def test_class_c_rate_limited_perform_then_applied_is_found_and_not_performed_again(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C)
+    handler.outcomes["op"] = RateLimited(retry_after=WAIT)
+    key = bench.ingest("scripted", "op")
+    bench.run(key)
+    bench.clock.advance(WAIT)
+    handler.answers["op"] = Applied("charged", "ch_1")  # an earlier request of it landed
+
+    assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
+    assert bench.outcome(key) == (State.SUCCEEDED, "charged")
+    assert handler.performed == ["op"]
 
 
 class LimitedBeforeSending(ScriptedApi):
