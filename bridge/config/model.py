@@ -190,7 +190,8 @@ class BridgeSettings(Table):
         description=_doc(
             """
             How often the sweeper looks for claims whose lease expired with no attempt left
-            and parks them as `unknown`.
+            and parks them as `unknown` (a class D claim that expired before it recorded its
+            intent made no call, and goes back to the queue instead).
             """
         ),
     )

@@ -35,6 +35,7 @@ from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     ConcurrencyLimit,
     KeyedStore,
+    Swept,
     TokenRate,
     WaitingCount,
 )
@@ -48,7 +49,6 @@ from bridge.types import (
     Rejection,
     State,
     Stats,
-    Ticket,
 )
 
 
@@ -73,8 +73,9 @@ class OperatorStore(KeyedStore, Protocol):
         tenant and reason: what ``fencebridge status`` shows."""
         ...
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
+        """Park expired claims with no attempt left as ``unknown``, except class D claims that
+        never recorded an intent, which go back to the queue; returns what it did."""
         ...
 
     def history(self, key: Key) -> OperationHistory:

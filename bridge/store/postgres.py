@@ -83,10 +83,12 @@ from bridge.store.work import (
     PRIORITY_AGING_DEFAULT,
     SWEEP_LIMIT_DEFAULT,
     TOMBSTONE_DAYS_DEFAULT,
+    UNSTARTED_CLAIMS_MAX,
     ConcurrencyLimit,
     QuotaDeferred,
     SettledClaim,
     Settlement,
+    Swept,
     TokenRate,
     WaitingCount,
 )
@@ -1038,22 +1040,33 @@ class PostgresStore:
 
     # -- maintenance -------------------------------------------------------------------------
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked.
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
+        """Park expired claims with no attempt left as ``unknown``, except class D claims that
+        never recorded an intent (no call was made), which go back to the queue while the row
+        has had fewer than :data:`~bridge.store.work.UNSTARTED_CLAIMS_MAX` claims.
 
         With ``exclusive``, the sweep runs only if no other process is sweeping right now
-        (a transaction-scoped advisory lock); otherwise it returns an empty list at once.
+        (a transaction-scoped advisory lock); otherwise it does nothing at once.
         """
         with self._connection("sweep") as conn, conn.transaction():
             if exclusive:
                 got = conn.execute(sql.statement("sweep_lock")).fetchone()
                 if not got or not got[0]:
-                    return []
+                    return Swept([], [])
             rows = conn.execute(
                 sql.statement("sweep"),
-                {"limit": limit, "now": self._now(), "history": self._history},
+                {
+                    "limit": limit,
+                    "now": self._now(),
+                    "history": self._history,
+                    "aging": self._aging,
+                    "unstarted_claims": UNSTARTED_CLAIMS_MAX,
+                },
             ).fetchall()
-        return [Ticket(t, o, int(f)) for t, o, f in rows]
+        swept = Swept([], [])
+        for t, o, f, state in rows:
+            (swept.requeued if state == State.QUEUED else swept.parked).append(Ticket(t, o, int(f)))
+        return swept
 
     def redrive(
         self,

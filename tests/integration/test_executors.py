@@ -53,6 +53,7 @@ from bridge.types import (
     Decision,
     Delivery,
     IngestResult,
+    InsertClaim,
     Key,
     RedriveFilter,
     State,
@@ -493,7 +494,7 @@ def test_class_a_handler_past_its_lease_still_commits_the_sweeper_cannot_take_a_
 
     def outlive_the_lease() -> None:
         bench.lapse()  # the refund is written, the lease is over ...
-        swept.extend(bench.store.sweep())  # ... and neither the sweeper
+        swept.extend(bench.store.sweep().parked)  # ... and neither the sweeper
         rivals.extend(bench.store.claim("rival", 1, LEASE))  # nor a claim can take the row
 
     handler.outcomes["op"] = outlive_the_lease
@@ -1019,6 +1020,41 @@ def test_class_d_intent_found_by_a_later_claim_parks_unknown_without_calling(
     assert handler.calls == [("op", 1)], "called once, ever"
 
 
+def test_class_d_rows_written_claimed_for_a_process_that_died_are_queued_again_and_called_once(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.D)
+    batch = [bench.delivery("scripted", op) for op in ("op-1", "op-2", "op-3")]
+    for op in ("op-1", "op-2", "op-3"):
+        handler.outcomes[op] = None
+    # The inbox wrote them claimed for its pool (the hand-off), then the process died: one of
+    # its workers had recorded its intent and was calling, the others had not started.
+    claimed = {
+        r.key.operation_id: r.claim
+        for r in bench.store.ingest(batch, InsertClaim("dead", {"scripted": LEASE}, 3))
+    }
+    assert {op: c.fence for op, c in claimed.items() if c is not None} == {
+        "op-1": 1,
+        "op-2": 1,
+        "op-3": 1,
+    }
+    called = claimed["op-3"]
+    assert called is not None
+    bench.store.record_intent(called.ticket)
+    bench.lapse()
+
+    swept = bench.store.sweep()
+
+    assert swept.parked == [Ticket(TENANT, "op-3", 1)]
+    assert set(swept.requeued) == {Ticket(TENANT, "op-1", 1), Ticket(TENANT, "op-2", 1)}
+    for op in ("op-1", "op-2"):
+        assert bench.run(Key(TENANT, op)).snapshot() == {"settled.succeeded": 1}
+        assert bench.outcome(Key(TENANT, op)) == (SUCCEEDED, "ok")
+    assert bench.outcome(Key(TENANT, "op-3")) == (UNKNOWN, "lease_expired_attempts_exhausted")
+    # Called once each, under the fence of the claim that recorded the intent; never op-3.
+    assert sorted(handler.calls) == [("op-1", 2), ("op-2", 2)]
+
+
 # -- the last attempt's lease expires: the sweeper parks it, nobody guesses ----------------------
 
 
@@ -1039,7 +1075,7 @@ def test_a_last_attempt_that_outlives_its_lease_is_unknown_whatever_it_returns(
     def slow_then(outcome: Outcome) -> Callable[[], Success | None]:
         def run() -> Success | None:
             bench.lapse()  # the handler took longer than its lease ...
-            swept.extend(bench.store.sweep())  # ... and the sweeper ran meanwhile
+            swept.extend(bench.store.sweep().parked)  # ... and the sweeper ran meanwhile
             return act(outcome)
 
         return run
