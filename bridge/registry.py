@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final
 
 from bridge.errors import ConfigError
 from bridge.handlers import (
+    RATE_LIMIT_WAIT_MAX_DEFAULT,
     ConditionalWriteHandler,
     Handler,
     IdempotentApiHandler,
@@ -60,6 +61,8 @@ class JobSpec:
     lease: timedelta = LEASE_DEFAULT
     #: the outbox destinations its handler may publish to (None: any, as in a bare registry)
     outbox_destinations: frozenset[str] | None = None
+    #: the longest wait a RateLimited holds the job type and tenant for; longer ones are cut
+    rate_wait_max: timedelta = RATE_LIMIT_WAIT_MAX_DEFAULT
 
     @property
     def target_class(self) -> TargetClass:
@@ -81,6 +84,7 @@ class Registry:
         lease: timedelta = LEASE_DEFAULT,
         declared_class: TargetClass | None = None,
         outbox_destinations: frozenset[str] | None = None,
+        rate_wait_max: timedelta = RATE_LIMIT_WAIT_MAX_DEFAULT,
     ) -> JobSpec:
         if job_type in self._specs:
             raise ConfigError(f"job type {job_type!r} is registered twice")
@@ -105,7 +109,9 @@ class Registry:
             )
         if lease <= timedelta(0):
             raise ConfigError(f"job type {job_type!r}: the lease must be positive")
-        spec = JobSpec(job_type, handler, policy, lease, outbox_destinations)
+        if rate_wait_max <= timedelta(0):
+            raise ConfigError(f"job type {job_type!r}: the longest rate limit wait must be > 0")
+        spec = JobSpec(job_type, handler, policy, lease, outbox_destinations, rate_wait_max)
         self._specs[job_type] = spec
         return spec
 
@@ -215,6 +221,7 @@ def build_job(
             lease=timedelta(seconds=job.lease_seconds),
             declared_class=job.target_class,
             outbox_destinations=frozenset(config.outbox),
+            rate_wait_max=timedelta(seconds=job.rate_limit_wait_max_seconds),
         )
     except ConfigError as exc:
         raise ConfigError(f"{config.file}: jobs.{job_type}: {exc}") from exc

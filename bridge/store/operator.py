@@ -16,10 +16,12 @@ from typing import Any, Protocol
 from bridge.records import (
     ErasureCounts,
     ErasureRecord,
+    LiftedWait,
     OperationHistory,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
+    RateWait,
     RejectedStatus,
     ResolvedDelivery,
     SeenOperation,
@@ -118,6 +120,23 @@ class OperatorStore(KeyedStore, Protocol):
         dry_run: bool = False,
     ) -> bool:
         """Unknown class C row whose lookup found the effect: succeeded, audited."""
+        ...
+
+    def rate_waits(self, job_type: str | None = None) -> list[RateWait]:
+        """The targets' rate limit waits still ahead (of one job type), latest end first."""
+        ...
+
+    def lift_rate_waits(
+        self,
+        job_type: str,
+        tenant_id: str | None = None,
+        *,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> list[LiftedWait]:
+        """Delete the waits still ahead of the job type (and tenant), and make due now the
+        queued rows each had scheduled, every such row audited."""
         ...
 
     def redrive_unfenced(

@@ -60,10 +60,12 @@ from bridge.records import (
     AttemptRecord,
     ErasureCounts,
     ErasureRecord,
+    LiftedWait,
     OperationHistory,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
+    RateWait,
     RedriveRecord,
     RejectedRecord,
     RejectedStatus,
@@ -1204,6 +1206,40 @@ class PostgresStore:
             "reason": reason,
         }
         return self._guarded_write("redrive_applied", params, dry_run=dry_run)
+
+    def rate_waits(self, job_type: str | None = None) -> list[RateWait]:
+        """The targets' rate limit waits still ahead (of one job type), latest end first."""
+        with self._connection("rate waits") as conn:
+            rows = conn.execute(
+                sql.statement("rate_waits"), {"job_type": job_type, "now": self._now()}
+            ).fetchall()
+        return [RateWait(j, t, until, int(n)) for j, t, until, n in rows]
+
+    def lift_rate_waits(
+        self,
+        job_type: str,
+        tenant_id: str | None = None,
+        *,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> list[LiftedWait]:
+        """Delete the waits still ahead of the job type (and tenant), and make due now the
+        queued rows each had scheduled, every such row audited (``rate_wait_lift.sql``). A dry
+        run executes the same statement and rolls it back."""
+        if not actor or not reason:
+            raise ValueError("lifting a wait needs an actor and a reason for the audit record")
+        params = {
+            "job_type": job_type,
+            "tenant_id": tenant_id,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+            "aging": self._aging,
+        }
+        with self._connection("rate waits") as conn, conn.transaction(force_rollback=dry_run):
+            rows = conn.execute(sql.statement("rate_wait_lift"), params).fetchall()
+        return [LiftedWait(j, t, until, int(n)) for j, t, until, n in rows]
 
     def redrive_unfenced(
         self,

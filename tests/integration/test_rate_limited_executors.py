@@ -14,7 +14,15 @@ import pytest
 from bridge.demo import invoices
 from bridge.handlers import Applied, Context, RateLimited, Success
 from bridge.types import State, TargetClass
-from tests.integration.test_executors import START, TENANT, Bench, ScriptedApi, bench, scripted
+from tests.integration.test_executors import (
+    START,
+    TENANT,
+    Bench,
+    ScriptedApi,
+    ScriptedWrite,
+    bench,
+    scripted,
+)
 
 __all__ = ["bench"]  # the fixture, imported for these tests
 
@@ -129,3 +137,31 @@ def test_a_rate_limit_raised_by_a_class_c_validate_sends_nothing(bench: Bench) -
     row = bench.row(key)
     assert (row["state"], row["attempts"], row["intent_fence"]) == ("queued", 0, None)
     assert handler.performed == []
+
+
+def test_a_wait_longer_than_the_job_types_maximum_is_cut_to_it_and_counted(bench: Bench) -> None:
+    handler = ScriptedWrite()
+    bench.registry.register("capped", handler, rate_wait_max=timedelta(seconds=30))
+    handler.outcomes["long"] = RateLimited(retry_after=timedelta(hours=10))
+    handler.outcomes["short"] = RateLimited(retry_after=timedelta(seconds=10))
+    long = bench.ingest("capped", "long")
+    short = bench.ingest("capped", "short", tenant="t2")
+
+    assert bench.run(long).snapshot() == {"settled.queued": 1, "rate_wait_clamped": 1}
+    assert bench.run(short).snapshot() == {"settled.queued": 1}
+
+    assert bench.row(long)["next_attempt_at"] == START + timedelta(seconds=30)
+    assert bench.row(short)["next_attempt_at"] == START + timedelta(seconds=10)
+    waits = bench.db.execute("SELECT tenant_id, until FROM rate_wait ORDER BY 1").fetchall()
+    assert waits == [
+        (TENANT, START + timedelta(seconds=30)),
+        ("t2", START + timedelta(seconds=10)),
+    ]
+
+
+def test_a_wait_is_never_longer_than_fifteen_minutes_unless_configured(bench: Bench) -> None:
+    handler = scripted(bench, TargetClass.B)
+    handler.outcomes["op"] = RateLimited(retry_after=timedelta(days=1))  # a date far ahead
+    key = bench.ingest("scripted", "op")
+    assert bench.run(key).snapshot() == {"settled.queued": 1, "rate_wait_clamped": 1}
+    assert bench.row(key)["next_attempt_at"] == START + timedelta(minutes=15)
