@@ -13,8 +13,9 @@ holds requests on their way:
   new key (the test does, for every failed row), and the late request would charge a second
   time. Once the requests have landed, the unknown runbook's redrive finds every charge.
 * **limited**: the first request times out and lands a moment later, the client's retry is
-  answered 429. The rate limit gives the attempt back, but the call had left: the next claim
-  looks the key up first and finds the charge, with no third request.
+  answered 429 with a ``Retry-After`` of an hour, which the job type's maximum wait cuts to two
+  seconds (counted). The rate limit gives the attempt back, but the call had left: the next
+  claim looks the key up first and finds the charge, with no third request.
 
 Whatever the mix, every operation ends ``succeeded`` and every order is charged exactly once.
 """
@@ -58,6 +59,8 @@ LIMITED_TENANT = "t2"
 LATE_REQUESTS = 4
 HOLD_SECONDS = 600.0
 TIMEOUT_SECONDS = 0.3
+#: the job type's longest rate limit wait: the provider's hour is cut to it
+RATE_WAIT_MAX = timedelta(seconds=2)
 SETTLE_TIMEOUT = 120.0
 
 
@@ -118,6 +121,7 @@ def registry(provider: PaymentProvider) -> Registry:
             backoff_initial=timedelta(milliseconds=50),
             backoff_max=timedelta(milliseconds=100),
         ),
+        rate_wait_max=RATE_WAIT_MAX,
     )
     return registry
 
@@ -140,7 +144,7 @@ def test_requests_landing_late_leave_every_order_charged_exactly_once(
         )
     for i in LIMITED:
         provider.set_fault(FaultKind.LATE_APPLY, key=key[i], seconds=0.5)
-        provider.set_fault(FaultKind.RATE_LIMITED, key=key[i], retry_after="2")
+        provider.set_fault(FaultKind.RATE_LIMITED, key=key[i], retry_after="3600")
     provider.set_fault(FaultKind.RESET_AFTER_APPLY, times=RESETS)  # any other request
 
     def delivery(i: int, payload: dict[str, object]) -> Delivery:
@@ -202,6 +206,7 @@ def test_requests_landing_late_leave_every_order_charged_exactly_once(
         assert provider.lookups_for(key[i]) >= 1, f"op-{i:04d}"
     assert counts["reconciled.applied"] >= len(LIMITED) + len(LATE)
     assert "settled.failed_terminal" not in counts
+    assert counts["rate_wait_clamped"] == len(LIMITED)
     history = db.execute(
         "SELECT outcome_code, count(*) FROM work_attempt WHERE outcome = 'queued'"
         " GROUP BY 1 ORDER BY 1"
