@@ -185,7 +185,7 @@ def _resolve(run: Run, handler: IdempotentApiHandler, outcome: Ambiguous) -> Non
     elif finding is Finding.NOT_APPLIED:
         # Not applied *yet*: perform again, under the same key and the next claim's fence (the
         # provider deduplicates a request of this one that lands meanwhile).
-        _settle(run, RetryLater(outcome.code, "lookup confirmed not applied"), may_land=True)
+        _settle(run, RetryLater(outcome.code, "the lookup found nothing yet"), may_land=True)
     else:
         park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
 
