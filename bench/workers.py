@@ -62,6 +62,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from importlib import metadata
 from typing import Any
 from urllib.parse import quote
@@ -338,6 +339,9 @@ class Settled:
 
     def settle_unknown(self, claim: Claim, action: str) -> None:
         self.problems += 1
+
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        pass
 
 
 def fencebridge_prepare(store: PostgresStore, jobs: int) -> None:

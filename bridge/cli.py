@@ -8,8 +8,8 @@ for ``purge``: another purge was running), 2 bad usage, 130 interrupted, 141 the
 the output went away (``fencebridge status --json | head -1``), as a process killed by
 SIGPIPE would report it.
 
-The operator commands (status, inspect, redrive, resend, resolve, sweep, purge, erase, check)
-never print payload bytes. Tenants and operations are shown as keyed hashes
+The operator commands (status, inspect, redrive, resend, resolve, rate-wait, sweep, purge,
+erase, check) never print payload bytes. Tenants and operations are shown as keyed hashes
 (``FENCEBRIDGE_IDENTITY_KEY``), the same ones logs and spans carry; only ``inspect``, given the
 raw identifiers by the operator, echoes them back.
 """
@@ -32,6 +32,7 @@ from bridge.commands import (
     inspect,
     migrate,
     purge,
+    rate_wait,
     redrive,
     resend,
     resolve,
@@ -59,6 +60,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     redrive.register,
     resend.register,
     resolve.register,
+    rate_wait.register,
     sweep.register,
     purge.register,
     erase.register,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import timedelta
 from typing import Protocol
 
 from bridge.types import Claim, State
@@ -22,6 +23,7 @@ class WorkEvents(Protocol):
     def fenced_out(self, claim: Claim) -> None: ...
     def reconciled(self, claim: Claim, finding: str) -> None: ...
     def settle_unknown(self, claim: Claim, action: str) -> None: ...
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None: ...
 
 
 class EventCounter:
@@ -81,6 +83,9 @@ class EventCounter:
     def settle_unknown(self, claim: Claim, action: str) -> None:
         self._add("settle_unknown")
 
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        self._add("rate_wait_clamped")
+
 
 #: the count of each settled state, named once
 _SETTLED = {state: f"settled.{state.value}" for state in State}
@@ -115,3 +120,7 @@ class FanOut:
     def settle_unknown(self, claim: Claim, action: str) -> None:
         for r in self._receivers:
             r.settle_unknown(claim, action)
+
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        for r in self._receivers:
+            r.rate_wait_clamped(claim, asked)

@@ -98,6 +98,11 @@ class RetryLater(HandlerOutcome):
 
 #: the wait of a :class:`RateLimited` raised without one
 RATE_LIMIT_WAIT_DEFAULT = timedelta(seconds=1)
+#: the longest wait a :class:`RateLimited` holds its job type and tenant for, unless the job
+#: type sets its own (``jobs.<name>.rate_limit_wait_max_seconds``): a longer ``Retry-After`` (a
+#: provider's mistake, a daily quota, a date far ahead) is cut to it, and the next attempt asks
+#: again, so no single answer can hold a tenant's work for hours
+RATE_LIMIT_WAIT_MAX_DEFAULT = timedelta(minutes=15)
 
 
 class RateLimited(HandlerOutcome):
@@ -106,8 +111,9 @@ class RateLimited(HandlerOutcome):
     The row goes back to the queue after ``retry_after`` without using up an attempt (the
     target's limit is not the operation's failure), and every row of the same job type and
     tenant waits as long: the limit belongs to the target, so its siblings would be refused
-    too. Raise it only when the target said so; a refusal that may have acted is
-    :class:`Ambiguous`.
+    too. The wait is capped by the job type's maximum (:data:`RATE_LIMIT_WAIT_MAX_DEFAULT`
+    unless configured): a longer one is cut to it and counted. Raise it only when the target
+    said so; a refusal that may have acted is :class:`Ambiguous`.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Operator actions on parked work: redrive (reconcile first), resolve (close rejected
-deliveries a person has dealt with) and retention purge.
+deliveries a person has dealt with), lifting a target's rate limit wait, and retention purge.
 
 Redriving is itself a consequential action. It keeps each operation's identity, and it never
 sends back to the queue a row whose effect may already have happened unless the next attempt
@@ -35,6 +35,7 @@ from datetime import timedelta
 from bridge.config import BridgeConfig
 from bridge.decode import DecodeRules, RawDelivery, SourceKind, decode
 from bridge.errors import ConfigError
+from bridge.executors.intent import call_may_have_left
 from bridge.handlers import (
     Applied,
     Context,
@@ -45,6 +46,7 @@ from bridge.handlers import (
 )
 from bridge.identity import IdentityHasher
 from bridge.records import (
+    LiftedWait,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
@@ -202,7 +204,7 @@ class Redrive:
         )
 
     def _unfenced(self, row: ParkedRow) -> RowResult | None:
-        if row.intent_fence is None:
+        if not call_may_have_left(row.intent_fence):
             return None  # the intent is recorded before any call: none was made
         if not self._confirm_not_called:
             return RowResult(
@@ -395,6 +397,55 @@ def _why_not_open(status: RejectedStatus | None) -> str:
             f"already closed by a redrive ({status.redriven_by}, {status.redriven_at.isoformat()})"
         )
     return "does not match the other filters, or is locked by another resolve or redrive"
+
+
+# -- rate limit waits ------------------------------------------------------------------------
+
+#: how a lift's audit entries are told from redrives: the reason ends with it
+LIFTED_MARK = "[rate wait lifted]"
+
+
+@dataclass
+class LiftReport:
+    """What lifting rate limit waits did (or, on a dry run, would do)."""
+
+    dry_run: bool
+    lifted: list[LiftedWait]
+
+    @property
+    def moved(self) -> int:
+        """The rows the lifted waits had scheduled that became due at once."""
+        return sum(w.moved for w in self.lifted)
+
+
+def lift_rate_waits(
+    store: OperatorStore,
+    job_type: str,
+    *,
+    tenant_id: str | None = None,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> LiftReport:
+    """Lift the rate limit waits of a job type (of one tenant, or every tenant) that an
+    operator knows to be over: the target's limit was raised, its ``Retry-After`` was wrong.
+
+    The waits still ahead are deleted and the rows they had scheduled are due at once, each
+    audited as a redrive is (``redrive_audit``: the actor, the reason marked
+    :data:`LIFTED_MARK`, the row's fence and attempts; a ``rate_wait_lifted`` entry in its
+    attempt history). Nothing else changes: a row keeps its attempts and its fence, and a
+    target that still limits answers ``429`` again, which starts a new wait.
+    """
+    if not actor or not reason:
+        raise ValueError("lifting a wait needs an actor and a reason for the audit record")
+    lifted = store.lift_rate_waits(
+        job_type,
+        tenant_id,
+        actor=actor,
+        reason=f"{reason} {LIFTED_MARK}",
+        dry_run=dry_run,
+    )
+    return LiftReport(dry_run, lifted)
 
 
 # -- retention -------------------------------------------------------------------------------

@@ -196,6 +196,30 @@ class QuarantinedDelivery:
 
 
 @dataclass(frozen=True, slots=True)
+class RateWait:
+    """A target's rate limit wait still ahead: no row of the job type and tenant is claimed
+    before ``until``."""
+
+    job_type: str
+    tenant_id: str
+    until: datetime
+    #: the queued rows of the job type and tenant, due or not: what the wait holds back
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class LiftedWait:
+    """A rate limit wait an operator lifted (or, on a dry run, would have)."""
+
+    job_type: str
+    tenant_id: str
+    #: when the wait would have ended
+    until: datetime
+    #: the rows it had scheduled that became due at once
+    moved: int
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeCounts:
     """What one purge batch (or a whole purge) removed."""
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from bridge import sinks
 from bridge.errors import ConfigError
 from bridge.handlers import (
+    RATE_LIMIT_WAIT_MAX_DEFAULT,
     ConditionalWriteHandler,
     Handler,
     IdempotentApiHandler,
@@ -63,6 +64,8 @@ class JobSpec:
     #: the outbox destinations its handler may publish to, with what each one's broker accepts
     #: of a message (None: any, as in a bare registry, under the narrowest limits)
     outbox_destinations: Mapping[str, MessageLimits] | None = None
+    #: the longest wait a RateLimited holds the job type and tenant for; longer ones are cut
+    rate_wait_max: timedelta = RATE_LIMIT_WAIT_MAX_DEFAULT
 
     @property
     def target_class(self) -> TargetClass:
@@ -84,6 +87,7 @@ class Registry:
         lease: timedelta = LEASE_DEFAULT,
         declared_class: TargetClass | None = None,
         outbox_destinations: Mapping[str, MessageLimits] | frozenset[str] | None = None,
+        rate_wait_max: timedelta = RATE_LIMIT_WAIT_MAX_DEFAULT,
     ) -> JobSpec:
         """Register ``handler`` for ``job_type``. ``outbox_destinations`` given as names only
         take the narrowest limits (:data:`bridge.outbox_limits.LEAST_COMMON`)."""
@@ -110,12 +114,14 @@ class Registry:
             )
         if lease <= timedelta(0):
             raise ConfigError(f"job type {job_type!r}: the lease must be positive")
+        if rate_wait_max <= timedelta(0):
+            raise ConfigError(f"job type {job_type!r}: the longest rate limit wait must be > 0")
         destinations = (
             dict.fromkeys(outbox_destinations, LEAST_COMMON)
             if isinstance(outbox_destinations, frozenset)
             else outbox_destinations
         )
-        spec = JobSpec(job_type, handler, policy, lease, destinations)
+        spec = JobSpec(job_type, handler, policy, lease, destinations, rate_wait_max)
         self._specs[job_type] = spec
         return spec
 
@@ -228,6 +234,7 @@ def build_job(
                 name: sinks.adapter(destination.sink).limits
                 for name, destination in config.outbox.items()
             },
+            rate_wait_max=timedelta(seconds=job.rate_limit_wait_max_seconds),
         )
     except ConfigError as exc:
         raise ConfigError(f"{config.file}: jobs.{job_type}: {exc}") from exc

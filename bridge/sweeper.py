@@ -3,7 +3,9 @@
 Each round runs one guarded statement (see ``bridge/sql/store/sweep.sql``) inside a transaction
 that first takes a transaction-scoped advisory lock; a process that does not get the lock skips
 the round. Rows whose lease expired with attempts left are not the sweeper's business: the
-next claim takes them over.
+next claim takes them over. A class D row whose claim expired before it recorded its intent made
+no call, so the same statement sends it back to the queue instead of parking it (a bounded
+number of times: :data:`~bridge.store.work.UNSTARTED_CLAIMS_MAX`).
 
 The rounds run as a supervised service: a round that fails, for whatever reason, is logged by
 type, counted and retried with backoff, and the sweeper is unready meanwhile. It remembers
@@ -43,6 +45,8 @@ class Sweeper:
         self._lock = threading.Lock()
         self.parked: deque[Ticket] = deque(maxlen=keep)
         self.parked_total = 0
+        #: class D rows sent back to the queue: their claims never started the call
+        self.requeued_total = 0
         self.service = Supervised(
             "sweeper",
             self.sweep_once,
@@ -59,10 +63,19 @@ class Sweeper:
         self.service.stop(deadline)
 
     def sweep_once(self) -> list[Ticket]:
-        parked = self._store.sweep(exclusive=True)
+        """One sweep; returns the rows it parked (those it queued again are counted)."""
+        swept = self._store.sweep(exclusive=True)
+        parked, requeued = swept.parked, swept.requeued
         if parked:
             log.warning("sweeper parked %d expired last attempt(s) as unknown", len(parked))
+        if requeued:
+            log.warning(
+                "sweeper sent %d class D claim(s) that expired before their call back to the queue",
+                len(requeued),
+            )
+        if parked or requeued:
             with self._lock:
                 self.parked.extend(parked)
                 self.parked_total += len(parked)
+                self.requeued_total += len(requeued)
         return parked

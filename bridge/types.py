@@ -173,7 +173,8 @@ class Claim:
     payload: bytes | None
     payload_hash: bytes
     lease_expires_at: datetime
-    #: set when an earlier attempt recorded the intent to call a class D target
+    #: set when an earlier attempt recorded its intent to call a class C or D target: a request
+    #: may have left (:func:`bridge.executors.intent.call_may_have_left`)
     intent_fence: int | None
     #: the claim took over an expired lease rather than a queued row
     takeover: bool

@@ -781,3 +781,6 @@ class _RunEvents:
     def settle_unknown(self, claim: Claim, action: str) -> None:
         self.concluded = True
         self._events.settle_unknown(claim, action)
+
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        self._events.rate_wait_clamped(claim, asked)

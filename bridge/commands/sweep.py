@@ -1,4 +1,5 @@
-"""``fencebridge sweep``: park expired last attempts as unknown now, one sweeper at a time."""
+"""``fencebridge sweep``: park expired last attempts as unknown now, one sweeper at a time (a
+class D claim that expired before its call goes back to the queue instead)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ def register(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         hasher = optional_hasher(store)
-        parked = store.sweep(args.limit, exclusive=True)
-    print(f"parked {len(parked)} expired last attempt(s) as unknown")
-    if parked and hasher is not None:
-        for t in parked:
+        swept = store.sweep(args.limit, exclusive=True)
+    print(f"parked {len(swept.parked)} expired last attempt(s) as unknown")
+    if swept.parked and hasher is not None:
+        for t in swept.parked:
+            print(f"  {' '.join(log_hashes(hasher, t.key))}  fence {t.fence}")
+    if swept.requeued:
+        print(
+            f"queued again {len(swept.requeued)} class D claim(s) that expired before their "
+            "call (no intent recorded: the target was never called)"
+        )
+    if swept.requeued and hasher is not None:
+        for t in swept.requeued:
             print(f"  {' '.join(log_hashes(hasher, t.key))}  fence {t.fence}")
     return 0

@@ -58,6 +58,7 @@ from bridge.decode import (
     SourceKind,
 )
 from bridge.errors import ConfigError
+from bridge.handlers import RATE_LIMIT_WAIT_MAX_DEFAULT
 from bridge.service import (
     UNHEALTHY_AFTER_RESTARTS_DEFAULT,
     UNHEALTHY_AFTER_SECONDS_DEFAULT,
@@ -190,7 +191,8 @@ class BridgeSettings(Table):
         description=_doc(
             """
             How often the sweeper looks for claims whose lease expired with no attempt left
-            and parks them as `unknown`.
+            and parks them as `unknown` (a class D claim that expired before it recorded its
+            intent made no call, and goes back to the queue instead).
             """
         ),
     )
@@ -439,6 +441,20 @@ class JobConfig(Table):
         ge=0,
         le=86400,
         description="Longest retry delay; at least `backoff_initial_seconds`.",
+    )
+    rate_limit_wait_max_seconds: StrictFloat = Field(
+        default=RATE_LIMIT_WAIT_MAX_DEFAULT.total_seconds(),
+        gt=0,
+        le=86400,
+        description=_doc(
+            """
+            Longest wait a `RateLimited` answer (a `429` and its `Retry-After`) holds this job
+            type's rows of the tenant for. A longer wait is cut to this and counted
+            (`fencebridge.rate_limit.clamped`), and the next attempt asks the target again: no
+            single answer (a provider's mistake, a daily quota, a date far ahead) holds a
+            tenant's work for longer. `fencebridge rate-wait clear` lifts a wait at once.
+            """
+        ),
     )
     concurrency: Annotated[StrictInt | None, Shown(default="unlimited")] = Field(
         default=None,

@@ -34,6 +34,10 @@ apply_then_500        apply, then answer 500 (the stored response stays the 200)
 reset_before_apply    close with a TCP RST before the key is even looked at
 reset_after_apply     apply, then close with a TCP RST
 slow                  sleep ``seconds`` (default 1) while the key is processing
+late_apply            hold the request ``seconds`` (default 10) before the key is looked
+                      at, as a request still on its way would be (a lookup meanwhile
+                      finds nothing), then apply it: the charge lands after its client
+                      gave up
 lookup_unavailable    lookups answer 503: the "cannot tell" case
 rate_limited          answer 429 before the key is looked at (nothing applied, nothing
                       stored), with ``Retry-After: <retry_after>`` (default ``1``; any text
@@ -125,6 +129,7 @@ class FaultKind(enum.StrEnum):
     RESET_BEFORE_APPLY = "reset_before_apply"
     RESET_AFTER_APPLY = "reset_after_apply"
     SLOW = "slow"
+    LATE_APPLY = "late_apply"
     LOOKUP_UNAVAILABLE = "lookup_unavailable"
     RATE_LIMITED = "rate_limited"
 
@@ -140,6 +145,7 @@ _BEFORE_APPLY = frozenset({FaultKind.RESET_BEFORE_APPLY, FaultKind.RATE_LIMITED}
 _DEFAULT_SECONDS = {
     FaultKind.SLOW: DEFAULT_SLOW_SECONDS,
     FaultKind.APPLY_THEN_TIMEOUT: DEFAULT_HOLD_SECONDS,
+    FaultKind.LATE_APPLY: DEFAULT_HOLD_SECONDS,
 }
 
 
@@ -151,7 +157,8 @@ class Fault:
     times: int = 1
     #: Only requests with this idempotency key; None hits any key.
     key: str | None = None
-    #: How long ``slow`` sleeps and ``apply_then_timeout`` holds; None for the default.
+    #: How long ``slow`` sleeps and ``apply_then_timeout`` and ``late_apply`` hold; None for
+    #: the default.
     seconds: float | None = None
     #: The ``Retry-After`` header of a ``rate_limited`` answer, sent as it is; None sends none.
     retry_after: str | None = DEFAULT_RETRY_AFTER
@@ -234,10 +241,24 @@ class _Decision(enum.Enum):
     MISMATCH = "mismatch"  # 422
     IN_PROGRESS = "in_progress"  # 409
     SKIP = "skip"  # reset_before_apply: the key is never looked at
+    LATE = "late"  # late_apply: the key is looked at once the request arrives
 
 
 def _error_body(error_type: str, message: str) -> bytes:
     return json.dumps({"error": {"type": error_type, "message": message}}).encode()
+
+
+def _answer(decision: _Decision, stored: bytes) -> tuple[HTTPStatus, list[tuple[str, str]], bytes]:
+    """Status, headers and body for a charge request whose key was looked at; ``stored`` is the
+    key's stored response (the new charge's, for a new key)."""
+    if decision is _Decision.NEW:
+        return HTTPStatus.OK, [], stored
+    if decision is _Decision.REPLAY:
+        return HTTPStatus.OK, [(REPLAYED_HEADER, "true")], stored
+    if decision is _Decision.MISMATCH:
+        message = "this key was used with a different request body; use a new key"
+        return HTTPStatus.UNPROCESSABLE_ENTITY, [], _error_body("idempotency_error", message)
+    return HTTPStatus.CONFLICT, [], _error_body("idempotency_error", IN_PROGRESS_MESSAGE)
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -258,6 +279,11 @@ class PaymentProvider:
         self._requests: Counter[str] = Counter()
         self._lookups: Counter[str] = Counter()
         self._faults: list[Fault] = []
+        #: late_apply requests that have not arrived yet
+        self._late = 0
+        #: wakes the late_apply requests on their way (a release, or the provider stopping)
+        self._arrivals = threading.Condition(self._lock)
+        self._released = 0  # how many times release_late was called
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -286,6 +312,8 @@ class PaymentProvider:
         if server is None or thread is None:
             return
         self._stopping.set()
+        with self._lock:
+            self._arrivals.notify_all()
         server.shutdown()
         server.server_close()  # joins the handler threads; none of them waits on a timer now
         thread.join()
@@ -355,6 +383,18 @@ class PaymentProvider:
         with self._lock:
             return self._lookups[key]
 
+    def late(self) -> int:
+        """Requests a ``late_apply`` fault still holds: they have not been applied yet."""
+        with self._lock:
+            return self._late
+
+    def release_late(self) -> None:
+        """Let every request a ``late_apply`` fault holds arrive now, whatever its ``seconds``:
+        a test decides when the requests on their way land."""
+        with self._lock:
+            self._released += 1
+            self._arrivals.notify_all()
+
     # what the handler threads call
 
     def _take_fault(self, key: str, *, lookup: bool) -> Fault | None:
@@ -389,15 +429,44 @@ class PaymentProvider:
             fault = self._take_fault(key, lookup=False)
             if fault is not None and fault.kind in _BEFORE_APPLY:
                 return fault, _Decision.SKIP, b""
-            record = self._keys.get(key)
-            if record is None:
-                self._keys[key] = _KeyRecord(body_hash)
-                return fault, _Decision.NEW, b""
-            if record.body_hash != body_hash:
-                return fault, _Decision.MISMATCH, b""
-            if record.response is None:
-                return fault, _Decision.IN_PROGRESS, b""
-            return fault, _Decision.REPLAY, record.response
+            if fault is not None and fault.kind is FaultKind.LATE_APPLY:
+                self._late += 1
+                return fault, _Decision.LATE, b""
+            return (fault, *self._decide(key, body_hash))
+
+    def _decide(self, key: str, body_hash: str) -> tuple[_Decision, bytes]:
+        """What the key means for a request that has arrived. Caller locks."""
+        record = self._keys.get(key)
+        if record is None:
+            self._keys[key] = _KeyRecord(body_hash)
+            return _Decision.NEW, b""
+        if record.body_hash != body_hash:
+            return _Decision.MISMATCH, b""
+        if record.response is None:
+            return _Decision.IN_PROGRESS, b""
+        return _Decision.REPLAY, record.response
+
+    def _arrive(
+        self, key: str, body: Mapping[str, Any], body_hash: str, delay: float
+    ) -> tuple[_Decision, bytes] | None:
+        """A ``late_apply`` request arrives after ``delay`` and is handled as any other, its
+        charge created (the answer of a new key) before anything is sent to a client that has
+        gone. None when the provider stopped first: the request is lost with it."""
+        try:
+            with self._lock:
+                released = self._released
+                self._arrivals.wait_for(
+                    lambda: self._stopping.is_set() or self._released != released, delay
+                )
+                if self._stopping.is_set():
+                    return None
+                decision, stored = self._decide(key, body_hash)
+            if decision is _Decision.NEW:
+                stored = self._apply_charge(key, body, body_hash)
+            return decision, stored
+        finally:
+            with self._lock:
+                self._late -= 1
 
     def _apply_charge(self, key: str, body: Mapping[str, Any], body_hash: str) -> bytes:
         """Create the one charge for a key reserved by :meth:`_begin_charge`; store the answer."""
@@ -500,36 +569,23 @@ class _Handler(BaseHTTPRequestHandler):
         provider = self._provider
         body_hash = canonical_hash(body)
         fault, decision, stored = provider._begin_charge(key, body_hash)
-        kind = fault.kind if fault is not None else None
-        if decision is _Decision.SKIP and kind is FaultKind.RATE_LIMITED:
-            assert fault is not None
-            limit = [] if fault.retry_after is None else [(RETRY_AFTER_HEADER, fault.retry_after)]
-            self._send(
-                HTTPStatus.TOO_MANY_REQUESTS,
-                _error_body("rate_limit_error", "too many requests; retry later"),
-                limit,
-            )
-            return
         if decision is _Decision.SKIP:
-            self._reset()
+            self._refuse(fault)
             return
+        applied = False
+        if decision is _Decision.LATE:
+            assert fault is not None
+            arrived = provider._arrive(key, body, body_hash, fault.delay)
+            if arrived is None:
+                self._reset()
+                return
+            (decision, stored), applied, fault = arrived, True, None
+        kind = fault.kind if fault is not None else None
         if fault is not None and kind is FaultKind.SLOW:
             provider._wait(fault.delay)
-
-        status, headers = HTTPStatus.OK, [(REPLAYED_HEADER, "true")]
-        if decision is _Decision.NEW:
-            answer, headers = provider._apply_charge(key, body, body_hash), []
-        elif decision is _Decision.REPLAY:
-            answer = stored
-        elif decision is _Decision.MISMATCH:
-            status, headers = HTTPStatus.UNPROCESSABLE_ENTITY, []
-            answer = _error_body(
-                "idempotency_error",
-                "this key was used with a different request body; use a new key",
-            )
-        else:
-            status, headers = HTTPStatus.CONFLICT, []
-            answer = _error_body("idempotency_error", IN_PROGRESS_MESSAGE)
+        if decision is _Decision.NEW and not applied:
+            stored = provider._apply_charge(key, body, body_hash)
+        status, headers, answer = _answer(decision, stored)
 
         if fault is None or kind is FaultKind.SLOW:
             self._send(status, answer, headers)
@@ -538,6 +594,18 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind is FaultKind.APPLY_THEN_500:
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, _error_body("api_error", "injected"))
         else:  # reset_after_apply
+            self._reset()
+
+    def _refuse(self, fault: Fault | None) -> None:
+        """A fault that answers before the key is looked at: a 429, or a reset."""
+        if fault is not None and fault.kind is FaultKind.RATE_LIMITED:
+            limit = [] if fault.retry_after is None else [(RETRY_AFTER_HEADER, fault.retry_after)]
+            self._send(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                _error_body("rate_limit_error", "too many requests; retry later"),
+                limit,
+            )
+        else:
             self._reset()
 
     def _charge_request(self) -> tuple[str, dict[str, Any]] | None:

@@ -5,7 +5,8 @@ operation (:meth:`bridge.identity.IdentityHasher.idempotency_key`) and deduplica
 requests the way it defines, for as long as it retains keys. fencebridge adds reconcile-before-
 retry on top:
 
-* on every claim with ``attempts > 1`` (an earlier attempt may have acted) and after every
+* on every claim of a row whose call may have left (an intent recorded, whatever the attempt
+  count: :mod:`bridge.executors.intent`), on every claim with ``attempts > 1``, and after every
   ambiguous outcome, the handler's ``lookup`` runs first;
 * applied → succeeded, without a second call;
 * confirmed not applied → perform (on a later claim, under a new fence, if this one was
@@ -14,10 +15,20 @@ retry on top:
   reached the provider. Before ``perform`` the attempt records its intent under the fence (as
   class D does), so a row without an intent has never called the provider: its later claims
   perform (under the same key) instead of parking a row nobody needs to reconcile;
+* ``failed_terminal`` only on an explicit refusal (:class:`~bridge.handlers.TerminalFailure`).
+  A retry with no attempt left is ``failed_terminal`` only when no request of the operation can
+  still land; otherwise it is ``unknown`` with the reason. "Not applied" right after an
+  ambiguous request says only that it has not landed *yet*, and the owner of a failed row
+  sends the operation again under a new key, which no provider would deduplicate;
 * the lookup raises :class:`~bridge.handlers.Quarantine` (it cannot read the payload to compare
   it with the provider's record) → ``quarantined`` when no attempt recorded an intent (nothing
   was ever sent: the row ends as its first attempt did), ``unknown`` when one did (a request may
   have left, and nobody confirmed what it did).
+
+A :class:`~bridge.handlers.RateLimited` from ``perform`` gives its attempt back (a limit is
+not the operation's failure), but the intent it recorded stays: the request it refused may not
+have been the only one (a client that retries after a timeout), so the next claim looks up
+first, at ``attempts = 1`` too.
 
 Where an error is raised decides what it means. ``validate`` runs before anything is sent, so
 what it raises is classified by the handler table. Once ``perform`` is entered the request may
@@ -33,6 +44,7 @@ from enum import StrEnum
 from opentelemetry import trace
 
 from bridge.errors import LeaseLost
+from bridge.executors.intent import call_may_have_left
 from bridge.executors.settlement import (
     Run,
     as_success,
@@ -102,9 +114,10 @@ def _lookup(run: Run, handler: IdempotentApiHandler) -> tuple[Finding, Success |
 
 
 def execute(run: Run, handler: IdempotentApiHandler) -> None:
-    if run.claim.attempts > 1 and _settled_by_lookup(run, handler):
+    sent = call_may_have_left(run.claim.intent_fence)  # by an earlier attempt
+    if (sent or run.claim.attempts > 1) and _settled_by_lookup(run, handler, sent):
         return
-    if not _validated(run, handler):
+    if not _validated(run, handler, sent):
         return
     if not fenced(run, "record intent", lambda: run.store.record_intent(run.claim.ticket)):
         return  # not recorded (or not known to be): never call
@@ -120,15 +133,17 @@ def execute(run: Run, handler: IdempotentApiHandler) -> None:
         if isinstance(outcome, Ambiguous):
             _resolve(run, handler, outcome)
         else:
-            settle_outcome(run, outcome)
+            _settle(run, outcome, may_land=sent)
         return
     settle_success(run, success)
 
 
-def _settled_by_lookup(run: Run, handler: IdempotentApiHandler) -> bool:
-    """A later claim looks the key up before acting; True when that ended the run."""
+def _settled_by_lookup(run: Run, handler: IdempotentApiHandler, sent: bool) -> bool:
+    """A later claim looks the key up before acting; True when that ended the run.
+
+    ``sent``: an earlier attempt recorded its intent, so a request may have reached it.
+    """
     finding, found = reconcile(run, handler)
-    sent = run.claim.intent_fence is not None  # an earlier attempt may have reached it
     if isinstance(found, Success):
         settle_success(run, found)
     elif isinstance(found, Quarantine) and not sent:
@@ -144,7 +159,7 @@ def _settled_by_lookup(run: Run, handler: IdempotentApiHandler) -> bool:
     return True
 
 
-def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
+def _validated(run: Run, handler: IdempotentApiHandler, sent: bool) -> bool:
     """Run the checks before sending; False when they ended the run (settled or lost)."""
     try:
         handler.validate(run.ctx)
@@ -153,7 +168,7 @@ def _validated(run: Run, handler: IdempotentApiHandler) -> bool:
         return False
     except Exception as exc:  # noqa: BLE001  (nothing was sent yet)
         run.trail.failed_with(exc)
-        settle_outcome(run, _retry_if_ambiguous(classify(exc)))
+        _settle(run, _retry_if_ambiguous(classify(exc)), may_land=sent)
         return False
     return True
 
@@ -168,12 +183,30 @@ def _resolve(run: Run, handler: IdempotentApiHandler, outcome: Ambiguous) -> Non
         # say what it did.
         park_unknown(run, outcome.code, _UNREADABLE)
     elif finding is Finding.NOT_APPLIED:
-        # Confirmed not applied: perform again, but under the next claim's fence.
-        settle_outcome(run, RetryLater(outcome.code, "lookup confirmed not applied"))
+        # Not applied *yet*: perform again, under the same key and the next claim's fence (the
+        # provider deduplicates a request of this one that lands meanwhile).
+        _settle(run, RetryLater(outcome.code, "the lookup found nothing yet"), may_land=True)
     else:
         park_unknown(run, outcome.code, "ambiguous result and the lookup could not tell")
 
 
+def _settle(run: Run, outcome: HandlerOutcome, *, may_land: bool) -> None:
+    """Record an explicit outcome. A retry with no attempt left becomes ``unknown`` instead of
+    ``failed_terminal`` when a request of this operation may still land (``may_land``)."""
+    if (
+        may_land
+        and isinstance(outcome, RetryLater)
+        and run.claim.attempts >= run.claim.max_attempts
+    ):
+        park_unknown(run, outcome.code, _MAY_STILL_LAND)
+    else:
+        settle_outcome(run, outcome)
+
+
+_MAY_STILL_LAND = (
+    "no attempt left, and a request of this operation may still land: a lookup that found "
+    "nothing yet is no confirmed failure"
+)
 _UNREADABLE = "the lookup could not read the payload, and a request may have reached the provider"
 
 

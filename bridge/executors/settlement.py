@@ -220,8 +220,15 @@ def park_unknown(run: Run, code: str, detail: str | None) -> None:
 
 def rate_limited(run: Run, outcome: RateLimited) -> None:
     """The target refused the call for now: queued after its wait, the attempt given back, and
-    the row's (job type, tenant) waiting as long. Not batched: it is no final settlement."""
+    the row's (job type, tenant) waiting as long. Not batched: it is no final settlement.
+
+    The wait is never longer than the job type's maximum (``rate_wait_max``): a longer one is
+    cut to it and reported, and the next attempt asks the target again.
+    """
     ticket, wait, code, trail = run.claim.ticket, outcome.retry_after, outcome.code, run.trail
+    if wait > run.spec.rate_wait_max:
+        run.events.rate_wait_clamped(run.claim, wait)
+        wait = run.spec.rate_wait_max
     if fenced(
         run,
         "rate limited",

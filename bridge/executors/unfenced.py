@@ -22,6 +22,7 @@ unless a person redrives it.
 from __future__ import annotations
 
 from bridge.errors import LeaseLost
+from bridge.executors.intent import call_may_have_left
 from bridge.executors.settlement import (
     Run,
     as_success,
@@ -34,7 +35,7 @@ from bridge.handlers import Ambiguous, UnfencedHandler, classify, classify_sent
 
 
 def execute(run: Run, handler: UnfencedHandler) -> None:
-    if run.claim.intent_fence is not None:
+    if call_may_have_left(run.claim.intent_fence):
         park_unknown(
             run, "intent_recorded", "an earlier attempt recorded its intent to call the target"
         )

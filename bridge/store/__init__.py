@@ -27,6 +27,7 @@ from bridge.store.work import (
     KeyedStore,
     SettledClaim,
     Settlement,
+    Swept,
     WorkStore,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "PostgresStore",
     "SettledClaim",
     "Settlement",
+    "Swept",
     "WorkStore",
 ]
 

@@ -16,10 +16,12 @@ from typing import Any, Final, Protocol
 from bridge.records import (
     ErasureCounts,
     ErasureRecord,
+    LiftedWait,
     OperationHistory,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
+    RateWait,
     RejectedStatus,
     ResolvedDelivery,
     SeenOperation,
@@ -35,6 +37,7 @@ from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     ConcurrencyLimit,
     KeyedStore,
+    Swept,
     TokenRate,
     WaitingCount,
 )
@@ -48,7 +51,6 @@ from bridge.types import (
     Rejection,
     State,
     Stats,
-    Ticket,
 )
 
 #: rows of a shadow report's query per round trip: what the report holds of the record at once
@@ -76,8 +78,9 @@ class OperatorStore(KeyedStore, Protocol):
         tenant and reason: what ``fencebridge status`` shows."""
         ...
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
+        """Park expired claims with no attempt left as ``unknown``, except class D claims that
+        never recorded an intent, which go back to the queue; returns what it did."""
         ...
 
     def history(self, key: Key) -> OperationHistory:
@@ -120,6 +123,23 @@ class OperatorStore(KeyedStore, Protocol):
         dry_run: bool = False,
     ) -> bool:
         """Unknown class C row whose lookup found the effect: succeeded, audited."""
+        ...
+
+    def rate_waits(self, job_type: str | None = None) -> list[RateWait]:
+        """The targets' rate limit waits still ahead (of one job type), latest end first."""
+        ...
+
+    def lift_rate_waits(
+        self,
+        job_type: str,
+        tenant_id: str | None = None,
+        *,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> list[LiftedWait]:
+        """Delete the waits still ahead of the job type (and tenant), and make due now the
+        queued rows each had scheduled, every such row audited."""
         ...
 
     def redrive_unfenced(

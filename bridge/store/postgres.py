@@ -68,10 +68,12 @@ from bridge.records import (
     AttemptRecord,
     ErasureCounts,
     ErasureRecord,
+    LiftedWait,
     OperationHistory,
     ParkedRow,
     PurgeCounts,
     QuarantinedDelivery,
+    RateWait,
     RedriveRecord,
     RejectedRecord,
     RejectedStatus,
@@ -92,10 +94,12 @@ from bridge.store.work import (
     PRIORITY_AGING_DEFAULT,
     SWEEP_LIMIT_DEFAULT,
     TOMBSTONE_DAYS_DEFAULT,
+    UNSTARTED_CLAIMS_MAX,
     ConcurrencyLimit,
     QuotaDeferred,
     SettledClaim,
     Settlement,
+    Swept,
     TokenRate,
     WaitingCount,
 )
@@ -1060,22 +1064,33 @@ class PostgresStore:
 
     # -- maintenance -------------------------------------------------------------------------
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked.
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
+        """Park expired claims with no attempt left as ``unknown``, except class D claims that
+        never recorded an intent (no call was made), which go back to the queue while the row
+        has had fewer than :data:`~bridge.store.work.UNSTARTED_CLAIMS_MAX` claims.
 
         With ``exclusive``, the sweep runs only if no other process is sweeping right now
-        (a transaction-scoped advisory lock); otherwise it returns an empty list at once.
+        (a transaction-scoped advisory lock); otherwise it does nothing at once.
         """
         with self._connection("sweep") as conn, conn.transaction():
             if exclusive:
                 got = conn.execute(sql.statement("sweep_lock")).fetchone()
                 if not got or not got[0]:
-                    return []
+                    return Swept([], [])
             rows = conn.execute(
                 sql.statement("sweep"),
-                {"limit": limit, "now": self._now(), "history": self._history},
+                {
+                    "limit": limit,
+                    "now": self._now(),
+                    "history": self._history,
+                    "aging": self._aging,
+                    "unstarted_claims": UNSTARTED_CLAIMS_MAX,
+                },
             ).fetchall()
-        return [Ticket(t, o, int(f)) for t, o, f in rows]
+        swept = Swept([], [])
+        for t, o, f, state in rows:
+            (swept.requeued if state == State.QUEUED else swept.parked).append(Ticket(t, o, int(f)))
+        return swept
 
     def redrive(
         self,
@@ -1213,6 +1228,40 @@ class PostgresStore:
             "reason": reason,
         }
         return self._guarded_write("redrive_applied", params, dry_run=dry_run)
+
+    def rate_waits(self, job_type: str | None = None) -> list[RateWait]:
+        """The targets' rate limit waits still ahead (of one job type), latest end first."""
+        with self._connection("rate waits") as conn:
+            rows = conn.execute(
+                sql.statement("rate_waits"), {"job_type": job_type, "now": self._now()}
+            ).fetchall()
+        return [RateWait(j, t, until, int(n)) for j, t, until, n in rows]
+
+    def lift_rate_waits(
+        self,
+        job_type: str,
+        tenant_id: str | None = None,
+        *,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> list[LiftedWait]:
+        """Delete the waits still ahead of the job type (and tenant), and make due now the
+        queued rows each had scheduled, every such row audited (``rate_wait_lift.sql``). A dry
+        run executes the same statement and rolls it back."""
+        if not actor or not reason:
+            raise ValueError("lifting a wait needs an actor and a reason for the audit record")
+        params = {
+            "job_type": job_type,
+            "tenant_id": tenant_id,
+            "actor": actor,
+            "reason": reason,
+            "now": self._now(),
+            "aging": self._aging,
+        }
+        with self._connection("rate waits") as conn, conn.transaction(force_rollback=dry_run):
+            rows = conn.execute(sql.statement("rate_wait_lift"), params).fetchall()
+        return [LiftedWait(j, t, until, int(n)) for j, t, until, n in rows]
 
     def redrive_unfenced(
         self,

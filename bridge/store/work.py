@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from bridge.deadline import TransactionDeadline
 
 SWEEP_LIMIT_DEFAULT = 1000
+#: the claims a class D row may lose before its call (a lease expired, no intent recorded) and
+#: still go back to the queue: nothing was called, but a row whose every claim dies (a
+#: ``validate`` that takes its process down) must stop and wait for a person (``sweep.sql``)
+UNSTARTED_CLAIMS_MAX: Final = 5
 #: attempts kept per work row in its history (``[bridge] attempt_history``)
 ATTEMPT_HISTORY_DEFAULT = 20
 #: how much earlier in the claim order one priority step puts a row
@@ -58,6 +62,16 @@ class Settlement:
     #: for the attempt record only: the error's class name (never its text), a lookup's finding
     error_class: str | None = None
     finding: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What one sweep did with the expired claims that had no attempt left."""
+
+    #: parked ``unknown``: the last attempt may have acted
+    parked: list[Ticket]
+    #: class D rows whose claim expired before its intent (no call was made): queued again
+    requeued: list[Ticket]
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,8 +404,9 @@ class WorkStore(KeyedStore, Protocol):
         """A transaction holding the work row's lock under the fence (target class A)."""
         ...
 
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> list[Ticket]:
-        """Park expired claims with no attempt left as ``unknown``; returns what it parked."""
+    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
+        """Park expired claims with no attempt left as ``unknown``, except class D claims that
+        never recorded an intent, which go back to the queue; returns what it did."""
         ...
 
     def stats(self) -> Stats:

@@ -46,6 +46,8 @@ DECISION: Final = "fencebridge.decision"
 REASON: Final = "fencebridge.reason"
 FINDING: Final = "fencebridge.reconcile.finding"
 ACTION: Final = "fencebridge.action"
+#: the wait a RateLimited asked for, in seconds, when it was cut to the job type's maximum
+RATE_WAIT_ASKED: Final = "fencebridge.rate_limit.asked_seconds"
 
 # -- span events -----------------------------------------------------------------------------------
 EVENT_DECISION: Final = "dedupe decision"
@@ -54,6 +56,7 @@ EVENT_FENCED_OUT: Final = "stale write fenced out"
 EVENT_RECONCILED: Final = "reconciled"
 EVENT_PARKED_UNKNOWN: Final = "parked unknown"
 EVENT_SETTLE_UNKNOWN: Final = "settlement outcome unknown"
+EVENT_RATE_WAIT_CLAMPED: Final = "rate limit wait clamped"
 
 # -- metrics ---------------------------------------------------------------------------------------
 METRIC_DELIVERIES: Final = "fencebridge.deliveries"
@@ -62,6 +65,8 @@ METRIC_TAKEOVERS: Final = "fencebridge.takeovers"
 METRIC_LEASE_LOST: Final = "fencebridge.lease_lost"
 METRIC_FENCED_OUT: Final = "fencebridge.fenced_out"
 METRIC_RECONCILIATIONS: Final = "fencebridge.reconciliations"
+#: RateLimited waits longer than the job type's maximum, cut to it (label ``job_type``)
+METRIC_RATE_WAIT_CLAMPED: Final = "fencebridge.rate_limit.clamped"
 METRIC_INBOX_COMMIT: Final = "fencebridge.inbox.commit.duration"
 METRIC_RECEIVE_TO_ACK: Final = "fencebridge.receive_to_ack.duration"
 METRIC_CLAIM_TO_SETTLE: Final = "fencebridge.claim_to_settle.duration"

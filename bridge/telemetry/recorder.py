@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -146,6 +147,11 @@ class Telemetry:
         )
         self._reconciliations = meter.create_counter(
             n.METRIC_RECONCILIATIONS, unit="{lookup}", description="Lookups before acting"
+        )
+        self._rate_wait_clamped = meter.create_counter(
+            n.METRIC_RATE_WAIT_CLAMPED,
+            unit="{wait}",
+            description="Rate limit waits cut to the job type's maximum",
         )
         self._commit = meter.create_histogram(
             n.METRIC_INBOX_COMMIT,
@@ -358,6 +364,16 @@ class Telemetry:
     def reconciled(self, claim: Claim, finding: str) -> None:
         trace.get_current_span().add_event(n.EVENT_RECONCILED, {n.FINDING: finding})
         self._reconciliations.add(1, self._labels(claim, **{n.LABEL_FINDING: finding}))
+
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        seconds = asked.total_seconds()
+        trace.get_current_span().add_event(n.EVENT_RATE_WAIT_CLAMPED, {n.RATE_WAIT_ASKED: seconds})
+        self._rate_wait_clamped.add(1, self._labels(claim))
+        self._log(
+            "rate limit wait longer than the job type's maximum: cut to it",
+            claim,
+            **{n.RATE_WAIT_ASKED: f"{seconds:g}"},
+        )
 
     def settle_unknown(self, claim: Claim, action: str) -> None:
         trace.get_current_span().add_event(n.EVENT_SETTLE_UNKNOWN, {n.ACTION: action})

@@ -7,7 +7,9 @@
 2. A class C worker killed after the provider charged and before completion: the next claim
    reconciles by key and completes without a second charge.
 D. A class D worker killed after its call: the sweeper parks the row unknown, and a redrive
-   parks it unknown again without calling; the target was called exactly once.
+   parks it unknown again without calling; the target was called exactly once. Killed after its
+   claim and before its intent, it called nothing: the sweeper sends the row back to the queue
+   and the next claim calls once.
 
 Workers are ``tests.support.worker_process`` subprocesses; their gates order the steps, the
 signals are the faults. The only waiting is for the database clock to pass a lease, by polling.
@@ -27,7 +29,7 @@ import pytest
 from bridge.demo import balances, invoices, payments
 from bridge.demo.provider import PaymentProvider
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.store import PostgresStore
+from bridge.store import PostgresStore, Swept
 from bridge.types import Delivery, Key, RedriveFilter, State, TargetClass, Ticket
 from tests.support.worker_process import NOTIFY_JOB, Claimed, WorkerProcess
 
@@ -207,7 +209,7 @@ def test_class_a_worker_paused_inside_its_transaction_keeps_the_row_and_commits_
     for claim, rival in rivals.items():
         assert rival.claimed() is None, f"a {claim} claim took a locked row over"
         assert rival.finished() == 0
-    assert store.sweep() == []
+    assert store.sweep() == Swept([], [])
     uncommitted = invoices.find_invoice(db, TENANT, "inv-1")
     assert uncommitted is not None
     assert uncommitted.status == "paid"
@@ -275,7 +277,7 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
     assert sink.read_text().splitlines() == [f"{TENANT} notify-1 fence=1"]
     wait_for_lapse(db, key)
 
-    assert store.sweep() == [Ticket(TENANT, "notify-1", 1)]
+    assert store.sweep() == Swept([Ticket(TENANT, "notify-1", 1)], [])
     row = work_row(db, key)
     assert (row["state"], row["outcome_code"], row["intent_fence"]) == (
         State.UNKNOWN,
@@ -295,3 +297,30 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
     row = work_row(db, key)
     assert (row["state"], row["outcome_code"]) == (State.UNKNOWN, "intent_recorded")
     assert sink.read_text().splitlines() == [f"{TENANT} notify-1 fence=1"], "called exactly once"
+
+
+def test_class_d_worker_killed_before_its_intent_is_queued_again_and_called_once(
+    db: Db, store: PostgresStore, workers: Spawn, tmp_path: Path
+) -> None:
+    sink = tmp_path / "sink.log"
+    key = ingest(store, NOTIFY_JOB, TargetClass.D, "notify-1", {"to": "ops"}, max_attempts=1)
+
+    crashed = workers(NOTIFY_JOB, "notify-1", gates=["claimed"], sink=sink)
+    assert crashed.claimed() == Claimed(fence=1, attempts=1, takeover=False)
+    crashed.at("claimed")  # claimed, nothing recorded, nothing called
+    crashed.kill()
+    wait_for_lapse(db, key)
+
+    # No intent: the target was never called, so the sweeper sends the row back to the queue.
+    assert store.sweep() == Swept([], [Ticket(TENANT, "notify-1", 1)])
+    row = work_row(db, key)
+    assert (row["state"], row["outcome_code"], row["intent_fence"]) == (
+        State.QUEUED,
+        "lease_expired_not_started",
+        None,
+    )
+    again = workers(NOTIFY_JOB, "notify-1", sink=sink)
+    assert again.claimed() == Claimed(fence=2, attempts=2, takeover=False)
+    assert again.result() == {"settled.succeeded": 1}
+    assert work_row(db, key)["state"] == State.SUCCEEDED
+    assert sink.read_text().splitlines() == [f"{TENANT} notify-1 fence=2"], "called exactly once"

@@ -53,6 +53,7 @@ from bridge.types import (
     Decision,
     Delivery,
     IngestResult,
+    InsertClaim,
     Key,
     RedriveFilter,
     State,
@@ -493,7 +494,7 @@ def test_class_a_handler_past_its_lease_still_commits_the_sweeper_cannot_take_a_
 
     def outlive_the_lease() -> None:
         bench.lapse()  # the refund is written, the lease is over ...
-        swept.extend(bench.store.sweep())  # ... and neither the sweeper
+        swept.extend(bench.store.sweep().parked)  # ... and neither the sweeper
         rivals.extend(bench.store.claim("rival", 1, LEASE))  # nor a claim can take the row
 
     handler.outcomes["op"] = outlive_the_lease
@@ -701,6 +702,62 @@ def test_class_c_ambiguous_result_with_a_lookup_that_cannot_tell_is_unknown(
     assert bench.outcome(key) == (UNKNOWN, "provider_server_error")
     # The charge did happen: exactly why neither failure nor a retry would be honest.
     assert provider.charges_for(ikey) == 1
+
+
+def test_class_c_timeout_on_the_last_attempt_that_the_lookup_cannot_find_yet_is_unknown(
+    bench: Bench, provider: PaymentProvider
+) -> None:
+    client = PaymentClient(provider.url, timeout=0.3)
+    bench.register(payments.JOB_TYPE, payments.ChargeCustomer(client), max_attempts=1)
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    ikey = key_of(bench, key)
+    provider.set_fault(FaultKind.LATE_APPLY, key=ikey, seconds=1.0)  # lands after the lookup
+
+    counts = bench.run(key).snapshot()
+
+    # "Not applied" right after a timeout is not a confirmed failure: the request may land.
+    # Failed, its owner would send the operation again under a new key and charge twice.
+    assert counts == {"reconciled.not_applied": 1, "settled.unknown": 1}
+    row = bench.row(key)
+    assert (row["state"], row["outcome_code"]) == ("unknown", "provider_timeout")
+    assert "may still land" in row["outcome_detail"]
+    eventually(lambda: provider.late() == 0, "the timed-out request to land")
+    assert provider.charges_for(ikey) == 1
+
+    # The unknown runbook: a redrive, whose next claim looks the key up and finds the charge.
+    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
+    assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
+    (charge,) = provider.ledger()
+    assert bench.row(key)["outcome_detail"] == charge.id
+    assert provider.requests_for(ikey) == 1
+
+
+def test_class_c_retry_on_the_last_attempt_after_an_ambiguous_one_is_unknown_not_failed(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C, max_attempts=2)
+    handler.outcomes["op"] = Ambiguous("timeout")
+    key = bench.ingest("scripted", "op")
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.queued": 1}
+    bench.clock.advance(PAST_ANY_BACKOFF)
+    # The last attempt finds nothing either and is told to retry ("still in flight"): the first
+    # request may still land, so there is no confirmed failure to report.
+    handler.outcomes["op"] = RetryLater("provider_in_progress")
+
+    assert bench.run(key).snapshot() == {"reconciled.not_applied": 1, "settled.unknown": 1}
+    assert bench.outcome(key) == (UNKNOWN, "provider_in_progress")
+
+
+def test_class_c_retry_on_the_last_attempt_of_a_row_that_never_sent_anything_is_failed(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C, max_attempts=1)
+    handler.outcomes["op"] = RetryLater("provider_in_progress")
+    key = bench.ingest("scripted", "op")
+    # The only request there ever was answered with an explicit refusal: nothing can land.
+    assert bench.run(key).snapshot() == {"settled.failed_terminal": 1}
+    assert bench.outcome(key) == (FAILED, "attempts_exhausted")
+    assert handler.looked_up == []
 
 
 def test_class_c_key_in_flight_elsewhere_is_retried_later(
@@ -963,6 +1020,41 @@ def test_class_d_intent_found_by_a_later_claim_parks_unknown_without_calling(
     assert handler.calls == [("op", 1)], "called once, ever"
 
 
+def test_class_d_rows_written_claimed_for_a_process_that_died_are_queued_again_and_called_once(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.D)
+    batch = [bench.delivery("scripted", op) for op in ("op-1", "op-2", "op-3")]
+    for op in ("op-1", "op-2", "op-3"):
+        handler.outcomes[op] = None
+    # The inbox wrote them claimed for its pool (the hand-off), then the process died: one of
+    # its workers had recorded its intent and was calling, the others had not started.
+    claimed = {
+        r.key.operation_id: r.claim
+        for r in bench.store.ingest(batch, InsertClaim("dead", {"scripted": LEASE}, 3))
+    }
+    assert {op: c.fence for op, c in claimed.items() if c is not None} == {
+        "op-1": 1,
+        "op-2": 1,
+        "op-3": 1,
+    }
+    called = claimed["op-3"]
+    assert called is not None
+    bench.store.record_intent(called.ticket)
+    bench.lapse()
+
+    swept = bench.store.sweep()
+
+    assert swept.parked == [Ticket(TENANT, "op-3", 1)]
+    assert set(swept.requeued) == {Ticket(TENANT, "op-1", 1), Ticket(TENANT, "op-2", 1)}
+    for op in ("op-1", "op-2"):
+        assert bench.run(Key(TENANT, op)).snapshot() == {"settled.succeeded": 1}
+        assert bench.outcome(Key(TENANT, op)) == (SUCCEEDED, "ok")
+    assert bench.outcome(Key(TENANT, "op-3")) == (UNKNOWN, "lease_expired_attempts_exhausted")
+    # Called once each, under the fence of the claim that recorded the intent; never op-3.
+    assert sorted(handler.calls) == [("op-1", 2), ("op-2", 2)]
+
+
 # -- the last attempt's lease expires: the sweeper parks it, nobody guesses ----------------------
 
 
@@ -983,7 +1075,7 @@ def test_a_last_attempt_that_outlives_its_lease_is_unknown_whatever_it_returns(
     def slow_then(outcome: Outcome) -> Callable[[], Success | None]:
         def run() -> Success | None:
             bench.lapse()  # the handler took longer than its lease ...
-            swept.extend(bench.store.sweep())  # ... and the sweeper ran meanwhile
+            swept.extend(bench.store.sweep().parked)  # ... and the sweeper ran meanwhile
             return act(outcome)
 
         return run

@@ -506,6 +506,9 @@ class SettledAt:
     def settle_unknown(self, claim: Claim, action: str) -> None:
         pass
 
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        pass
+
     def count(self) -> int:
         with self.lock:
             return len(self.times)

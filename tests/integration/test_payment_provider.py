@@ -315,6 +315,50 @@ def test_slow_beyond_the_client_timeout_still_applies(provider: PaymentProvider)
     eventually(lambda: provider.charges_for("key-1") == 1, "the slow charge to be applied")
 
 
+def test_late_apply_lands_after_a_lookup_found_nothing(
+    provider: PaymentProvider, client: PaymentClient
+) -> None:
+    provider.set_fault(FaultKind.LATE_APPLY, seconds=1.0)
+    with pytest.raises(ProviderTimeout):
+        PaymentClient(provider.url, timeout=0.2).charge("key-1", BODY)
+    # Still on its way: the key was never looked at, so a lookup finds nothing, honestly.
+    assert provider.late() == 1
+    assert client.lookup("key-1") is None
+    eventually(lambda: provider.late() == 0, "the late request to arrive")
+    (charge,) = provider.ledger()
+    found = client.lookup("key-1")
+    assert found is not None
+    assert found.id == charge.id
+    assert client.charge("key-1", BODY).replayed
+
+
+def test_late_requests_arrive_when_released(
+    provider: PaymentProvider, client: PaymentClient
+) -> None:
+    provider.set_fault(FaultKind.LATE_APPLY, times=2, seconds=600)
+    impatient = PaymentClient(provider.url, timeout=0.2)
+    for key in ("key-1", "key-2"):
+        with pytest.raises(ProviderTimeout):
+            impatient.charge(key, BODY)
+    assert (provider.late(), provider.ledger()) == (2, [])
+    provider.release_late()
+    eventually(lambda: provider.late() == 0, "the released requests to arrive")
+    assert sorted(c.idempotency_key for c in provider.ledger()) == ["key-1", "key-2"]
+
+
+def test_a_late_request_behind_a_retry_under_its_key_is_a_replay(
+    provider: PaymentProvider, client: PaymentClient
+) -> None:
+    provider.set_fault(FaultKind.LATE_APPLY, seconds=1.0)
+    with pytest.raises(ProviderTimeout):
+        PaymentClient(provider.url, timeout=0.2).charge("key-1", BODY)
+    retried = client.charge("key-1", BODY)  # the same key: the provider's dedupe decides
+    assert not retried.replayed
+    eventually(lambda: provider.late() == 0, "the late request to arrive")
+    assert [c.id for c in provider.ledger()] == [retried.id]
+    assert provider.requests_for("key-1") == 2
+
+
 def test_lookup_unavailable(provider: PaymentProvider, client: PaymentClient) -> None:
     client.charge("key-1", BODY)
     provider.set_fault(FaultKind.LOOKUP_UNAVAILABLE)
@@ -525,6 +569,15 @@ def test_stop_releases_a_held_request() -> None:
     provider.stop()  # returns because the hold wakes up; a hang here fails on the suite timeout
     provider.stop()
     assert provider.charges_for("key-1") == 1
+
+
+def test_stop_drops_a_late_request_that_has_not_arrived() -> None:
+    provider = PaymentProvider().start()
+    provider.set_fault(FaultKind.LATE_APPLY, seconds=600)
+    with pytest.raises(ProviderTimeout):
+        PaymentClient(provider.url, timeout=0.3).charge("key-1", BODY)
+    provider.stop()  # the hold wakes up; the request is lost with the provider
+    assert (provider.charges_for("key-1"), provider.late()) == (0, 0)
 
 
 # -- as a separate process --------------------------------------------------------------------

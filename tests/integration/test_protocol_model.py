@@ -445,7 +445,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             (r for r in m.rows.values() if m.expired(r) and r.attempts >= r.max_attempts),
             key=lambda r: r.lease_expires_at or START,
         )
-        swept = self.store.sweep(limit)
+        swept = self.store.sweep(limit).parked
         assert len(swept) == min(limit, len(candidates))
         if swept:
             event("sweep parked a row")

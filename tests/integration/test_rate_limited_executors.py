@@ -12,9 +12,17 @@ from datetime import timedelta
 import pytest
 
 from bridge.demo import invoices
-from bridge.handlers import Context, RateLimited, Success
+from bridge.handlers import Applied, Context, RateLimited, Success
 from bridge.types import State, TargetClass
-from tests.integration.test_executors import START, TENANT, Bench, ScriptedApi, bench, scripted
+from tests.integration.test_executors import (
+    START,
+    TENANT,
+    Bench,
+    ScriptedApi,
+    ScriptedWrite,
+    bench,
+    scripted,
+)
 
 __all__ = ["bench"]  # the fixture, imported for these tests
 
@@ -53,7 +61,9 @@ def test_a_rate_limit_requeues_after_its_wait_and_gives_the_attempt_back(
         assert handler.calls == [("op", 1)]
         return
     handler.outcomes["op"] = Success("done")
-    assert bench.execute(claim).snapshot() == {"settled.succeeded": 1}
+    # Class C's call left before the 429 (its intent is recorded): it looks the key up first.
+    looked_up = {"reconciled.not_applied": 1} if target is TargetClass.C else {}
+    assert bench.execute(claim).snapshot() == {**looked_up, "settled.succeeded": 1}
     assert bench.row(key)["attempts"] == 1
 
 
@@ -78,7 +88,7 @@ def test_class_d_rate_limited_before_the_call_never_calls_and_records_no_intent(
     assert handler.calls == [("op", 4)]  # called once, under the fence that recorded its intent
 
 
-def test_class_c_rate_limited_perform_is_looked_up_on_a_later_attempt_and_charged(
+def test_class_c_rate_limited_perform_is_looked_up_on_the_next_claim_and_charged(
     bench: Bench,
 ) -> None:
     handler = scripted(bench, TargetClass.C)
@@ -88,10 +98,28 @@ def test_class_c_rate_limited_perform_is_looked_up_on_a_later_attempt_and_charge
     bench.clock.advance(WAIT)
     handler.outcomes["op"] = Success("charged")
 
-    assert bench.run(key).snapshot() == {"settled.succeeded": 1}
-    # attempts stayed 1, so the claim performs without a lookup (the 429 said nothing applied)
-    assert handler.looked_up == []
+    claim = bench.claim(key)
+    assert (claim.attempts, claim.intent_fence) == (1, 1)
+    assert bench.execute(claim).snapshot() == {"reconciled.not_applied": 1, "settled.succeeded": 1}
+    # The 429 gave the attempt back, but perform had been entered: a request may have left
+    # before the refusal (a client's own retry after a timeout), so the key is looked up first.
+    assert handler.looked_up == ["op"]
     assert handler.performed == ["op", "op"]
+
+
+def test_class_c_rate_limited_perform_then_applied_is_found_and_not_performed_again(
+    bench: Bench,
+) -> None:
+    handler = scripted(bench, TargetClass.C)
+    handler.outcomes["op"] = RateLimited(retry_after=WAIT)
+    key = bench.ingest("scripted", "op")
+    bench.run(key)
+    bench.clock.advance(WAIT)
+    handler.answers["op"] = Applied("charged", "ch_1")  # an earlier request of it landed
+
+    assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
+    assert bench.outcome(key) == (State.SUCCEEDED, "charged")
+    assert handler.performed == ["op"]
 
 
 class LimitedBeforeSending(ScriptedApi):
@@ -109,3 +137,31 @@ def test_a_rate_limit_raised_by_a_class_c_validate_sends_nothing(bench: Bench) -
     row = bench.row(key)
     assert (row["state"], row["attempts"], row["intent_fence"]) == ("queued", 0, None)
     assert handler.performed == []
+
+
+def test_a_wait_longer_than_the_job_types_maximum_is_cut_to_it_and_counted(bench: Bench) -> None:
+    handler = ScriptedWrite()
+    bench.registry.register("capped", handler, rate_wait_max=timedelta(seconds=30))
+    handler.outcomes["long"] = RateLimited(retry_after=timedelta(hours=10))
+    handler.outcomes["short"] = RateLimited(retry_after=timedelta(seconds=10))
+    long = bench.ingest("capped", "long")
+    short = bench.ingest("capped", "short", tenant="t2")
+
+    assert bench.run(long).snapshot() == {"settled.queued": 1, "rate_wait_clamped": 1}
+    assert bench.run(short).snapshot() == {"settled.queued": 1}
+
+    assert bench.row(long)["next_attempt_at"] == START + timedelta(seconds=30)
+    assert bench.row(short)["next_attempt_at"] == START + timedelta(seconds=10)
+    waits = bench.db.execute("SELECT tenant_id, until FROM rate_wait ORDER BY 1").fetchall()
+    assert waits == [
+        (TENANT, START + timedelta(seconds=30)),
+        ("t2", START + timedelta(seconds=10)),
+    ]
+
+
+def test_a_wait_is_never_longer_than_fifteen_minutes_unless_configured(bench: Bench) -> None:
+    handler = scripted(bench, TargetClass.B)
+    handler.outcomes["op"] = RateLimited(retry_after=timedelta(days=1))  # a date far ahead
+    key = bench.ingest("scripted", "op")
+    assert bench.run(key).snapshot() == {"settled.queued": 1, "rate_wait_clamped": 1}
+    assert bench.row(key)["next_attempt_at"] == START + timedelta(minutes=15)

@@ -13,8 +13,14 @@ from typing import Any
 import pytest
 
 from bridge.demo import payments
-from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider, ProviderRateLimited
-from bridge.handlers import RateLimited
+from bridge.demo.provider import (
+    FaultKind,
+    PaymentClient,
+    PaymentProvider,
+    ProviderRateLimited,
+    ProviderTimeout,
+)
+from bridge.handlers import Ambiguous, Context, RateLimited, Success
 from tests.integration.test_executors import (
     CHARGE,
     START,
@@ -24,6 +30,7 @@ from tests.integration.test_executors import (
     charges,
     provider,
 )
+from tests.support.waiting import eventually
 from tests.support.worker_process import context_for
 
 __all__ = ["bench", "charges", "provider"]  # fixtures, imported for these tests
@@ -84,9 +91,49 @@ def test_a_429_parks_the_tenants_charges_for_the_wait_and_then_charges_once(
     assert bench.run(other).snapshot() == {"settled.succeeded": 1}  # t2 is not limited
 
     bench.clock.advance(timedelta(seconds=2))
-    for key in (limited, sibling):
+    # The limited row's call left (its intent is recorded), so it looks its key up first.
+    for key, first in ((limited, {"reconciled.not_applied": 1}), (sibling, {})):
         claim = bench.claim(key)
         assert claim.attempts == 1
-        assert bench.execute(claim).snapshot() == {"settled.succeeded": 1}
+        assert bench.execute(claim).snapshot() == {**first, "settled.succeeded": 1}
     assert len(provider.ledger()) == 3
     assert provider.charges_for(bench.hasher.idempotency_key(TENANT, "charge-1")) == 1
+
+
+class RetryingCharge(payments.ChargeCustomer):
+    """The demo charge behind a client that retries a request once after a timeout, as many
+    SDKs do: the second request can be answered 429 while the first is still on its way."""
+
+    def perform(self, ctx: Context, key: str) -> Success:
+        try:
+            return super().perform(ctx, key)
+        except Ambiguous as exc:
+            if not isinstance(exc.__cause__, ProviderTimeout):
+                raise
+            return super().perform(ctx, key)
+
+
+def test_a_429_after_a_timed_out_request_is_looked_up_before_the_next_request(
+    bench: Bench, provider: PaymentProvider
+) -> None:
+    bench.register(payments.JOB_TYPE, RetryingCharge(PaymentClient(provider.url, timeout=0.3)))
+    key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
+    ikey = bench.hasher.idempotency_key(TENANT, "charge-1")
+    provider.set_fault(FaultKind.LATE_APPLY, key=ikey, seconds=0.5)  # times out, lands later
+    provider.set_fault(FaultKind.RATE_LIMITED, key=ikey, retry_after="2")  # the client's retry
+
+    assert bench.run(key).snapshot() == {"settled.queued": 1}
+    row = bench.row(key)
+    # The 429 gave the attempt back, but the call had left: the intent stays recorded.
+    assert (row["state"], row["attempts"], row["intent_fence"]) == ("queued", 0, 1)
+    eventually(lambda: provider.late() == 0, "the timed-out request to land")
+    assert provider.charges_for(ikey) == 1
+
+    bench.clock.advance(timedelta(seconds=2))
+    claim = bench.claim(key)
+    assert (claim.attempts, claim.intent_fence) == (1, 1)
+    # Looked up first, at attempt 1: found, settled without another request.
+    assert bench.execute(claim).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
+    (charge,) = provider.ledger()
+    assert bench.row(key)["outcome_detail"] == charge.id
+    assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (2, 1)

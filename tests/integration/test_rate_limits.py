@@ -18,6 +18,7 @@ from psycopg import sql
 from bridge import keyring
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
+from bridge.operations import LIFTED_MARK, lift_rate_waits
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
 from tests.support.clock import EPOCH as START
@@ -211,3 +212,70 @@ def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, clock: Clock
     counts = clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 9")
     assert counts.work_rows == 1
     assert set(waits(db)) == {("refund", "t2")}
+
+
+def test_lifting_a_wait_makes_the_rows_it_scheduled_due_now_each_audited(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([delivery(op) for op in ("limited", "held", "backoff", "later")])
+    clocked.ingest([delivery("other", tenant="t2"), delivery("job", job_type="other")])
+    clocked.retry_later(claim_one(clocked, "backoff").ticket, timedelta(minutes=5))
+    clocked.retry_later(claim_one(clocked, "later").ticket, timedelta(hours=2))
+    clocked.rate_limited(claim_one(clocked, "limited").ticket, timedelta(hours=1))
+    clocked.rate_limited(claim_one(clocked, "other", "t2").ticket, timedelta(hours=1))
+    clocked.rate_limited(claim_one(clocked, "job").ticket, timedelta(hours=1))
+    assert [w.queued for w in clocked.rate_waits("refund")] == [4, 1]
+
+    dry = lift_rate_waits(
+        clocked, "refund", tenant_id="t1", actor="alice", reason="INC-9", dry_run=True
+    )
+    assert [(w.tenant_id, w.until, w.moved) for w in dry.lifted] == [
+        ("t1", START + timedelta(hours=1), 2)
+    ]
+    assert len(waits(db)) == 3  # a dry run writes nothing
+    assert clocked.claim("w", 10, LEASE) == []
+
+    report = lift_rate_waits(clocked, "refund", tenant_id="t1", actor="alice", reason="INC-9")
+
+    assert (report.moved, [w.tenant_id for w in report.lifted]) == (2, ["t1"])
+    assert set(waits(db)) == {("refund", "t2"), ("other", "t1")}  # other keys keep waiting
+    # The refused row and the retry due within the wait are due now; the one due after the
+    # wait keeps its backoff; the row the wait held (due already) is claimable again.
+    assert {op: row(db, op)[3] for op in ("limited", "backoff", "later")} == {
+        "limited": START,
+        "backoff": START,
+        "later": START + timedelta(hours=2),
+    }
+    assert keys(clocked.claim("w", 10, LEASE)) == {
+        ("t1", "limited"),
+        ("t1", "held"),
+        ("t1", "backoff"),
+    }
+    audit = db.execute(
+        "SELECT operation_id, actor, reason, from_state, to_state FROM redrive_audit"
+        " ORDER BY operation_id"
+    ).fetchall()
+    assert audit == [
+        ("backoff", "alice", f"INC-9 {LIFTED_MARK}", "queued", "queued"),
+        ("limited", "alice", f"INC-9 {LIFTED_MARK}", "queued", "queued"),
+    ]
+    history = db.execute(
+        "SELECT operation_id, kind, outcome, outcome_code FROM work_attempt"
+        " WHERE kind = 'redrive' ORDER BY operation_id"
+    ).fetchall()
+    assert history == [
+        ("backoff", "redrive", "queued", "rate_wait_lifted"),
+        ("limited", "redrive", "queued", "rate_wait_lifted"),
+    ]
+    # Nothing is left to lift for t1; every tenant's wait of the job type goes at once.
+    assert lift_rate_waits(clocked, "refund", tenant_id="t1", actor="a", reason="r").lifted == []
+    everyone = lift_rate_waits(clocked, "refund", actor="alice", reason="INC-9")
+    assert [(w.tenant_id, w.moved) for w in everyone.lifted] == [("t2", 1)]
+    assert set(waits(db)) == {("other", "t1")}
+
+
+def test_a_lift_needs_an_actor_and_a_reason(clocked: PostgresStore) -> None:
+    with pytest.raises(ValueError, match="an actor and a reason"):
+        lift_rate_waits(clocked, "refund", actor="alice", reason="")
+    with pytest.raises(ValueError, match="an actor and a reason"):
+        clocked.lift_rate_waits("refund", actor="", reason="INC-9")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 from bridge.errors import LeaseLost
-from bridge.store import PostgresStore, Settlement
+from bridge.store import PostgresStore, Settlement, Swept
+from bridge.store.work import UNSTARTED_CLAIMS_MAX
 from bridge.types import (
     Claim,
     Key,
@@ -23,6 +25,7 @@ from bridge.types import (
     Rejection,
     State,
     StateCount,
+    TargetClass,
     Ticket,
 )
 from tests.support.clock import EPOCH as START
@@ -294,7 +297,7 @@ def test_sweep_parks_expired_exhausted_claims_as_unknown(
     clocked.heartbeat(claims["live"].ticket, LEASE)  # still making progress
     clock.advance(timedelta(seconds=1))
 
-    parked = clocked.sweep()
+    parked = clocked.sweep().parked
     assert parked == [Ticket("t1", "exhausted", 1)]
     assert one(
         db, "exhausted", "state, outcome_code, fence, attempts, lease_owner, settled_at"
@@ -303,18 +306,97 @@ def test_sweep_parks_expired_exhausted_claims_as_unknown(
     assert one(db, "retryable", "state")[0] == "claimed"  # left for a takeover, not parked
     with pytest.raises(LeaseLost):
         clocked.complete(claims["exhausted"].ticket)
-    assert clocked.sweep() == []
+    assert clocked.sweep().parked == []
 
     (again,) = clocked.claim("w2", 10, LEASE)
     assert (again.operation_id, again.takeover) == ("retryable", True)
+
+
+def test_sweep_queues_again_a_class_d_claim_that_never_recorded_an_intent(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    unfenced = [
+        replace(delivery(op, max_attempts=1), target_class=TargetClass.D)
+        for op in ("never-started", "called")
+    ]
+    clocked.ingest([*unfenced, delivery("class-a", max_attempts=1)])
+    claims = {c.operation_id: c for c in clocked.claim("w1", 10, LEASE)}
+    clocked.record_intent(claims["called"].ticket)
+    clock.advance(LEASE * 2)
+
+    swept = clocked.sweep()
+
+    assert set(swept.parked) == {Ticket("t1", "called", 1), Ticket("t1", "class-a", 1)}
+    assert swept.requeued == [Ticket("t1", "never-started", 1)]
+    columns = (
+        "state, outcome_code, attempts, max_attempts, intent_fence, next_attempt_at, settled_at"
+    )
+    # No intent: no call was made, so the claim is given another, as a redrive would.
+    assert one(db, "never-started", columns) == (
+        "queued",
+        "lease_expired_not_started",
+        1,
+        2,
+        None,
+        clock(),
+        None,
+    )
+    assert one(db, "called", columns) == (
+        "unknown",
+        "lease_expired_attempts_exhausted",
+        1,
+        1,
+        1,
+        START,
+        clock(),
+    )
+    assert one(db, "class-a", "state")[0] == "unknown"
+    with pytest.raises(LeaseLost):  # the dead claim's intent can never be recorded now
+        clocked.record_intent(claims["never-started"].ticket)
+    attempts = db.execute(
+        "SELECT operation_id, outcome, outcome_code FROM work_attempt ORDER BY operation_id"
+    ).fetchall()
+    assert attempts == [
+        ("called", "lease_lost", "lease_expired_attempts_exhausted"),
+        ("class-a", "lease_lost", "lease_expired_attempts_exhausted"),
+        ("never-started", "lease_lost", "lease_expired_not_started"),
+    ]
+    (again,) = clocked.claim("w2", 10, LEASE)
+    assert (again.operation_id, again.fence, again.attempts, again.intent_fence) == (
+        "never-started",
+        2,
+        2,
+        None,
+    )
+
+
+def test_a_class_d_row_whose_every_claim_expires_before_its_call_is_parked_in_the_end(
+    clocked: PostgresStore, clock: Clock, db: Db
+) -> None:
+    clocked.ingest([replace(delivery("op", max_attempts=1), target_class=TargetClass.D)])
+    for attempt in range(1, UNSTARTED_CLAIMS_MAX):
+        (claim,) = clocked.claim("w1", 10, LEASE)
+        assert (claim.attempts, claim.takeover) == (attempt, False)
+        clock.advance(LEASE * 2)
+        assert clocked.sweep() == Swept([], [claim.ticket])
+    (last,) = clocked.claim("w1", 10, LEASE)
+    assert last.attempts == UNSTARTED_CLAIMS_MAX
+    clock.advance(LEASE * 2)
+
+    # A row whose every claim dies before the call (one that takes its process down) stops.
+    assert clocked.sweep() == Swept([last.ticket], [])
+    state, code, detail, intent = one(db, "op", "state, outcome_code, outcome_detail, intent_fence")
+    assert (state, code, intent) == ("unknown", "lease_expired_attempts_exhausted", None)
+    assert "never called" in detail
+    assert clocked.claim("w1", 10, LEASE) == []
 
 
 def test_sweep_never_decides_success_or_failure(clocked: PostgresStore, clock: Clock) -> None:
     clocked.ingest([delivery(f"op-{i}", max_attempts=1) for i in range(5)])
     clocked.claim("w1", 10, LEASE)
     clock.advance(LEASE * 2)
-    assert len(clocked.sweep(limit=3)) == 3
-    assert len(clocked.sweep(limit=3)) == 2
+    assert len(clocked.sweep(limit=3).parked) == 3
+    assert len(clocked.sweep(limit=3).parked) == 2
     stats = clocked.stats()
     assert stats.total(State.UNKNOWN) == 5
     assert stats.total(State.SUCCEEDED) == stats.total(State.FAILED_TERMINAL) == 0
@@ -452,7 +534,7 @@ def test_fenced_transaction_holds_the_row_against_takeover_and_sweep(
         # holds the locks).
         assert without_waiting(lambda: clocked.claim("w2", 10, LEASE)) == []
         assert without_waiting(lambda: clocked.claim_keys("w2", [Key("t1", "a")], LEASE)) == []
-        assert without_waiting(clocked.sweep) == []
+        assert without_waiting(clocked.sweep) == Swept([], [])
         tx_a.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
         tx_a.settle()
         tx_b.settle(State.UNKNOWN, "ambiguous")

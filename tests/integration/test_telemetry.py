@@ -50,6 +50,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from bridge.config import parse_config
 from bridge.decode import DecodeRules, FieldSource, JobRule, PayloadSource, RawDelivery, decode
+from bridge.executors import Run, execute
 from bridge.handlers import (
     Applied,
     ConditionalWriteHandler,
@@ -57,11 +58,13 @@ from bridge.handlers import (
     IdempotentApiHandler,
     NotApplied,
     Quarantine,
+    RateLimited,
     Success,
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
 from bridge.inbox import Inbox
+from bridge.registry import Registry
 from bridge.runtime import Bridge, build_registry
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit
@@ -70,6 +73,7 @@ from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.telemetry.recorder import DURATION_BUCKETS_SECONDS
 from bridge.types import Delivery, Key, State, TargetClass
+from tests.support.deliveries import for_job
 from tests.support.handlers import TARGET_WRITE, RecordEffect, create_tables, instructions
 from tests.support.postgres import database_from
 from tests.support.sqs_server import SqsServer, sqs_server
@@ -800,6 +804,43 @@ def test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason(store: Postgre
 # -- the reference ------------------------------------------------------------------------------
 
 
+class LimitedForAYear(ConditionalWriteHandler):
+    """A target whose 429 asks for a year's wait (a provider's mistake)."""
+
+    def handle(self, ctx: Context) -> None:
+        raise RateLimited(retry_after=timedelta(days=365))
+
+
+def test_a_rate_limit_wait_cut_to_its_maximum_is_counted(
+    store: PostgresStore, db: psycopg.Connection[Any], spans: Tracing
+) -> None:
+    hasher = IdentityHasher(SECRET)
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(hasher, tracer_provider=spans.provider, meter_provider=meters)
+    registry = Registry()
+    spec = registry.register("limited", LimitedForAYear(), rate_wait_max=timedelta(minutes=5))
+    store.ingest([for_job(registry, "limited", "op-1", tenant=TENANT)])
+    (claim,) = store.claim("w", 1, timedelta(seconds=30))
+    try:
+        with telemetry.process(claim):
+            execute(Run(store, claim, spec, Context.for_claim(claim, hasher), telemetry))
+        data = reader.get_metrics_data()
+    finally:
+        meters.shutdown()
+
+    points = metric_points(data)
+    assert by_label(points[n.METRIC_RATE_WAIT_CLAMPED], n.LABEL_JOB_TYPE) == {"limited": 1}
+    name = n.METRIC_RATE_WAIT_CLAMPED
+    assert instruments(data)[name] == documented_metrics()[name]
+    (span,) = [s for s in spans.spans() if s.name == n.SPAN_PROCESS.format(subscription="jobs")]
+    assert [(e.name, dict(e.attributes or {})) for e in span.events] == [
+        (n.EVENT_RATE_WAIT_CLAMPED, {n.RATE_WAIT_ASKED: 365 * 86400.0})
+    ]
+    waited = db.execute("SELECT next_attempt_at - updated_at FROM work_item").fetchone()
+    assert waited == (timedelta(minutes=5),)
+
+
 def documented_metrics() -> dict[str, Instrument]:
     """The metrics table of docs/telemetry.md: name | kind | unit | labels | description."""
     rows: dict[str, Instrument] = {}
@@ -814,7 +855,11 @@ def documented_metrics() -> dict[str, Instrument]:
 #: emitted only when something fails, or waits; a healthy run records none (their instruments are
 #: checked by the fault tests, e.g. integration/test_supervision.py for the restarts, and by
 #: test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason below)
-FAULT_ONLY = {"fencebridge.thread.restarts", "fencebridge.queue.waiting"}
+FAULT_ONLY = {
+    "fencebridge.thread.restarts",
+    "fencebridge.queue.waiting",
+    "fencebridge.rate_limit.clamped",  # test_a_rate_limit_wait_cut_to_its_maximum_is_counted
+}
 #: registered only with outbox destinations configured (the run above has none); checked by
 #: integration/test_outbox.py
 OUTBOX_ONLY = {

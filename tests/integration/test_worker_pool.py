@@ -108,6 +108,9 @@ class Recorder:
     def settle_unknown(self, claim: Claim, action: str) -> None:
         self._add("settle_unknown", claim, action)
 
+    def rate_wait_clamped(self, claim: Claim, asked: timedelta) -> None:
+        self._add("rate_wait_clamped", claim, str(asked))
+
 
 @pytest.fixture
 def pools(store: PostgresStore) -> Iterator[Callable[..., WorkerPool]]:

@@ -135,6 +135,7 @@ def test_defaults_fill_what_the_file_leaves_out() -> None:
     assert job.max_attempts == config.MAX_ATTEMPTS_DEFAULT
     assert job.lease_seconds == config.LEASE_SECONDS_DEFAULT
     assert job.backoff_max_seconds == config.BACKOFF_MAX_SECONDS_DEFAULT
+    assert job.rate_limit_wait_max_seconds == 900.0
     assert sub.ack_mode is AckMode.AFTER_INBOX
     assert queue.receive_batch == sqs.RECEIVE_BATCH_DEFAULT
     assert queue.wait_seconds == sqs.WAIT_SECONDS_DEFAULT
@@ -201,8 +202,8 @@ INVALID = [
         after(BASE, "[jobs.refund]", "colour = 1"),
         "jobs.refund.colour: unknown key; expected one of: handler, target_class, "
         "max_attempts, lease_seconds, backoff_initial_seconds, backoff_max_seconds, "
-        "concurrency, concurrency_per_tenant, rate, burst, rate_per_tenant, burst_per_tenant, "
-        "priority, owner",
+        "rate_limit_wait_max_seconds, concurrency, concurrency_per_tenant, rate, burst, "
+        "rate_per_tenant, burst_per_tenant, priority, owner",
         id="unknown-key",
     ),
     pytest.param(

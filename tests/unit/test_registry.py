@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from bridge.config import parse_config
 from bridge.database import Connection
 from bridge.errors import ConfigError
 from bridge.handlers import (
@@ -20,8 +21,9 @@ from bridge.handlers import (
     Success,
     UnfencedHandler,
 )
-from bridge.registry import LEASE_DEFAULT, Registry
+from bridge.registry import LEASE_DEFAULT, Registry, build_job
 from bridge.types import TargetClass
+from tests.unit.test_config import BASE
 
 
 class Refund(SameDatabaseHandler):
@@ -140,6 +142,22 @@ def test_fewer_than_one_attempt_is_refused() -> None:
 def test_a_lease_that_is_not_positive_is_refused(lease: timedelta) -> None:
     with pytest.raises(ConfigError, match="the lease must be positive"):
         Registry().register("refund", Refund(), lease=lease)
+
+
+def test_a_rate_limit_wait_is_capped_at_fifteen_minutes_unless_the_job_sets_its_own() -> None:
+    registry = Registry()
+    assert registry.register("refund", Refund()).rate_wait_max == timedelta(minutes=15)
+    capped = registry.register("charge", Charge(), rate_wait_max=timedelta(seconds=30))
+    assert capped.rate_wait_max == timedelta(seconds=30)
+    with pytest.raises(ConfigError, match="the longest rate limit wait must be > 0"):
+        registry.register("write", Write(), rate_wait_max=timedelta(0))
+
+
+def test_the_configured_maximum_wait_reaches_the_job_spec() -> None:
+    text = BASE.replace("[jobs.refund]\n", "[jobs.refund]\nrate_limit_wait_max_seconds = 120\n")
+    loaded = parse_config(text)
+    spec = build_job(loaded, "refund", Registry(), Charge())
+    assert spec.rate_wait_max == timedelta(minutes=2)
 
 
 def test_a_refused_registration_leaves_the_registry_unchanged() -> None:
