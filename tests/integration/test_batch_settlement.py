@@ -137,9 +137,11 @@ def test_a_batch_refuses_only_its_stale_ticket_and_commits_the_rest(
 
 
 #: sessions of the store waiting for a row lock
+#: sessions of this test's database waiting on a lock: the suite runs on several workers
+#: against one server, and another test's waits must neither pass nor spoil the check
 LOCK_WAITS = """
 SELECT count(*) FROM pg_stat_activity
- WHERE application_name = %s AND wait_event_type = 'Lock'
+ WHERE application_name = %s AND wait_event_type = 'Lock' AND datname = current_database()
 """
 
 
