@@ -66,8 +66,8 @@ from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
 from bridge.executors.completer import Answer, Batch, BatchCompleter, RunSettler
-from bridge.handlers import Context
-from bridge.heartbeat import Heartbeater, InFlight
+from bridge.handlers import Context, SameDatabaseHandler
+from bridge.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
@@ -184,6 +184,8 @@ class WorkerPool:
             for i in range(claimers)
         ]
         self._claimer_group = ServiceGroup("claimer", self._claimers)
+        #: runs that hold their threads more than one lease past their leases, for the probes
+        self.stuck = StuckRuns(self.heartbeater, threads)
         self._workers = ServiceGroup(
             "workers",
             [
@@ -210,8 +212,9 @@ class WorkerPool:
         self._claimer_group.start()
 
     def services(self) -> list[Service]:
-        """The pool's supervised parts, for health: claimers, workers, heartbeater."""
-        return [self._claimer_group, self._workers, self.heartbeater.service]
+        """The pool's supervised parts, for health: claimers, workers, heartbeater, and the
+        runs stuck on the workers' threads."""
+        return [self._claimer_group, self._workers, self.heartbeater.service, self.stuck]
 
     @property
     def claimer(self) -> Supervised:
@@ -592,7 +595,10 @@ class WorkerPool:
             return
         ctx = Context.for_claim(claim, self._hasher)
         # The trust window is measured from before the claim statement was sent: it errs early.
-        entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
+        # A class A run is ended by its deadline, not its lease: it is stuck only past both.
+        handler = spec.handler
+        bound = handler.deadline if isinstance(handler, SameDatabaseHandler) else None
+        entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at, bound=bound)
         run_events = _RunEvents(self._events)
         span = self._telemetry.begin(claim) if self._telemetry is not None else None
         end = _RunEnd(self, claim, sent_at, entry, run_events, span)
@@ -607,6 +613,7 @@ class WorkerPool:
             with end.current(record=True):
                 execute(Run(self._store, claim, spec, ctx, run_events, settler))
         finally:
+            entry.running = False  # its thread is free; a stuck run is one still on its thread
             if settler is None or not settler.submitted:
                 end.finish()
 
