@@ -125,6 +125,8 @@ class Plan:
     #: the pool's prefetch (shared between the replicas) and claimers (each replica's)
     prefetch: int = PREFETCH
     claimers: int = CLAIMERS
+    #: claims tenant-fair, as `fencebridge run` claims by default (off: in due order)
+    fairness: bool = False
 
 
 FULL = Plan(runs=3, deliveries=20_000, subscriptions=SUBSCRIPTIONS, ceiling_seconds=10)
@@ -247,6 +249,8 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
     threads = THREADS // replicas
     size = threads + plan.claimers + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
+    if plan.fairness:
+        store.use_tenant_fairness()
     try:
         store.pool.wait()
         registry = Registry()
@@ -384,7 +388,9 @@ class Report:
             f"{plan.runs} round(s) of each kind, {plan.deliveries:,} deliveries each: "
             f"{plan.subscriptions} subscription(s), one writer thread each, batches of "
             f"{BATCH}; a pool of {THREADS} threads, {plan.claimers} claimer(s) and a prefetch of "
-            f"{plan.prefetch} rows draining; medians with min..max. A database "
+            f"{plan.prefetch} rows draining"
+            f"{', claiming tenant-fair' if plan.fairness else ''}; medians with min..max. A "
+            "database "
             f"in use holds {HISTORY_ROWS:,} settled rows, analyzed, before the round; a new "
             "database has only the statistics of the empty tables its migration analyzed (the "
             "bridge's connections plan on those until autovacuum analyzes the grown tables)."
@@ -490,8 +496,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--prefetch", type=int, help=f"the pool's prefetch (default {PREFETCH})")
     parser.add_argument("--claimers", type=int, help=f"the pool's claimers (default {CLAIMERS})")
+    parser.add_argument(
+        "--fairness",
+        action="store_const",
+        const=True,
+        help="claim tenant-fair, as `fencebridge run` does by default (default: in due order)",
+    )
     args, command = command_line(parser, argv)
-    names = ("runs", "deliveries", "subscriptions", "replicas", "prefetch", "claimers")
+    names = ("runs", "deliveries", "subscriptions", "replicas", "prefetch", "claimers", "fairness")
     plan = planned(QUICK if args.quick else FULL, args, names)
     if plan.replicas < 1 or THREADS % plan.replicas:
         parser.error(f"--replicas must divide the pool's {THREADS} threads")

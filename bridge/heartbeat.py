@@ -13,10 +13,18 @@ learns at its next step. The database still decides every write by the fence.
 Class A claims are neither heartbeated nor given a trust window: their handler runs inside a
 transaction that holds the work row's lock, nothing can take a locked row over, and what ends
 such a run is its transaction's deadline (:mod:`bridge.deadline`), not its lease.
+
+A handler that never returns keeps its worker thread whatever becomes of its row: the lease
+lapses and the row is taken over, but the thread is lost to the pool. A run still on its thread
+more than one lease past its lease (past its trust window, or a class A run past its deadline
+where that is longer than its lease) is *stuck*: it is logged once, and :class:`StuckRuns`
+makes ``/readyz`` fail naming it, and ``/healthz`` once every worker thread is stuck, so that
+the orchestrator restarts a process that can no longer run anything.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -26,9 +34,11 @@ from datetime import timedelta
 
 from bridge.events import WorkEvents
 from bridge.handlers import Context
-from bridge.service import Backoff, Deadline, Limits, Supervised
+from bridge.service import Backoff, Deadline, Limits, Service, ServiceStatus, Supervised
 from bridge.store.work import WorkStore
 from bridge.types import Claim, TargetClass, Ticket
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_FRACTION = 3  # renew up to three times per lease
 
@@ -43,6 +53,19 @@ class InFlight:
     started: float = field(default_factory=time.monotonic)
     #: a renewal was refused; reported by the worker unless the run settled after all
     renewal_refused: bool = False
+    #: seconds past ``trust_until`` after which a run still on its thread is stuck: one lease,
+    #: or for class A its deadline where that is longer (its deadline, not its lease, ends it)
+    grace: float = 0.0
+    #: the handler still holds its worker thread (false once it returned, while the run's
+    #: settlement is being written)
+    running: bool = True
+    #: logged as stuck already
+    stuck_logged: bool = False
+
+    @property
+    def stuck_at(self) -> float:
+        """Monotonic time from which the run, if still on its thread, is stuck."""
+        return self.trust_until + self.grace
 
 
 class Heartbeater:
@@ -86,8 +109,21 @@ class Heartbeater:
     def stop(self, deadline: float | Deadline = 5.0) -> None:
         self.service.stop(deadline)
 
-    def track(self, claim: Claim, ctx: Context, lease: timedelta, sent_at: float) -> InFlight:
-        entry = InFlight(claim, ctx, lease, sent_at + lease.total_seconds())
+    def track(
+        self,
+        claim: Claim,
+        ctx: Context,
+        lease: timedelta,
+        sent_at: float,
+        *,
+        bound: timedelta | None = None,
+    ) -> InFlight:
+        """Follow a run from its claim (``sent_at``, monotonic, before the claim was sent);
+        ``bound``: how long the run may take where that is longer than its lease (a class A
+        deadline): it counts as stuck one lease after whichever ends later."""
+        seconds = lease.total_seconds()
+        extra = max((bound or lease).total_seconds() - seconds, 0.0)
+        entry = InFlight(claim, ctx, lease, sent_at + seconds, grace=seconds + extra)
         with self._lock:
             self._inflight[claim.ticket] = entry
         return entry
@@ -100,9 +136,28 @@ class Heartbeater:
         with self._lock:
             return list(self._inflight.values())
 
+    def stuck(self, now: float | None = None) -> list[InFlight]:
+        """Runs still on their worker threads more than one lease past their lease."""
+        at = time.monotonic() if now is None else now
+        return [e for e in self.inflight() if e.running and at >= e.stuck_at]
+
+    def _log_stuck(self, now: float) -> None:
+        """Each run that became stuck, once, by job type (never its tenant or operation)."""
+        for entry in self.stuck(now):
+            if not entry.stuck_logged:
+                entry.stuck_logged = True
+                log.error(
+                    "a handler of job type %s has held its worker thread %.0fs, more than one "
+                    "lease past its lease; /readyz reports it until it returns",
+                    entry.claim.job_type,
+                    now - entry.started,
+                )
+
     def beat(self) -> None:
-        """One round: expire trust windows, renew the leases that made progress."""
+        """One round: expire trust windows, renew the leases that made progress, log runs
+        that became stuck."""
         now = time.monotonic()
+        self._log_stuck(now)
         due: dict[timedelta, list[InFlight]] = defaultdict(list)
         for entry in self.inflight():
             if entry.claim.target_class is TargetClass.A:
@@ -140,3 +195,45 @@ class Heartbeater:
                     e.trust_until = sent_at + lease.total_seconds()
         if failure is not None:
             raise failure
+
+
+class StuckRuns(Service):
+    """The pool's stuck runs as a status for the probes (it runs no thread of its own).
+
+    Not ready while any worker thread is held by a stuck run (see the module's docstring),
+    naming how many and the job type of the longest; not live once every worker thread is:
+    such a process claims nothing more, and only a restart gives it its threads back (its rows
+    are taken over elsewhere once their leases lapse). A handler that reports progress keeps
+    its lease, and is never stuck however long it runs.
+    """
+
+    name = "handlers"
+
+    def __init__(
+        self, heartbeater: Heartbeater, threads: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._heartbeater = heartbeater
+        self._threads = threads
+        self._clock = clock
+
+    def start(self) -> None:
+        """Nothing to start: the status is read from the runs the heartbeater follows."""
+
+    def signal_stop(self) -> None:
+        """Nothing to stop."""
+
+    def join(self, deadline: Deadline) -> bool:
+        return True
+
+    def status(self) -> ServiceStatus:
+        now = self._clock()
+        stuck = self._heartbeater.stuck(now)
+        if not stuck:
+            return ServiceStatus(self.name, True, True, "ok")
+        longest = min(stuck, key=lambda e: e.stuck_at)
+        reason = (
+            f"{len(stuck)} of {self._threads} worker thread(s) held by a handler more than one "
+            f"lease past its lease; the longest: job type {longest.claim.job_type}, running for "
+            f"{now - longest.started:.0f}s"
+        )
+        return ServiceStatus(self.name, False, len(stuck) < self._threads, reason)

@@ -6,10 +6,14 @@ exceed its threads and its prefetch, and two claimers never claim for the same s
 inbox reserves free slots the same way for the new rows of a batch it is about to write
 (:meth:`WorkerPool.reserve`), writes that many already claimed, and hands them over
 (:meth:`WorkerPool.accept`): new work usually costs no claim statement. Keys a consumer
-inserted queued are claimed first, by key (hand-off); otherwise a claimer claims any
-claimable row of the job types it can run (rescue: queued rows nobody handed off, retries
-that came due, expired leases of crashed workers), again at once while that claim fills its
-batch, and a poll interval after it came back short.
+inserted queued are claimed by key (hand-off) when one round can take them all. The general
+claim, of any claimable row of the job types the pool runs (queued rows nobody handed off,
+retries that came due, expired leases of crashed workers, other replicas' and redriven rows),
+keeps its own schedule whatever the hand-off holds: again at once while it fills its batch, a
+poll interval after it came back short. While rows wait beyond what one round takes (a
+backlog), the general claim's order decides (tenants in turn, priorities): the hand-off keeps
+no more keys than the pool has slots (more are dropped, their rows claimed in that order), and
+the inbox writes new rows queued, behind the waiting ones.
 
 Stopping: the claimer stops first; claims that never reached a handler are released (the
 attempt is not counted); running handlers get until the deadline to finish. Past it they are
@@ -56,7 +60,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from itertools import islice
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
@@ -66,8 +69,8 @@ from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
 from bridge.executors.completer import Answer, Batch, BatchCompleter, RunSettler
-from bridge.handlers import Context
-from bridge.heartbeat import Heartbeater, InFlight
+from bridge.handlers import Context, SameDatabaseHandler
+from bridge.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.identity import IdentityHasher
 from bridge.registry import Registry
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
@@ -148,10 +151,21 @@ class WorkerPool:
         self._reserved = 0
         #: a claimer's share of the workers: settled that many, it stops lingering
         self._share = max(1, -(-threads // claimers))
+        #: keys the inbox wrote queued, to claim by key while one round takes them all; never
+        #: more than the pool's slots (more are a backlog, the general claim's)
         self._handoff: dict[Key, str] = {}
-        #: when a claim of any claimable row (not handed off) is next due: at once while the
-        #: last one filled its batch, else a poll interval after it came back short
+        #: when the general claim (any claimable row, handed off or not) is next due: at once
+        #: while the last one filled its batch, else a poll interval after it came back short,
+        #: whatever the hand-off holds
         self._rescue_at = 0.0
+        #: rows wait in the database beyond what the pool can take in one round (the last
+        #: general claim filled its batch, or more keys were handed off than it holds): the
+        #: general claim's order decides which go first (tenants in turn, priorities), and the
+        #: inbox writes new rows queued, behind them
+        self._backlog = False
+        #: hand-offs that overflowed, counted: a round that began before one does not end the
+        #: backlog it made
+        self._overflows = 0
         #: rows of an ordered group or under a concurrency limit, until their runs end: the
         #: end of one may free the next row for the general claim (a row written claimed is
         #: neither)
@@ -184,6 +198,8 @@ class WorkerPool:
             for i in range(claimers)
         ]
         self._claimer_group = ServiceGroup("claimer", self._claimers)
+        #: runs that hold their threads more than one lease past their leases, for the probes
+        self.stuck = StuckRuns(self.heartbeater, threads)
         self._workers = ServiceGroup(
             "workers",
             [
@@ -210,8 +226,9 @@ class WorkerPool:
         self._claimer_group.start()
 
     def services(self) -> list[Service]:
-        """The pool's supervised parts, for health: claimers, workers, heartbeater."""
-        return [self._claimer_group, self._workers, self.heartbeater.service]
+        """The pool's supervised parts, for health: claimers, workers, heartbeater, and the
+        runs stuck on the workers' threads."""
+        return [self._claimer_group, self._workers, self.heartbeater.service, self.stuck]
 
     @property
     def claimer(self) -> Supervised:
@@ -228,18 +245,28 @@ class WorkerPool:
         return self._claimer_group.status().ready
 
     def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
-        """Keys just inserted by a consumer, with their job types: claim these first."""
+        """Keys just inserted queued by a consumer, with their job types, to claim by key when
+        one round can take them all. More than the pool holds are a backlog: the keys are
+        dropped (their rows are queued) and the general claim is due at once, which takes
+        them in its order beside every other claimable row."""
         with self._cond:
             for key, job_type in items:
                 if job_type in self._registry:
                     self._handoff[key] = job_type
+            if len(self._handoff) > self._slots:
+                self._handoff.clear()
+                self._overflows += 1
+                self._backlog = True
+                self._rescue_at = 0.0
             self._cond.notify_all()
 
     def reserve(self, job_types: Iterable[str]) -> InsertClaim | None:
         """Slots for the new rows of a batch the inbox is about to write (one job type per
         delivery), which it may then write already claimed (:class:`InsertClaim`); None when
-        there is no free slot, no job type this pool runs, or the pool is stopping. The slots
-        stay reserved until :meth:`accept` gives back what the write did not claim."""
+        there is no free slot, no job type this pool runs, or the pool is stopping, and while
+        rows wait in the database for the general claim (a new row written claimed would go
+        ahead of them, whatever their tenants and priorities). The slots stay reserved until
+        :meth:`accept` gives back what the write did not claim."""
         wanted = 0
         leases: dict[str, timedelta] = {}
         for job_type in job_types:
@@ -250,7 +277,7 @@ class WorkerPool:
         if wanted == 0:
             return None
         with self._cond:
-            if self._stopping.is_set() or self._idle == 0:
+            if self._stopping.is_set() or self._idle == 0 or self._backlog:
                 return None
             taken = min(wanted, self._idle)
             self._idle -= taken
@@ -337,10 +364,15 @@ class WorkerPool:
         twice. A failure is raised to the supervisor, which logs, counts and backs off.
         Hand-off keys taken for a failed claim stay claimable by the general claim.
 
-        The general claim (any claimable row: nothing handed off) runs again at once while the
-        last one filled its batch, and a poll interval after one came back short: rows the
-        inbox writes claimed never wait for it, so a claim of an empty queue at every
-        settlement would cost a statement per commit and find nothing.
+        The general claim (any claimable row, handed off or not) runs again at once while the
+        last one filled its batch, and a poll interval after one came back short, whatever the
+        hand-off holds: retries come due, leases of crashed workers lapse, other replicas and
+        redrives queue rows, and none of them may wait for the inbox to fall quiet. When it
+        runs, it takes the hand-off keys' rows with the others, in its order (tenants in turn,
+        priorities). Between its runs, hand-off keys are claimed by key when one round takes
+        them all; more keys than a round takes are a backlog, whose order is the general
+        claim's. Rows the inbox writes claimed never wait for it, so a claim of an empty queue
+        at every settlement would cost a statement per commit and find nothing.
         """
         self._store.keep_connection()  # its round trips are the pool's pace: one warm backend
         with self._cond:
@@ -349,45 +381,69 @@ class WorkerPool:
                 return
             self._gather_settlements()
             settling = self._completer.take()
-            # Rows to claim: the hand-off keys (no more slots than keys: the inbox writes
-            # new rows claimed into the slots left free), or any claimable row when due, or
-            # when these settlements may free one (the next row of an ordered group, a slot
-            # under a limit), which the claim then sees in the same transaction.
-            frees = self._frees_rows(settling) if settling is not None else 0
-            if self._handoff:
-                need = len(self._handoff)
-                if frees:
-                    self._rescue_at = 0.0  # the next round claims what these freed
-            elif time.monotonic() >= self._rescue_at:
-                need = self._slots
-            else:
-                need = frees  # at most a row each: in their own slots, the free ones left
-            if settling is not None:
-                # Their workers are free once this write commits: claim for them with it.
-                extra = min(self._idle, max(need - len(settling), 0))
-                want = len(settling) + extra  # in statements of at most claim_batch rows
-            else:
-                extra = want = min(self._idle, need, self._claim_batch)
-                if want == 0:
-                    return  # another claimer took what had gathered
-            self._idle -= extra
-            self._reserved += want
-            claiming = need > 0
-            # The oldest keys, without copying the rest: while ingest outruns the pool,
-            # thousands wait here, and a copy per claim made each delivery cost O(backlog).
-            handoff = dict(islice(self._handoff.items(), want if claiming else 0))
-            for key in handoff:
-                del self._handoff[key]
+            planned = self._plan(settling)
+            if planned is None:
+                return  # another claimer took what had gathered
+            want, claiming, handoff = planned
+            overflows = self._overflows
         claims: list[Claim] = []  # filled as they are handed over, for the count below
+        full: bool | None = None  # whether a general claim ran and filled its batch
         try:
             sent_at = time.monotonic()  # leases start no earlier than this, by our clock
-            self._claim(want if claiming else 0, handoff, settling, sent_at, claims)
+            full = self._claim(want if claiming else 0, handoff, settling, sent_at, claims)
         finally:
             with self._cond:
                 self._reserved -= want
                 self._idle += want - len(claims)
+                if full is not None and overflows == self._overflows:
+                    # Came back short: nothing more is claimable now; look again a poll
+                    # interval later (hand-off keys and rows written claimed do not wait).
+                    self._backlog = full
+                    self._rescue_at = 0.0 if full else time.monotonic() + self._poll
                 if len(claims) < want:
                     self._cond.notify_all()
+
+    def _plan(self, settling: Batch | None) -> tuple[int, bool, dict[Key, str]] | None:
+        """What a round claims, called holding the condition: how many rows (their slots
+        reserved), whether it claims at all (else it only writes ``settling``), and the
+        hand-off keys it claims by key (none: the general claim). None: nothing to do.
+
+        Rows to claim: any claimable row when the general claim is due, or else the hand-off
+        keys (no more slots than keys: the inbox writes new rows claimed into the slots left
+        free), or else as many rows as these settlements may free (the next row of an ordered
+        group, a slot under a limit), which the claim then sees in the same transaction.
+        """
+        frees = self._frees_rows(settling) if settling is not None else 0
+        general = time.monotonic() >= self._rescue_at
+        if general:
+            need = self._slots
+        elif self._handoff:
+            need = len(self._handoff)
+            if frees:
+                self._rescue_at = 0.0  # the next round claims what these freed
+        else:
+            need = frees  # at most a row each: in their own slots, the free ones left
+        if settling is not None:
+            # Their workers are free once this write commits: claim for them with it.
+            extra = min(self._idle, max(need - len(settling), 0))
+            want = len(settling) + extra  # in statements of at most claim_batch rows
+        else:
+            extra = want = min(self._idle, need, self._claim_batch)
+            if want == 0:
+                return None
+        self._idle -= extra
+        self._reserved += want
+        claiming = need > 0
+        if claiming and not general and len(self._handoff) > want:
+            general = self._backlog = True  # keys left over: the general claim's order
+        handoff: dict[Key, str] = {}
+        if claiming:
+            # The general claim takes the keys' rows (it runs until it comes back short, when
+            # nothing claimable is left); else this round takes every key.
+            if not general:
+                handoff = self._handoff
+            self._handoff = {}
+        return want, claiming, handoff
 
     def _await_work(self) -> None:
         """Wait (holding the condition) until there is something to do: settlements to write,
@@ -471,9 +527,10 @@ class WorkerPool:
         settling: Batch | None,
         sent_at: float,
         handed: list[Claim],
-    ) -> None:
+    ) -> bool | None:
         """Claim up to ``want`` rows and hand them over (into ``handed``); write ``settling`` in
-        the transaction of the first claim.
+        the transaction of the first claim. Returns whether a general claim ran and filled its
+        batch (None: it did not run, the keys were claimed or nothing).
 
         One transaction, one commit, for the settlements and the rows that refill the workers
         they free, so the rows held never exceed the threads, and the claim sees what the
@@ -487,8 +544,9 @@ class WorkerPool:
         claiming = _ClaimRound(self._store, self.worker_id, settling)
         claims: list[Claim] = []  # grows statement by statement: kept when a later one fails
         error: BaseException | None = None
+        full: bool | None = None
         try:
-            self._claim_rows(want, handoff, claiming, claims)
+            full = self._claim_rows(want, handoff, claiming, claims)
             claiming.finish()
         except BaseException as exc:  # noqa: BLE001  (raised below, once every claim is placed)
             claiming.failed(exc)
@@ -499,19 +557,21 @@ class WorkerPool:
             claiming.answer()
         if error is not None:
             raise error
+        return full
 
     def _claim_rows(
         self, want: int, handoff: dict[Key, str], claiming: _ClaimRound, claims: list[Claim]
-    ) -> None:
+    ) -> bool | None:
         """Up to ``want`` rows into ``claims``: the handed-off keys, or else claimable rows of the
-        job types this pool runs, in statements of at most ``claim_batch`` rows."""
+        job types this pool runs, in statements of at most ``claim_batch`` rows. Whether the
+        general claim filled its batch (None: it did not run)."""
         by_lease: dict[timedelta, list[Key]] = defaultdict(list)
         for key, job_type in handoff.items():
             by_lease[self._registry[job_type].lease].append(key)
         for lease, keys in by_lease.items():
             claims += claiming.claim(lease, keys=keys)
         if handoff or want == 0:
-            return
+            return None
         groups: dict[timedelta, list[str]] = defaultdict(list)
         for spec in self._registry.specs():
             groups[spec.lease].append(spec.job_type)
@@ -522,9 +582,7 @@ class WorkerPool:
                 claims += got
                 if len(got) < asked:
                     break  # none left of these job types
-        # Came back short: nothing more is claimable now; look again a poll interval later
-        # (hand-off keys and rows written claimed do not wait for it).
-        self._rescue_at = 0.0 if len(claims) >= want else time.monotonic() + self._poll
+        return len(claims) >= want
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -592,7 +650,10 @@ class WorkerPool:
             return
         ctx = Context.for_claim(claim, self._hasher)
         # The trust window is measured from before the claim statement was sent: it errs early.
-        entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at)
+        # A class A run is ended by its deadline, not its lease: it is stuck only past both.
+        handler = spec.handler
+        bound = handler.deadline if isinstance(handler, SameDatabaseHandler) else None
+        entry = self.heartbeater.track(claim, ctx, spec.lease, sent_at, bound=bound)
         run_events = _RunEvents(self._events)
         span = self._telemetry.begin(claim) if self._telemetry is not None else None
         end = _RunEnd(self, claim, sent_at, entry, run_events, span)
@@ -607,6 +668,7 @@ class WorkerPool:
             with end.current(record=True):
                 execute(Run(self._store, claim, spec, ctx, run_events, settler))
         finally:
+            entry.running = False  # its thread is free; a stuck run is one still on its thread
             if settler is None or not settler.submitted:
                 end.finish()
 

@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 rates=config.token_rates(),
                 outbox=bridge.relay.store.depth if bridge.relay is not None else None,
                 destinations=list(config.outbox),
+                subscriptions=list(config.subscriptions),
             )
         settle_in()  # the collector leaves what the start made alone (bridge.collector)
         try:

@@ -1125,8 +1125,16 @@ class PostgresStore:
 
     def stats(self) -> Stats:
         """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        return self._stats("stats_counts")
+
+    def open_stats(self) -> Stats:
+        """:meth:`stats` with the counts of open and parked rows only (never the succeeded or
+        failed history): what the database gauges read at every refresh."""
+        return self._stats("stats_open")
+
+    def _stats(self, counting: str) -> Stats:
         with self._connection("stats") as conn:
-            counts = conn.execute(sql.statement("stats_counts")).fetchall()
+            counts = conn.execute(sql.statement(counting)).fetchall()
             health = conn.execute(sql.statement("stats_health"), {"now": self._now()}).fetchone()
         assert health is not None
         stalled, oldest, conflicts, quarantined = health

@@ -413,6 +413,12 @@ class WorkStore(KeyedStore, Protocol):
         """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
         ...
 
+    def open_stats(self) -> Stats:
+        """:meth:`stats` counting only open rows (queued, claimed) and parked ones (unknown,
+        quarantined): read through their partial indexes, so its cost follows the backlog and
+        not the history of succeeded and failed rows (the database gauges, every refresh)."""
+        ...
+
     def rate_limited(
         self,
         ticket: Ticket,

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class GaugeSource(Protocol):
     """**Protocol**: what the database gauges read (the bridge's store offers both)."""
 
-    def stats(self) -> _Stats: ...
+    def open_stats(self) -> _Stats: ...
 
     def waiting(
         self,
@@ -191,6 +191,9 @@ class Telemetry:
         self._waiting: list[WaitingCount] = []
         #: destination -> (pending, oldest pending age, parked); None until read or when stale
         self._outbox: dict[str, tuple[int, float, int]] | None = None
+        #: subscriptions the queue depth reports, 0 when none of their rows is queued: the
+        #: configured ones and every one seen with open or parked rows since observing began
+        self._subscriptions: set[str] = set()
         self._stats_lock = threading.Lock()
         self._observing: threading.Event | None = None
 
@@ -419,12 +422,19 @@ class Telemetry:
         destinations: Sequence[str] = (),
         *,
         rates: Mapping[str, TokenRate] | None = None,
+        subscriptions: Sequence[str] = (),
     ) -> None:
         """Register the database gauges, refreshed by a background thread every ``interval``.
         ``limits`` and ``rates``: the concurrency limits and token rates the bridge claims
         under (for the waiting gauge; the store's own where not given);
         ``outbox`` reads the outbox backlog of the configured ``destinations`` (each is
-        reported, 0 when it has nothing pending).
+        reported, 0 when it has nothing pending). The queue depth reports the configured
+        ``subscriptions`` and every other one seen with open or parked rows, 0 when none is
+        queued.
+
+        Each refresh reads open and parked rows only (:meth:`GaugeSource.open_stats`): a
+        count of every row, history included, grew with the table until it neared the
+        statement timeout at a few million rows, in every replica at once.
 
         Once per Telemetry: a second call does nothing. :meth:`stop_observing` ends the thread.
         The thread is supervised (:attr:`gauges`): a failed reading clears the gauges, and is
@@ -434,11 +444,12 @@ class Telemetry:
             if self._observing is not None:
                 return
             self._observing = threading.Event()
+            self._subscriptions.update(subscriptions)
         stop = self._observing
 
         def refresh() -> None:
             try:
-                stats = store.stats()
+                stats = store.open_stats()
                 waiting = store.waiting(limits, rates)
                 backlog = list(outbox()) if outbox is not None else []
             except Exception:
@@ -449,6 +460,7 @@ class Telemetry:
                 raise
             with self._stats_lock:
                 self._stats = stats
+                self._subscriptions.update(c.subscription for c in stats.counts)
                 self._waiting = waiting
                 self._outbox = dict.fromkeys(destinations, (0, 0.0, 0))
                 for b in backlog:
@@ -570,12 +582,13 @@ class Telemetry:
         ]
 
     def _observe_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
-        stats = self._snapshot()
+        with self._stats_lock:
+            stats, known = self._stats, sorted(self._subscriptions)
         if not stats:
             return []
-        # Every subscription with rows is reported, 0 when none is queued: a drained queue is a
-        # value, not a missing series.
-        depth: dict[str, int] = {}
+        # Every subscription configured or seen with rows is reported, 0 when none is queued:
+        # a drained queue is a value, not a missing series.
+        depth = dict.fromkeys(known, 0)
         for count in stats.counts:
             queued = count.count if count.state is State.QUEUED else 0
             depth[count.subscription] = depth.get(count.subscription, 0) + queued

@@ -22,6 +22,7 @@ from bridge.store import PostgresStore, Settlement
 from bridge.store.work import ConcurrencyLimit
 from bridge.types import Claim, Key, State
 from tests.support.deliveries import delivery
+from tests.support.statistics import flushed
 
 LEASE = timedelta(seconds=30)
 ROUNDS = 12
@@ -111,20 +112,6 @@ def test_a_fair_claim_reads_a_quiet_tenants_row_by_tenant_beside_a_flood_the_sta
     lateral = plan[plan.index("CTE due") : plan.index("CTE claimed")]
     assert "work_item_tenant_due" in lateral, lateral
     assert "Rows Removed by Filter" not in lateral, lateral
-
-
-def flushed(
-    store: PostgresStore, db: psycopg.Connection[tuple[object, ...]], query: str
-) -> tuple[object, ...]:
-    """``query``'s row of the cumulative statistics, once the store's one connection has sent
-    what it counted (PostgreSQL 15 sends at the end of the next transaction when forced, else at
-    most once a second), read afresh."""
-    with store.pool.connection() as conn:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-    db.execute("SELECT pg_stat_clear_snapshot()")
-    found = db.execute(query).fetchone()
-    assert found is not None
-    return found
 
 
 #: attempt history, written after the store's plans were made (120 entries per row)

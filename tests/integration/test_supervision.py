@@ -11,6 +11,7 @@ waits are injected where a test drives thousands of failures.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import urllib.error
@@ -251,6 +252,91 @@ def lease_expires_at(db: Db, operation: str) -> Any:
     ).fetchone()
     assert found is not None
     return found[0]
+
+
+# -- handlers that never return ------------------------------------------------------------------
+
+
+class Hangs(ConditionalWriteHandler):
+    """Never reports progress and returns only once released: a handler stuck in a call."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def handle(self, ctx: Context) -> Success:
+        self.release.wait(300)
+        return Success("late")
+
+
+def stuck_reason(port: int) -> str:
+    return str(probe(port, "/readyz")[1].get("services", {}).get("handlers", ""))
+
+
+def test_handlers_stuck_past_their_lease_fail_readiness_and_every_thread_stuck_liveness(
+    moto: SqsServer, db_url: str, db: Db, store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three worker threads, leases of one second. A handler that never returns holds its
+    thread: once its run is more than one lease past its lease, /readyz fails naming it, while
+    a handler that reports progress all along runs past as many leases unnamed. /healthz stays
+    up while a thread is free, and fails once all three are held; both recover when the
+    handlers return."""
+    cfg = SqsBridgeConfig(
+        queue_url=moto.create_queue("stuck"),
+        endpoint_url=moto.endpoint,
+        jobs={
+            "steady": Job("tests.support.handlers:SteadyProgress", "B", 1.0),
+            "hang": Job("tests.support.handlers:SteadyProgress", "B", 1.0, max_attempts=1),
+        },
+        worker_threads=3,
+        poll_interval_seconds=0.05,
+        sweep_interval_seconds=0.2,
+    )
+    config = parse_config(cfg.toml(), file="stuck.toml")
+    steady, hangs = Progressing(), Hangs()
+    registry = build_registry(config, handlers={"steady": steady, "hang": hangs})
+    bridge_store = PostgresStore.connect(db_url, max_size=12)
+    bridge = Bridge(config, bridge_store, HASHER, registry=registry)
+    port = config.bridge.health_port
+    store.ingest([for_job(registry, "steady", "slow")])
+    caplog.set_level(logging.ERROR, logger="bridge.heartbeat")
+    bridge.start()
+    try:
+        assert steady.started.wait(60)
+        store.ingest([for_job(registry, "hang", "hang-1")])
+        eventually(lambda: stuck_reason(port).startswith("1 of 3"), "one thread held")
+        assert "job type hang" in stuck_reason(port)
+        assert probe(port, "/readyz")[0] == 503
+        assert probe(port, "/healthz") == (200, {"status": "ok"}), "two threads are free"
+        eventually(lambda: "job type hang" in caplog.text, "the stuck run logged")
+        assert "hang-1" not in caplog.text
+        # The steady handler has run past more than two of its leases, renewing them.
+        eventually(
+            lambda: bool(
+                db.execute(
+                    "SELECT lease_expires_at - claimed_at > interval '3 seconds'"
+                    "  FROM work_item WHERE operation_id = 'slow'"
+                ).fetchone()
+                == (True,)
+            ),
+            "the steady run's lease renewed past three leases",
+        )
+        assert stuck_reason(port).startswith("1 of 3"), "the steady run is not stuck"
+        steady.release.set()
+        eventually(lambda: states(db).get("succeeded") == 1, "the steady run completes")
+
+        store.ingest([for_job(registry, "hang", f"hang-{i}") for i in (2, 3)])
+        eventually(lambda: probe(port, "/healthz")[0] == 503, "every thread held")
+        _, body = probe(port, "/healthz")
+        assert body["services"]["handlers"].startswith("3 of 3"), body
+
+        hangs.release.set()
+        eventually(lambda: probe(port, "/healthz") == (200, {"status": "ok"}), "alive again")
+        eventually(lambda: probe(port, "/readyz")[0] == 200, "ready again")
+    finally:
+        steady.release.set()
+        hangs.release.set()
+        bridge.stop(deadline=10)
+        bridge_store.close()
 
 
 # -- a revoked grant: past the limit, /healthz ---------------------------------------------------

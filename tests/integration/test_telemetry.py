@@ -723,7 +723,9 @@ def test_database_gauges_after_observe(sqs_run: SqsRun) -> None:
 
 
 def test_a_drained_subscription_reports_a_queue_depth_of_zero(store: PostgresStore) -> None:
-    """A missing series and an empty queue look alike on a dashboard; zero is a reading."""
+    """A missing series and an empty queue look alike on a dashboard; zero is a reading. The
+    gauges read open and parked rows only, so a subscription all of whose rows are settled is
+    reported because it is configured, not because its history was counted."""
     store.ingest(
         [
             Delivery(
@@ -741,7 +743,9 @@ def test_a_drained_subscription_reports_a_queue_depth_of_zero(store: PostgresSto
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     try:
-        Telemetry(IdentityHasher(SECRET), meter_provider=meters).observe(store, interval=3600)
+        Telemetry(IdentityHasher(SECRET), meter_provider=meters).observe(
+            store, interval=3600, subscriptions=[SUBSCRIPTION]
+        )
         eventually(
             lambda: n.METRIC_STALLED in metric_points(reader.get_metrics_data()),
             "the database gauges' first reading",

@@ -272,9 +272,12 @@ def test_a_run_leaves_nothing_for_the_cyclic_collector(
     assert {kind: kinds[kind] for kind in per_run if kinds[kind]} == {}
 
 
-def test_hand_off_keys_are_claimed_before_older_queued_rows(
+def test_hand_off_keys_do_not_hold_back_older_queued_rows_when_the_general_claim_is_due(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
 ) -> None:
+    """Rows another process queued (or a retry, or a redrive) are not handed off; the general
+    claim, due here at the start, takes them in their order beside the handed-off key, which
+    runs once, after them."""
     quick = Quick()
     registry = Registry()
     registry.register("quick", quick)
@@ -290,8 +293,108 @@ def test_hand_off_keys_are_claimed_before_older_queued_rows(
     finally:
         pool.stop(deadline=10)
 
-    assert quick.ran == ["fresh", *older]
-    assert [op for op, _, _ in recorder.of("claimed")] == ["fresh", *older]
+    assert quick.ran == [*older, "fresh"]
+    assert [op for op, _, _ in recorder.of("claimed")] == [*older, "fresh"]
+
+
+class Gate(ConditionalWriteHandler):
+    """Every run waits for the gate, reporting progress (its lease is renewed meanwhile), then
+    records its operation and fence."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self._lock = threading.Lock()
+        self.runs: list[tuple[str, int]] = []
+
+    def handle(self, ctx: Context) -> None:
+        while not self.gate.wait(0.02):
+            ctx.progress()
+        with self._lock:
+            self.runs.append((ctx.operation_id, ctx.fence))
+
+
+#: the first rows claimed after the gate opens within which the waiting rows must come: the
+#: four held by the gate, then three rounds of four
+WITHIN = 4 + 3 * 4
+
+
+def test_a_backlog_fed_through_the_inbox_is_claimed_in_the_general_claims_order(
+    store: PostgresStore, db: Db
+) -> None:
+    """Tenant fairness on, four threads held by their first runs while a flood of 1,500
+    deliveries of one tenant comes through the pool's own inbox (batches of 10, every fifth
+    sent twice, one conflicting redelivery). Meanwhile a crashed worker's lease lapses,
+    another process queues a row, and the inbox writes a quiet tenant's delivery and one of
+    the flood's with priority 5. The hand-off never holds more keys than the pool's four
+    slots, and once the runs go on, the crashed row (taken over), the other process's row, the
+    quiet tenant's and the urgent one are claimed within the first rounds, not behind the
+    flood; every connection of the pool is killed mid-drain, and every row still runs, once
+    unless the fault cut its batch."""
+    handler = Gate()
+    registry = Registry()
+    registry.register("quick", handler, lease=timedelta(seconds=2))
+    fair = PostgresStore(store.pool)
+    fair.use_tenant_fairness()
+    events = Recorder()
+    pool = WorkerPool(fair, registry, HASHER, threads=4, poll_interval=POLL, events=events)
+
+    def decode(raw: RawDelivery) -> Delivery:
+        attributes = raw.attributes
+        made = for_job(registry, "quick", attributes["op"], tenant=attributes["tenant"])
+        return replace(made, payload=raw.body, priority=int(attributes.get("priority", "0")))
+
+    def raw(op: str, tenant: str = "flood", body: bytes = b"{}", **extra: str) -> RawDelivery:
+        attributes = {"op": op, "tenant": tenant, **extra}
+        return RawDelivery(subscription="jobs", message_id=None, body=body, attributes=attributes)
+
+    inbox = Inbox(fair, decode, pool=pool)
+    flood = [f"flood-{i:04d}" for i in range(1500)]
+    held: list[int] = []
+    pool.start()
+    try:
+        for n, start in enumerate(range(0, len(flood), 10)):
+            batch = [raw(op) for op in flood[start : start + 10]]
+            inbox.write(batch)
+            held.append(len(pool._handoff))
+            if n % 5 == 0:
+                assert {w.decision for w in inbox.write(batch)} == {Decision.REPLAY}
+        (conflict,) = inbox.write([raw(flood[7], body=b'{"other": 1}')])
+        assert conflict.decision is Decision.CONFLICT
+        store.ingest([for_job(registry, "quick", "crashed", tenant="other")])
+        (crashed,) = store.claim_keys("crashed", [Key("other", "crashed")], timedelta(seconds=1))
+        store.ingest([for_job(registry, "quick", "replica", tenant="other")])  # not handed off
+        inbox.write([raw("quiet-1", tenant="quiet")])
+        inbox.write([raw("urgent", priority="5")])
+        held.append(len(pool._handoff))
+        eventually(lambda: lapsed(db, "crashed"), "the crashed worker's lease to lapse")
+
+        handler.gate.set()
+        eventually(lambda: len(handler.runs) >= 300, "a fifth of the rows ran")
+        killed = db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            (APPLICATION_NAME,),
+        ).fetchall()
+        assert killed, "the pool's connections were found and killed"
+        eventually(lambda: states(db) == {"succeeded": 1504}, "every row settled", DEADLINE)
+    finally:
+        pool.stop(deadline=10)
+
+    assert max(held) <= 4, f"the hand-off held {max(held)} keys for a pool of 4 slots"
+    order = [op for op, _, _ in events.of("claimed")]
+    first = order[:4]  # written claimed into the idle slots before the flood filled them
+    assert set(first) <= set(flood)
+    for waiting in ("crashed", "replica", "quiet-1", "urgent"):
+        assert order.index(waiting) < WITHIN, (waiting, order.index(waiting), order[:WITHIN])
+    assert ("crashed", 2, "takeover") in events.of("claimed")
+    assert crashed.fence == 1
+
+    lost = {op for op, _, _ in events.of("settle_unknown")}
+    twice = {op for (op,) in db.execute("SELECT operation_id FROM work_item WHERE fence > 1")}
+    assert twice - {"crashed"} <= lost, "only the crashed row and the rows the fault cut ran again"
+    ran = Counter(op for op, _ in handler.runs)
+    assert set(ran) == {*flood, "crashed", "replica", "quiet-1", "urgent"}
+    assert {op for op, n in ran.items() if n > 1} <= lost
 
 
 class FailsEvery(ConditionalWriteHandler):
@@ -341,16 +444,17 @@ class Together:
         monkeypatch.setattr(store, "settle_many", alone)
 
 
-def test_settlements_commit_with_the_hand_off_claims_that_refill_their_workers(
+def test_settlements_commit_with_the_claims_that_refill_their_workers(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A consumer writing faster than the pool runs: the new rows the pool has room for are
-    written claimed, the rest handed over by key, and each batch of settlements is written in
-    the transaction of the hand-off claim that refills the workers it frees: one commit, so
-    the rows it settled and the rows it claimed carry the same transaction time (a batch with
-    nothing to claim is written alone). 1,200 deliveries in batches of 10, every fifth batch
-    sent twice (replays, not handed over again), one conflicting redelivery, every 50th
-    operation refused by its target; each row runs once, under its first fence."""
+    written claimed, the rest queued (handed over, by key while a round takes them all, else
+    left to the general claim's order), and each batch of settlements is written in the
+    transaction of the claim that refills the workers it frees: one commit, so the rows it
+    settled and the rows it claimed carry the same transaction time (a batch with nothing to
+    claim is written alone). 1,200 deliveries in batches of 10, every fifth batch sent twice
+    (replays, not handed over again), one conflicting redelivery, every 50th operation refused
+    by its target; each row runs once, under its first fence."""
     handler = FailsEvery(50)
     registry = Registry()
     registry.register("quick", handler)
@@ -381,8 +485,8 @@ def test_settlements_commit_with_the_hand_off_claims_that_refill_their_workers(
     )
     settled_with_claims = sum(len(settled) for settled, _, _ in together.batches)
     assert settled_with_claims + sum(together.alone) == len(ops), "each settled once"
-    handed = [b for b in together.batches if b[2] and b[1]]
-    assert handed, "some batch was written with a hand-off claim that took rows"
+    refilled = [b for b in together.batches if b[1]]
+    assert refilled, "some batch was written with a claim that took rows"
     times = {
         op: (settled, claimed)
         for op, settled, claimed in db.execute(
