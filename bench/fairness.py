@@ -39,11 +39,11 @@ from bench.store import (
     server,
 )
 from bench.workers import JOB_TYPE, Noop
+from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.types import Delivery, TargetClass
-from bridge.worker import WorkerPool
 
 THREADS = 16
 #: how far the pool drains the backlog before the quiet tenant starts writing

@@ -1,10 +1,10 @@
 """Inbox to settle, end to end, with no broker: ingest, claim and complete in one process.
 
 One writer thread per subscription writes ``--deliveries`` new deliveries between them through
-:class:`~bridge.inbox.Inbox` in batches of 10 (one transaction each, as a consumer writes a
+:class:`~bridge.ingest.inbox.Inbox` in batches of 10 (one transaction each, as a consumer writes a
 received batch), as fast as its commits return; the inbox writes the new rows a
-:class:`~bridge.worker.WorkerPool` has free slots for already claimed and hands it the rest by
-key (16 threads, a no-op class B handler; its prefetch and claimers at the best a sweep found,
+:class:`~bridge.runtime.worker.WorkerPool` has free slots for already claimed and hands it the rest
+by key (16 threads, a no-op class B handler; its prefetch and claimers at the best a sweep found,
 :data:`PREFETCH` and :data:`CLAIMERS`), which drains them while they arrive. Eight writers
 (:data:`SUBSCRIPTIONS`) offer more than the pool drains, so the bridge, not the offered load,
 is what is measured. The rate is the deliveries over the time from the first work row's creation to
@@ -69,14 +69,14 @@ from bench.store import (
     server,
 )
 from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled
-from bridge.collector import settle_in
-from bridge.decode import RawDelivery
+from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.registry import Registry
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.collector import settle_in
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Rejection, TargetClass
-from bridge.worker import WorkerPool
 
 BATCH = 10
 THREADS = 16

@@ -5,7 +5,8 @@ live ones. Worker threads claim and complete them one at a time through
 :class:`~bridge.store.PostgresStore` (``claim(w, 1)``, ``complete``), each completion time
 recorded by the monotonic clock, while the schema is brought up to date in one of two ways:
 
-* ``runner``: :func:`bridge.migrate.migrate`, as shipped: one transaction per migration under a
+* ``runner``: :func:`bridge.store.migrate.migrate`, as shipped: one transaction per migration under
+a
   short ``lock_timeout`` (retried with backoff), and the purge index (``work_item_terminal``)
   built ``CONCURRENTLY`` outside any transaction by 0003;
 * ``one transaction``: what 0002 did as first released: the same DDL and the same index built
@@ -52,8 +53,8 @@ from bench.store import (
     server,
 )
 from bridge import sql
-from bridge.migrate import migrate
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 
 LEASE = timedelta(minutes=5)
 RUNNER, ONE_TRANSACTION = "runner", "one transaction"

@@ -6,7 +6,7 @@ Three arms drain the same number of messages from a fresh subscription on one Pu
 * ``bare``: ``SubscriberClient.subscribe`` with a callback that acks at once (with
   exactly-once delivery on, it counts a message when ``ack_with_response()`` resolves). Nothing
   is written anywhere: the ceiling the emulator and the client library allow.
-* ``consumer``: :class:`~consumers.pubsub.PubSubConsumer` with its inbox, configured with the
+* ``consumer``: :class:`~consumers.pubsub.source.PubSubConsumer` with its inbox, configured with the
   defaults: every message is decoded, written as a work row in one transaction per batch, and
   acked after COMMIT. Settlement is a no-op (nothing claims the rows). The round ends when every
   message is acked; the rows are counted afterwards. This is the consumer's own cost, and the
@@ -64,7 +64,6 @@ from bench.store import (
     work_rows,
 )
 from bridge.config import parse_config
-from bridge.decode import decode
 from bridge.demo.emulator import (
     EMULATOR_ENV,
     PubSubEmulator,
@@ -73,11 +72,12 @@ from bridge.demo.emulator import (
 )
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.runtime import build_registry
+from bridge.ingest.decode import decode
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.process import build_registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.worker import WorkerPool
-from consumers.pubsub import PubSubConsumer, from_config, subscriber_client
+from consumers.pubsub.source import PubSubConsumer, from_config, subscriber_client
 
 JOB = "noop"
 TENANT = "bench"

@@ -2,11 +2,12 @@
 
 The database starts with 1,000,000 ``succeeded`` rows (settled when the run starts). One
 producer thread offers ``--rate`` deliveries per second through
-:class:`~bridge.inbox.Inbox` in batches of 10, on a fixed schedule (a batch that falls behind is
-sent at once, never dropped); a :class:`~bridge.worker.WorkerPool` of 16 threads drains them
-(no-op class B handler); the purge runs beside it (:meth:`~bridge.store.PostgresStore.purge_batch`,
-batches of ``PURGE_BATCH`` every second, rows older than ``--retention``), so from then on the
-oldest terminal rows are deleted while new ones arrive; autovacuum must be on.
+:class:`~bridge.ingest.inbox.Inbox` in batches of 10, on a fixed schedule (a batch that falls behind
+is sent at once, never dropped); a :class:`~bridge.runtime.worker.WorkerPool` of 16 threads drains
+them (no-op class B handler); the purge runs beside it
+(:meth:`~bridge.store.PostgresStore.purge_batch`, batches of ``PURGE_BATCH`` every second, rows
+older than ``--retention``), so from then on the oldest terminal rows are deleted while new ones
+arrive; autovacuum must be on.
 
 Every 30 s window reports: deliveries offered and settled per second, the latency of the
 pool's claim transactions (each claim, claim of handed-off keys, or settle-and-claim, as the
@@ -51,14 +52,14 @@ from bench.store import (
     server,
 )
 from bench.workers import JOB_TYPE, Noop, Settled
-from bridge.collector import settle_in
-from bridge.decode import RawDelivery
+from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.registry import Registry
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.collector import settle_in
+from bridge.runtime.worker import CLAIMERS_DEFAULT, WorkerPool
 from bridge.service import Supervised
 from bridge.store import PostgresStore
-from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
 WINDOW_SECONDS = 30.0
 PURGE_BATCH = 1000

@@ -69,8 +69,8 @@ from psycopg.rows import TupleRow
 
 from bridge import embedded, sql
 from bridge.database import DATABASE_URL_ENV
-from bridge.migrate import migrate
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 from bridge.store.postgres import insert_params
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
 from bridge.types import Delivery, TargetClass

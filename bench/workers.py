@@ -17,7 +17,7 @@ configuration's rate with its measured peak and mean, the best of each system wh
 stayed within 16 in every round beside fencebridge's best within 16, and the best of each
 overall, whatever its jobs in flight.
 
-* ``fencebridge``: :class:`~bridge.worker.WorkerPool` with a class B handler that returns at
+* ``fencebridge``: :class:`~bridge.runtime.worker.WorkerPool` with a class B handler that returns at
   once (the cheapest executor), swept over claimers and over processes (N processes of 16 / N
   threads each, as N replicas would run), with tenant fairness on (the default) and once off;
   the store is opened as ``fencebridge run`` opens it, its pool holding a connection per
@@ -84,16 +84,16 @@ from bench.store import (
     report_facts,
     server,
 )
-from bridge.collector import settle_in
 from bridge.database import open_pool
 from bridge.events import EventCounter
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
-from bridge.migrate import migrate
-from bridge.registry import Registry
+from bridge.runtime.collector import settle_in
+from bridge.runtime.worker import CLAIMERS_DEFAULT, WorkerPool
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 from bridge.types import Claim, Delivery, State, TargetClass
-from bridge.worker import CLAIMERS_DEFAULT, WorkerPool
 
 FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING, LOOP = (
     "fencebridge",

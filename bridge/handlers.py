@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from bridge.deadline import DeadlineExceeded, TransactionDeadline
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
-from bridge.outbox import NO_OUTBOX, NoOutbox, Outbox
+from bridge.outbox.publish import NO_OUTBOX, NoOutbox, Outbox
 from bridge.types import TargetClass
 
 if TYPE_CHECKING:
     from bridge.database import Connection
-    from bridge.records import ParkedRow
+    from bridge.store.records import ParkedRow
     from bridge.types import Claim
 
 
@@ -291,7 +291,7 @@ class Context:
     #: set once the run's lease is gone (a refused write or renewal, an abandoned run)
     lease_lost: LeaseFlag = field(default_factory=LeaseFlag)
     #: where a class A handler publishes messages, in its fenced transaction
-    #: (:mod:`bridge.outbox`); outside one, publishing raises
+    #: (:mod:`bridge.outbox.publish`); outside one, publishing raises
     outbox: Outbox | NoOutbox = field(default=NO_OUTBOX, repr=False)
     #: the error :meth:`json` raised about this operation's payload, if it raised one
     unreadable_payload: ValueError | None = field(default=None, repr=False)

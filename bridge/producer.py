@@ -1,8 +1,8 @@
 """Messages the bridge decodes: an SQS or Pub/Sub message for one operation, for producers.
 
 The layout is not a second convention to keep in step: it is read from the subscription's own
-decode rules (:class:`~bridge.decode.DecodeRules`, from ``[subscriptions.<name>.decode]``). Each
-identifier goes where its rule looks (an attribute, a JSON pointer into the body), a constant
+decode rules (:class:`~bridge.ingest.decode.DecodeRules`, from ``[subscriptions.<name>.decode]``).
+Each identifier goes where its rule looks (an attribute, a JSON pointer into the body), a constant
 rule is checked rather than sent, and the payload becomes the raw body or the value at its
 pointer. Before a message is handed back it is decoded with those same rules, so a message the
 bridge would quarantine is refused here, with the reason, instead of being sent.
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from bridge.decode import (
+from bridge.errors import FenceBridgeError
+from bridge.ingest.decode import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     DecodeRules,
@@ -35,8 +36,7 @@ from bridge.decode import (
     decode,
     identifier_problem,
 )
-from bridge.errors import FenceBridgeError
-from bridge.outbox_limits import SQS_ID, SQS_TEXT
+from bridge.outbox.limits import SQS_ID, SQS_TEXT
 from bridge.telemetry.propagation import ATTRIBUTE_NAMES
 from bridge.types import Rejection
 

@@ -1,7 +1,7 @@
 """``fencebridge check``: the nine go/no-go controls per job type; one no-go is a no-go.
 
-``--probe`` runs the evidence of controls 3, 4 and 8 (:mod:`bridge.probe`) in a scratch schema
-it creates and drops; without it those controls answer from what they read, and a go among
+``--probe`` runs the evidence of controls 3, 4 and 8 (:mod:`bridge.operator.probe`) in a scratch
+schema it creates and drops; without it those controls answer from what they read, and a go among
 them is shown as ``not probed`` (a warning: the exit code is that of a go).
 """
 
@@ -15,8 +15,8 @@ from bridge.commands.session import table
 from bridge.database import connect, database_url
 
 if TYPE_CHECKING:
-    from bridge.check import Report
     from bridge.commands.arguments import Subcommands
+    from bridge.operator.check import Report
 
 
 def register(commands: Subcommands) -> None:
@@ -44,10 +44,10 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge import probe  # noqa: PLC0415
-    from bridge.check import evaluate, read_database  # noqa: PLC0415
     from bridge.config import load_config  # noqa: PLC0415
     from bridge.errors import ConfigError  # noqa: PLC0415
+    from bridge.operator import probe  # noqa: PLC0415
+    from bridge.operator.check import evaluate, read_database  # noqa: PLC0415
 
     try:
         config = load_config(args.config)

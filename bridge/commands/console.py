@@ -2,7 +2,7 @@
 
 Refuses to start without tokens, and before serving compares the identity key with the
 database's, so no hash is ever shown under the wrong key. The go/no-go page runs
-:func:`bridge.check.evaluate` on a connection of its own, as ``fencebridge check`` does.
+:func:`bridge.operator.check.evaluate` on a connection of its own, as ``fencebridge check`` does.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from bridge.commands.session import identity_hasher, keyed, open_store
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from bridge.check import Report
     from bridge.commands.arguments import Subcommands
     from bridge.config import BridgeConfig
+    from bridge.operator.check import Report
 
 
 def register(commands: Subcommands) -> None:
@@ -94,8 +94,8 @@ def _checks(config: BridgeConfig, url: str) -> Callable[[], Report]:
     """The go/no-go report, read afresh on a connection of its own each time it is asked for."""
 
     def report() -> Report:
-        from bridge.check import evaluate, read_database  # noqa: PLC0415
         from bridge.database import connect  # noqa: PLC0415
+        from bridge.operator.check import evaluate, read_database  # noqa: PLC0415
 
         with connect(url) as conn:
             facts = read_database(conn)

@@ -22,9 +22,9 @@ from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
-    from bridge.outbox_resend import ResendAudit
-    from bridge.records import AttemptRecord, ErasureRecord, OperationHistory
-    from bridge.relay import OutboxRecord
+    from bridge.operator.resend import ResendAudit
+    from bridge.outbox.relay import OutboxRecord
+    from bridge.store.records import AttemptRecord, ErasureRecord, OperationHistory
 
 
 def register(commands: Subcommands) -> None:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
     """The operation's outbox messages (the PostgreSQL store has them)."""
-    from bridge.relay import OutboxStore  # noqa: PLC0415
+    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415
     from bridge.store import PostgresStore  # noqa: PLC0415
 
     if not isinstance(store, PostgresStore):
@@ -127,7 +127,7 @@ def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxReco
 
 def _resends(store: object, tenant_id: str, operation_id: str) -> list[ResendAudit]:
     """Who sent the operation's parked outbox messages back, and why."""
-    from bridge.outbox_resend import OutboxResend  # noqa: PLC0415
+    from bridge.operator.resend import OutboxResend  # noqa: PLC0415
     from bridge.store import PostgresStore  # noqa: PLC0415
 
     if not isinstance(store, PostgresStore):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from bridge.commands.arguments import add_database_flag
 from bridge.database import connect, database_url
-from bridge.migrate import current_version, migrate
+from bridge.store.migrate import current_version, migrate
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands

@@ -16,8 +16,8 @@ from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
-    from bridge.relay import OutboxStore
-    from bridge.retention import Stream
+    from bridge.operator.retention import Stream
+    from bridge.outbox.relay import OutboxStore
 
 
 def register(commands: Subcommands) -> None:
@@ -48,7 +48,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operations import purge  # noqa: PLC0415
+    from bridge.operator.actions import purge  # noqa: PLC0415
 
     older_than: timedelta | None = args.older_than
     tombstone_days: int = args.tombstone_days or TOMBSTONE_DAYS_DEFAULT
@@ -111,7 +111,7 @@ def _refuse_within_redelivery(
     """Refuse, before anything is deleted, a purge that ``fencebridge check`` would call no-go:
     its age or its tombstone horizon within the redelivery window of the configuration's
     subscriptions, or of any installed source when no configuration names them."""
-    from bridge.retention import every_installed_source, within_redelivery  # noqa: PLC0415
+    from bridge.operator.retention import every_installed_source, within_redelivery  # noqa: PLC0415
 
     hint = "pass --force"
     if streams is None:
@@ -124,7 +124,7 @@ def _refuse_within_redelivery(
 
 def _outbox(store: object) -> OutboxStore | None:
     """The outbox's statements on the command's store (the PostgreSQL store has them)."""
-    from bridge.relay import OutboxStore  # noqa: PLC0415
+    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415
     from bridge.store import PostgresStore  # noqa: PLC0415
 
     return OutboxStore(store.pool) if isinstance(store, PostgresStore) else None

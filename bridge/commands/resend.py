@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from bridge.commands.arguments import Subcommands
     from bridge.database import Connection
-    from bridge.outbox_resend import Resent
+    from bridge.operator.resend import Resent
 
 
 def register(commands: Subcommands) -> None:
@@ -51,7 +51,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.outbox_resend import OutboxResend, ParkedSelection  # noqa: PLC0415
+    from bridge.operator.resend import OutboxResend, ParkedSelection  # noqa: PLC0415
 
     if args.operation is not None and args.tenant is None:
         raise usage("--operation needs --tenant")

@@ -30,10 +30,10 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.collector import settle_in  # noqa: PLC0415
     from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
     from bridge.identity import IdentityHasher  # noqa: PLC0415
-    from bridge.runtime import open_bridge  # noqa: PLC0415
+    from bridge.runtime.collector import settle_in  # noqa: PLC0415
+    from bridge.runtime.process import open_bridge  # noqa: PLC0415
     from bridge.store import PostgresStore  # noqa: PLC0415
     from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 destinations=list(config.outbox),
                 subscriptions=list(config.subscriptions),
             )
-        settle_in()  # the collector leaves what the start made alone (bridge.collector)
+        settle_in()  # the collector leaves what the start made alone (bridge.runtime.collector)
         try:
             bridge.run_until_signalled()
         finally:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.commands.arguments import KEY_NOTE, add_database_flag, positive, usage
 from bridge.commands.session import identity_hasher, keyed, open_store, print_json, table
-from bridge.shadow import LISTED_DEFAULT
+from bridge.operator.shadow import LISTED_DEFAULT
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
-    from bridge.shadow import Comparison, JobComparison
+    from bridge.operator.shadow import Comparison, JobComparison
     from bridge.types import Key
 
 _COLUMNS = (
@@ -93,7 +93,7 @@ def register(commands: Subcommands) -> None:
 
 def report(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415
-    from bridge.shadow import (  # noqa: PLC0415
+    from bridge.operator.shadow import (  # noqa: PLC0415
         SORT_RUN_DEFAULT,
         compare,
         effect,

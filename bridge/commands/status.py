@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
     """The outbox backlog per destination (destination names only, never an identifier)."""
-    from bridge.relay import OutboxStore  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415  (keeps `--help` fast)
     from bridge.store import PostgresStore  # noqa: PLC0415
 
     if not isinstance(store, PostgresStore):

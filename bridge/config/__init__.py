@@ -1,8 +1,8 @@
 """The bridge's configuration: one TOML file, read into frozen pydantic models and checked whole.
 
 Every key is declared once, as a field of a model (:mod:`bridge.config.model` for the core,
-each adapter's :class:`~bridge.sources.SourceSettings` for its broker's keys) holding its type,
-range, default and documentation. The same declaration reads the file, rejects what is wrong,
+each adapter's :class:`~bridge.adapters.sources.SourceSettings` for its broker's keys) holding its
+type, range, default and documentation. The same declaration reads the file, rejects what is wrong,
 writes the reference (:func:`reference_markdown`, published as ``docs/configuration.md``;
 regenerate it with ``python -m bridge.config``) and the JSON Schema editors validate the file
 with (``fencebridge config schema``), so none of them can drift from what is enforced.

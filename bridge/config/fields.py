@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from bridge.decode import FieldSource, PayloadSource, SourceKind, identifier_problem
+from bridge.ingest.decode import FieldSource, PayloadSource, SourceKind, identifier_problem
 from bridge.store.work import Rate
 
 #: the error type of a problem written in our own words (see :func:`invalid`)

@@ -18,7 +18,8 @@ from typing import Any, Final, Generic, TypeVar, cast
 
 from pydantic import ValidationError
 
-from bridge import sinks, sources
+from bridge.adapters import sinks, sources
+from bridge.adapters.plugins import Plugins
 from bridge.config.fields import NAME_RULE, Table, either, name_problem, shown
 from bridge.config.model import (
     DECLARED_JOBS,
@@ -32,7 +33,6 @@ from bridge.config.model import (
 from bridge.config.problems import Scope, Where, did_you_mean, messages
 from bridge.database import DATABASE_URL_ENV
 from bridge.errors import ConfigError
-from bridge.plugins import Plugins
 
 TOP_LEVEL: Final = ("bridge", "jobs", "subscriptions", "retention", "outbox")
 #: the one key refused anywhere in the file: the database URL holds credentials

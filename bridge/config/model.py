@@ -2,7 +2,8 @@
 default and documentation, which the reader, the reference and the JSON Schema all use.
 
 The keys of a subscription that belong to its broker are not here: the adapter declares them
-(:class:`~bridge.sources.SourceSettings`) and :attr:`SubscriptionConfig.settings` holds them.
+(:class:`~bridge.adapters.sources.SourceSettings`) and :attr:`SubscriptionConfig.settings` holds
+them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ from bridge.database import (
     STATEMENT_TIMEOUT_DEFAULT,
     SessionTimeouts,
 )
-from bridge.decode import (
+from bridge.errors import ConfigError
+from bridge.handlers import RATE_LIMIT_WAIT_MAX_DEFAULT
+from bridge.ingest.decode import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     DecodeRules,
@@ -57,8 +60,6 @@ from bridge.decode import (
     PayloadSource,
     SourceKind,
 )
-from bridge.errors import ConfigError
-from bridge.handlers import RATE_LIMIT_WAIT_MAX_DEFAULT
 from bridge.service import (
     UNHEALTHY_AFTER_RESTARTS_DEFAULT,
     UNHEALTHY_AFTER_SECONDS_DEFAULT,

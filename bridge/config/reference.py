@@ -18,7 +18,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from bridge import sinks, sources
+from bridge.adapters import sinks, sources
 from bridge.config.fields import SPELLING, Shown, Sources, either
 from bridge.config.model import (
     BridgeSettings,
@@ -29,7 +29,7 @@ from bridge.config.model import (
     SubscriptionConfig,
 )
 from bridge.database import DATABASE_URL_ENV
-from bridge.decode import REASONS, RULES_MARKDOWN, FieldSource, PayloadSource, SourceKind
+from bridge.ingest.decode import REASONS, RULES_MARKDOWN, FieldSource, PayloadSource, SourceKind
 
 INTRO: Final = f"""\
 fencebridge reads one TOML file: process settings in `[bridge]`, one `[jobs.<name>]` table per

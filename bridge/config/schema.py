@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal, Union, cast
 
 from pydantic import BaseModel, Field, create_model
 
-from bridge import sinks, sources
+from bridge.adapters import sinks, sources
 from bridge.config.fields import NAME_PATTERN, TABLE_CONFIG
 from bridge.config.model import (
     BridgeSettings,

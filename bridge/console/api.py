@@ -7,8 +7,8 @@ history; the answer carries the hashes only. Payload bytes are read by one route
 (``POST /payload``, the payload role, a reason required), and the statement that reads them
 writes the audit entry of that view.
 
-The go/no-go table is :func:`bridge.check.evaluate`'s report, as ``fencebridge check`` prints
-it: the console shows what the check decides and decides nothing itself.
+The go/no-go table is :func:`bridge.operator.check.evaluate`'s report, as ``fencebridge check``
+prints it: the console shows what the check decides and decides nothing itself.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bridge import keyring
-from bridge.check import Report
 from bridge.config import BridgeConfig
 from bridge.console.auth import Principal, Role
 from bridge.console.openapi import document
 from bridge.identity import IdentityHasher
-from bridge.operations import Redrive, RedriveReport
-from bridge.records import OperationHistory
+from bridge.operator.actions import Redrive, RedriveReport
+from bridge.operator.check import Report
 from bridge.store.operator import OperatorStore
+from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
 log = logging.getLogger(__name__)

@@ -216,7 +216,7 @@ class PubSubEmulator:
 
     def subscriber(self) -> Any:
         """A shared subscriber client for test set-up and inspection (a consumer gets its own,
-        from :func:`consumers.pubsub.subscriber_client`)."""
+        from :func:`consumers.pubsub.source.subscriber_client`)."""
         if self._subscriber is None:
             self._subscriber = with_emulator_host(self.host, pubsub_v1.SubscriberClient)
         return self._subscriber

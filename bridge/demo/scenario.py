@@ -43,9 +43,9 @@ from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.errors import ConfigError
 from bridge.handlers import Context, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.migrate import migrate
-from bridge.runtime import Bridge, build_registry
+from bridge.runtime.process import Bridge, build_registry
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 from bridge.types import State
 
 TENANTS = ("acme", "globex")

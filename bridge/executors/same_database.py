@@ -12,8 +12,8 @@ during COMMIT: then nothing is written here; if the commit did land the row is s
 never claimed again, and if it did not, the lease runs out and the next claim runs the handler
 again with nothing to undo.
 
-Messages the handler publishes (``ctx.outbox.publish``, :mod:`bridge.outbox`) are rows written
-in the same transaction: they commit with the business write and the completion, or vanish
+Messages the handler publishes (``ctx.outbox.publish``, :mod:`bridge.outbox.publish`) are rows
+written in the same transaction: they commit with the business write and the completion, or vanish
 with them. The relay sends them after commit.
 
 The transaction runs under the handler's deadline (:mod:`bridge.deadline`): a handler blocked on
@@ -31,7 +31,7 @@ from bridge.deadline import DeadlineExceeded
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.executors.settlement import Run, as_success, settle_outcome
 from bridge.handlers import Ambiguous, RetryLater, SameDatabaseHandler, Success, classify
-from bridge.outbox import NO_OUTBOX, Outbox
+from bridge.outbox.publish import NO_OUTBOX, Outbox
 from bridge.types import State
 
 #: the outcome code of a run whose transaction outlived its handler's deadline

@@ -22,6 +22,7 @@ from functools import partial
 from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import WorkEvents
 from bridge.executors.completer import RunSettler
+from bridge.executors.registry import JobSpec
 from bridge.handlers import (
     Ambiguous,
     Context,
@@ -33,7 +34,6 @@ from bridge.handlers import (
     Success,
     TerminalFailure,
 )
-from bridge.registry import JobSpec
 from bridge.store.work import Settlement, WorkStore
 from bridge.types import Claim, State
 

@@ -1,6 +1,6 @@
 """The work store as an operator sees it: histories, parked work and the moves a person makes.
 
-The operator commands (:mod:`bridge.commands`) and :mod:`bridge.operations` depend on
+The operator commands (:mod:`bridge.commands`) and :mod:`bridge.operator.actions` depend on
 :class:`OperatorStore`. It shares with the runtime only what both need: writing a batch (a
 redrive re-decodes a quarantined delivery into the inbox), the counts and the sweep. Every move
 here is guarded inside its statement and audited; a dry run executes the same statement and
@@ -13,7 +13,14 @@ from collections.abc import Generator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, Protocol
 
-from bridge.records import (
+from bridge.store.listing import (
+    FigurePoint,
+    GroupCount,
+    PayloadView,
+    RejectedSummary,
+    RowSummary,
+)
+from bridge.store.records import (
     ErasureCounts,
     ErasureRecord,
     LiftedWait,
@@ -25,13 +32,6 @@ from bridge.records import (
     RejectedStatus,
     ResolvedDelivery,
     SeenOperation,
-)
-from bridge.store.listing import (
-    FigurePoint,
-    GroupCount,
-    PayloadView,
-    RejectedSummary,
-    RowSummary,
 )
 from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,

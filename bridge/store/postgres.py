@@ -64,7 +64,15 @@ from bridge.errors import (
     StoreError,
     StoreUnavailable,
 )
-from bridge.records import (
+from bridge.store.listing import (
+    FigurePoint,
+    GroupCount,
+    PayloadView,
+    RejectedSummary,
+    RowSummary,
+)
+from bridge.store.operator import SHADOW_PAGE_DEFAULT
+from bridge.store.records import (
     AttemptRecord,
     ErasureCounts,
     ErasureRecord,
@@ -81,14 +89,6 @@ from bridge.records import (
     SeenOperation,
     WorkRecord,
 )
-from bridge.store.listing import (
-    FigurePoint,
-    GroupCount,
-    PayloadView,
-    RejectedSummary,
-    RowSummary,
-)
-from bridge.store.operator import SHADOW_PAGE_DEFAULT
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     PRIORITY_AGING_DEFAULT,

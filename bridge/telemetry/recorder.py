@@ -30,7 +30,7 @@ from bridge.telemetry.propagation import link_to
 from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, State, Stats
 
 if TYPE_CHECKING:
-    from bridge.decode import RawDelivery
+    from bridge.ingest.decode import RawDelivery
     from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
     from bridge.types import Stats as _Stats
 
@@ -50,7 +50,7 @@ class GaugeSource(Protocol):
 
 
 class OutboxBacklog(Protocol):
-    """**Protocol**: one outbox destination's backlog (:class:`bridge.relay.OutboxDepth`)."""
+    """**Protocol**: one outbox destination's backlog (:class:`bridge.outbox.relay.OutboxDepth`)."""
 
     @property
     def destination(self) -> str: ...
@@ -66,7 +66,7 @@ decisions_log = logging.getLogger("fencebridge.decisions")
 
 
 class Decided(Protocol):
-    """A delivery the inbox has written and decided on (:class:`bridge.inbox.Written`).
+    """A delivery the inbox has written and decided on (:class:`bridge.ingest.inbox.Written`).
 
     Declared here, not imported, so that telemetry does not depend on the inbox it observes.
     """

@@ -24,7 +24,6 @@ import pytest
 from bridge import sql
 from bridge.config import parse_config
 from bridge.database import DATABASE_URL_ENV, Connection
-from bridge.decode import RawDelivery, decode
 from bridge.handlers import (
     Applied,
     CannotTell,
@@ -36,6 +35,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
+from bridge.ingest.decode import RawDelivery, decode
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Rejection, State, TargetClass, Ticket
 

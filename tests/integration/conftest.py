@@ -14,8 +14,8 @@ import pytest
 
 from bridge import embedded
 from bridge.errors import ConfigError
-from bridge.migrate import migrate
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 from tests.support.clock import Clock
 from tests.support.cluster import Cluster, throwaway_cluster
 from tests.support.postgres import create_database, drop_database, unique_name

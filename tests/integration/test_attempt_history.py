@@ -13,8 +13,8 @@ import pytest
 from bridge import keyring
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
-from bridge.records import AttemptRecord
 from bridge.store import PostgresStore, Settlement
+from bridge.store.records import AttemptRecord
 from bridge.types import Key, RedriveFilter, State, TargetClass
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery

@@ -23,12 +23,12 @@ from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.executors.completer import BatchCompleter
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandler, TerminalFailure
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore, SettledClaim, Settlement
 from bridge.types import Claim, Delivery, State, TargetClass, Ticket
-from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.waiting import eventually
 

@@ -20,13 +20,15 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
-from bridge import probe, sources, sql
-from bridge.check import Report, evaluate, read_database
+from bridge import sql
+from bridge.adapters import sources
+from bridge.adapters.sources import ProbedAcks, SourceAdapter
 from bridge.config import BridgeConfig, SubscriptionConfig, load_config
-from bridge.decode import RawDelivery
 from bridge.errors import FenceBridgeError
-from bridge.inbox import Inbox
-from bridge.sources import ProbedAcks, SourceAdapter
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
+from bridge.operator import probe
+from bridge.operator.check import Report, evaluate, read_database
 from bridge.store import PostgresStore
 from bridge.types import Delivery, TargetClass
 from tests.acceptance.test_cli_check import RETENTION

@@ -29,7 +29,6 @@ from schemathesis import Case
 from schemathesis.checks import positive_data_acceptance
 
 from bridge import keyring
-from bridge.check import Report, evaluate, read_database
 from bridge.config import parse_config
 from bridge.console.api import ROUTES, ConsoleApi
 from bridge.console.auth import Role, Tokens
@@ -39,6 +38,7 @@ from bridge.database import connect
 from bridge.errors import ConfigError
 from bridge.handlers import Applied, Context, IdempotentApiHandler, Success
 from bridge.identity import IdentityHasher
+from bridge.operator.check import Report, evaluate, read_database
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Rejection, TargetClass
 from tests.support.bridge_process import free_port

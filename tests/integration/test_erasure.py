@@ -15,12 +15,12 @@ import psycopg
 import pytest
 
 from bridge import keyring
-from bridge.decode import RawDelivery
 from bridge.errors import ConfigError, ErasureRefused, StoreUnavailable
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.records import ErasureCounts
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
+from bridge.store.records import ErasureCounts
 from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery

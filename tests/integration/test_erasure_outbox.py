@@ -21,10 +21,10 @@ from bridge.database import DATABASE_URL_ENV
 from bridge.demo import invoices
 from bridge.errors import ErasureRefused
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE
-from bridge.records import ErasureCounts
-from bridge.relay import DestinationRelay, OutboxStore
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
+from bridge.store.records import ErasureCounts
 from bridge.types import Key
 from tests.integration.test_outbox import (
     DESTINATION,

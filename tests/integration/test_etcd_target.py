@@ -18,9 +18,9 @@ from bridge.demo.emulator import free_port
 from bridge.errors import FencedOut
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import Ambiguous, Context, RetryLater, TerminalFailure
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.targets.etcd import EtcdClient, fence_key, fenced_put, stored_fence
 from bridge.types import Delivery, Key, TargetClass

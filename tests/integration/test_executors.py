@@ -28,6 +28,7 @@ from bridge.demo.provider import (
 from bridge.errors import LeaseLost
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import (
     Ambiguous,
     Applied,
@@ -46,7 +47,6 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import (
     Claim,

@@ -18,11 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

@@ -22,6 +22,7 @@ from bridge.demo.payments import ChargeCustomer
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import Ambiguous, Context, RetryPolicy
 from bridge.identity import (
     IDENTITY_KEY_ENV,
@@ -32,7 +33,6 @@ from bridge.identity import (
     shown,
 )
 from bridge.keyring import IdentityKeyMismatch
-from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, State, TargetClass
 from tests.support.clock import Clock

@@ -11,8 +11,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from bridge.decode import RawDelivery
-from bridge.inbox import Deferred, Inbox, Written
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.store import PostgresStore
 from bridge.store.work import QuotaDeferred
 from bridge.types import (

@@ -23,16 +23,16 @@ from psycopg import conninfo
 
 from bridge import keyring
 from bridge.database import APPLICATION_NAME
-from bridge.decode import RawDelivery
 from bridge.errors import StoreUnavailable
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox, Written
-from bridge.registry import Registry
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox, Written
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit, WorkStore
 from bridge.types import Claim, Decision, Delivery, InsertClaim, State
-from bridge.worker import WorkerPool
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
 from tests.support.held import HeldRows

@@ -32,12 +32,12 @@ import pytest
 
 from bridge.demo import payments
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider, ProviderTimeout
+from bridge.executors.registry import Registry
 from bridge.handlers import Ambiguous, Context, RetryPolicy, Success
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State
-from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

@@ -23,19 +23,19 @@ from tenacity import wait_fixed
 
 from bridge import sql
 from bridge.errors import MigrationError, StoreError
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
-from bridge.migrate import (
+from bridge.runtime.worker import WorkerPool
+from bridge.store import PostgresStore
+from bridge.store.migrate import (
     RELEASED_CHECKSUMS,
     Applied,
     current_version,
     migrate,
     require_current,
 )
-from bridge.registry import Registry
-from bridge.store import PostgresStore
 from bridge.types import Claim, State
-from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.postgres import create_database, drop_database, unique_name
 from tests.support.waiting import eventually
@@ -413,7 +413,7 @@ def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then
             except BaseException as exc:  # noqa: BLE001  (reported to the test thread)
                 errors.append(exc)
 
-        caplog.set_level(logging.INFO, logger="bridge.migrate")
+        caplog.set_level(logging.INFO, logger="bridge.store.migrate")
         migrator = threading.Thread(target=run)
         migrator.start()
         eventually(lambda: "gave way" in caplog.text, "the migrator gave way at least once")

@@ -20,15 +20,9 @@ import pytest
 from psycopg import errors
 
 from bridge import keyring, sql
-from bridge.check import (
-    build_handler,
-    evaluate,
-    lookup_problem,
-    read_database,
-)
 from bridge.config import parse_config
-from bridge.decode import RawDelivery, decode
 from bridge.errors import ConfigError
+from bridge.executors.registry import Registry, load_handler
 from bridge.handlers import (
     Applied,
     CannotTell,
@@ -40,8 +34,14 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.operations import Redrive, RejectionFilter, purge, resolve
-from bridge.registry import Registry, load_handler
+from bridge.ingest.decode import RawDelivery, decode
+from bridge.operator.actions import Redrive, RejectionFilter, purge, resolve
+from bridge.operator.check import (
+    build_handler,
+    evaluate,
+    lookup_problem,
+    read_database,
+)
 from bridge.store import PostgresStore, Settlement
 from bridge.types import Decision, Delivery, Key, RedriveFilter, Rejection, State, TargetClass
 from tests.support.roles import Roles, apply_roles, drop_roles

@@ -31,23 +31,23 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bridge import keyring, sql
+from bridge.adapters.sinks import Refusal, Refused
 from bridge.config import read_destination
 from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.demo import invoices
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
-from bridge.registry import Registry
-from bridge.relay import DestinationRelay, OutboxStore, RelayLost
-from bridge.sinks import Refusal, Refused
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
+from bridge.outbox.relay import DestinationRelay, OutboxStore, RelayLost
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.types import Key, State
-from consumers import sns_sink
+from consumers.sns import sink as sns_sink
 from tests.support.deliveries import for_job
 from tests.support.outbox import destination, drain, sqs_sink
 from tests.support.roles import Roles, apply_roles, drop_roles

@@ -26,15 +26,15 @@ from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE
-from bridge.registry import Registry
-from bridge.relay import DestinationRelay, OutboxStore
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key
-from consumers import sns_sink
+from consumers.sns import sink as sns_sink
 from tests.support.deliveries import for_job
 from tests.support.outbox import destination, drain, sqs_sink
 from tests.support.sqs_proxy import Fault, sqs_proxy

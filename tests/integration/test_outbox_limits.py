@@ -24,12 +24,12 @@ from bridge.config import parse_config
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry, build_registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import OutboxError
-from bridge.registry import Registry, build_registry
-from bridge.relay import OutboxStore
+from bridge.outbox.publish import OutboxError
+from bridge.outbox.relay import OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key, State
 from tests.support.deliveries import for_job

@@ -27,12 +27,12 @@ import pytest
 from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE
-from bridge.registry import Registry
-from bridge.relay import DestinationRelay, OutboxStore
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key
 from tests.support.deliveries import for_job

@@ -22,8 +22,8 @@ import pytest
 
 from bridge.config import parse_config
 from bridge.identity import IdentityHasher
-from bridge.runtime import open_bridge, pool_size
-from consumers.sqs import SqsSettings
+from bridge.runtime.process import open_bridge, pool_size
+from consumers.sqs.source import SqsSettings
 from tests.support.bridge_process import Job, SqsBridgeConfig, free_port
 from tests.support.handlers import create_tables
 from tests.support.sqs_server import SqsServer, sqs_server_process

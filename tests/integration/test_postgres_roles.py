@@ -19,8 +19,8 @@ from psycopg import errors, sql
 from bridge import keyring
 from bridge import sql as bridge_sql
 from bridge.identity import IdentityHasher
-from bridge.migrate import current_version, migrate
 from bridge.store import PostgresStore
+from bridge.store.migrate import current_version, migrate
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 from tests.support.erasure import erase_operation
 from tests.support.postgres import create_database, drop_database, unique_name

@@ -23,15 +23,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from bridge.config import load_config
-from bridge.decode import decode
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
+from bridge.ingest.decode import decode
+from bridge.ingest.inbox import Inbox
 from bridge.producer import Producer
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.types import Key
-from consumers.sqs import SqsConsumer
+from consumers.sqs.source import SqsConsumer
 from tests.support.sqs_server import SqsServer, sqs_server
 from tests.support.waiting import eventually
 

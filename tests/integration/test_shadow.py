@@ -19,12 +19,12 @@ import pytest
 
 from bridge import keyring
 from bridge.cli import main
-from bridge.decode import RawDelivery
 from bridge.errors import StoreError
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.inbox import Inbox
-from bridge.operations import purge
-from bridge.shadow import Effect, ShadowWrites, compare, in_key_order
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
+from bridge.operator.actions import purge
+from bridge.operator.shadow import Effect, ShadowWrites, compare, in_key_order
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, Rejection
 from tests.support.deliveries import delivery
@@ -428,7 +428,7 @@ def test_the_report_holds_a_page_of_the_record_and_a_run_of_the_log_whatever_the
     sorted log, never the record or the log (both made small here, so that these are many
     pages and runs). Reading everything, the larger report takes four times the memory."""
     monkeypatch.setattr("bridge.store.operator.SHADOW_PAGE_DEFAULT", 200, raising=False)
-    monkeypatch.setattr("bridge.shadow.SORT_RUN_DEFAULT", 2000, raising=False)
+    monkeypatch.setattr("bridge.operator.shadow.SORT_RUN_DEFAULT", 2000, raising=False)
     sizes = {"small": 2000, "large": 8000}
     made = {name: shadow_and_effects(store, name, n, seed=n) for name, n in sizes.items()}
     logs = {name: write_effects(db, tmp_path, name, s, source) for name, s in made.items()}

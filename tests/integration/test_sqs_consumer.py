@@ -30,14 +30,14 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.compat import HTTPHeaders
 
 from bridge.config import parse_config
-from bridge.decode import decode
 from bridge.handlers import Handler
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.runtime import build_registry
+from bridge.ingest.decode import decode
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.process import build_registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.worker import WorkerPool
-from consumers.sqs import SqsConsumer
+from consumers.sqs.source import SqsConsumer
 from tests.support.bridge_process import Job, SqsBridgeConfig
 from tests.support.handlers import RecordEffect, SteadyProgress, create_tables
 from tests.support.sqs_proxy import DELETE_BATCH, RECEIVE, Fault, sqs_proxy

@@ -26,16 +26,16 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from psycopg import sql
 
 from bridge.config import BridgeConfig, parse_config
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
-from bridge.runtime import Bridge, build_registry
+from bridge.runtime.process import Bridge, build_registry
+from bridge.runtime.worker import WorkerPool
 from bridge.service import Backoff, Deadline, Limits, Service
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
-from bridge.worker import WorkerPool
-from consumers.sqs import SqsSettings
+from consumers.sqs.source import SqsSettings
 from tests.support.bridge_process import Job, SqsBridgeConfig, free_port
 from tests.support.deliveries import for_job
 from tests.support.roles import Roles, apply_roles, drop_roles
@@ -298,7 +298,7 @@ def test_handlers_stuck_past_their_lease_fail_readiness_and_every_thread_stuck_l
     bridge = Bridge(config, bridge_store, HASHER, registry=registry)
     port = config.bridge.health_port
     store.ingest([for_job(registry, "steady", "slow")])
-    caplog.set_level(logging.ERROR, logger="bridge.heartbeat")
+    caplog.set_level(logging.ERROR, logger="bridge.runtime.heartbeat")
     bridge.start()
     try:
         assert steady.started.wait(60)

@@ -18,9 +18,9 @@ from moto.server import ThreadedMotoServer
 from bridge.errors import FencedOut
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, Success
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.targets.dynamodb import fenced_put, fenced_update
 from bridge.types import Claim, Delivery, Key, TargetClass

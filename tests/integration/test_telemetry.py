@@ -49,8 +49,8 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bridge.config import parse_config
-from bridge.decode import DecodeRules, FieldSource, JobRule, PayloadSource, RawDelivery, decode
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import (
     Applied,
     ConditionalWriteHandler,
@@ -63,9 +63,16 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.registry import Registry
-from bridge.runtime import Bridge, build_registry
+from bridge.ingest.decode import (
+    DecodeRules,
+    FieldSource,
+    JobRule,
+    PayloadSource,
+    RawDelivery,
+    decode,
+)
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.process import Bridge, build_registry
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit
 from bridge.targets.postgres import fenced_write

@@ -22,12 +22,12 @@ from bridge.demo import invoices
 from bridge.errors import StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import Context, RetryPolicy, SameDatabaseHandler, Success
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.types import Key
-from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

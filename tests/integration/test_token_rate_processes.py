@@ -32,12 +32,12 @@ from typing import Any
 import psycopg
 
 from bridge.database import SessionTimeouts
+from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.store.work import Rate, TokenRate
 from bridge.types import Decision
-from bridge.worker import WorkerPool
 from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded

@@ -22,12 +22,12 @@ import pytest
 
 from bridge.demo import payments
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
+from bridge.executors.registry import Registry
 from bridge.handlers import Context, RetryPolicy, Success, UnfencedHandler
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery
-from bridge.worker import WorkerPool
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 

@@ -22,9 +22,9 @@ import pytest
 
 from bridge import sql
 from bridge.database import APPLICATION_NAME
-from bridge.decode import RawDelivery
 from bridge.demo import balances, invoices, payments
 from bridge.demo.provider import PaymentClient, PaymentProvider
+from bridge.executors.registry import Registry
 from bridge.handlers import (
     ConditionalWriteHandler,
     Context,
@@ -34,12 +34,12 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
-from bridge.registry import Registry
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
+from bridge.runtime.sweeper import Sweeper
+from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.sweeper import Sweeper
 from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
-from bridge.worker import WorkerPool
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
 from tests.support.held import HeldRows
@@ -972,7 +972,7 @@ def test_runs_end_at_their_handover_and_a_reaction_that_raises_in_the_writer_sto
         original(ctx)
 
     quick.handle = noting  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="bridge.worker"):
+    with caplog.at_level(logging.ERROR, logger="bridge.runtime.worker"):
         pool = pools(registry, threads=8, events=events)
         eventually(lambda: states(db) == {"succeeded": len(ops)}, "every row settled", DEADLINE)
     assert sorted(quick.ran) == ops  # each ran once

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bridge.registry import Registry
+from bridge.executors.registry import Registry
 from bridge.types import Delivery, TargetClass
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bridge.identity import IdentityHasher
-from bridge.records import ErasureCounts
 from bridge.store import PostgresStore
+from bridge.store.records import ErasureCounts
 
 
 def erase_operation(

@@ -21,9 +21,9 @@ from datetime import timedelta
 
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, Quarantine, Success
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
 from bridge.store import PostgresStore
 from bridge.targets.etcd import EtcdClient, fenced_put
 from bridge.types import Key

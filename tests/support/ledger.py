@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 
 from bridge.errors import FencedOut
+from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, RetryPolicy
-from bridge.registry import Registry
 
 Db = psycopg.Connection[Any]
 

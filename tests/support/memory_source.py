@@ -1,7 +1,7 @@
 """A broker adapter kept in this process's memory: the smallest complete adapter.
 
 It is everything a new broker needs, in one module: its subscription keys (a
-:class:`~bridge.sources.SourceSettings`), its consumer and its :data:`ADAPTER`, which a
+:class:`~bridge.adapters.sources.SourceSettings`), its consumer and its :data:`ADAPTER`, which a
 distribution registers under the ``fencebridge.sources`` entry point. Nothing in ``bridge/``
 knows it: :func:`register` writes the metadata of a distribution that declares it, the way
 an installed third-party package would, and the core finds it there.
@@ -18,13 +18,13 @@ from typing import Final
 
 from pydantic import Field, StrictInt
 
+from bridge.adapters.holding import stream_status
+from bridge.adapters.sources import ENTRY_POINT_GROUP, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import Name
-from bridge.decode import RawDelivery
-from bridge.holding import stream_status
-from bridge.inbox import Inbox
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Inbox
 from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.sources import ENTRY_POINT_GROUP, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
 
 SOURCE: Final = "memory"

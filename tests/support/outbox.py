@@ -9,7 +9,7 @@ import boto3
 
 from bridge.config import read_destination
 from bridge.config.model import DestinationConfig
-from consumers.sqs_sink import SqsSink
+from consumers.sqs.sink import SqsSink
 from tests.support.sqs_server import REGION, SqsServer
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import conninfo, sql
 
-from bridge.migrate import migrate
+from bridge.store.migrate import migrate
 
 TEST_DATABASE_URL_ENV = "FENCEBRIDGE_TEST_DATABASE_URL"
 

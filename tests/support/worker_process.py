@@ -45,9 +45,9 @@ from bridge.demo import balances, invoices, payments
 from bridge.demo.provider import PaymentClient
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
+from bridge.executors.registry import JobSpec, Registry
 from bridge.handlers import Context, RetryPolicy, Success, UnfencedHandler
 from bridge.identity import IdentityHasher
-from bridge.registry import JobSpec, Registry
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
 from tests.support.processes import ChildProcess
@@ -59,7 +59,8 @@ EXPECT_SECONDS = 60.0
 
 
 def context_for(claim: Claim, hasher: IdentityHasher) -> Context:
-    """The context a worker builds for a claim (as :class:`bridge.worker.WorkerPool` does)."""
+    """The context a worker builds for a claim (as :class:`bridge.runtime.worker.WorkerPool`
+    does)."""
     return Context.for_claim(claim, hasher)
 
 

@@ -1,4 +1,4 @@
-"""The collector's settings for ``fencebridge run``'s process (bridge.collector)."""
+"""The collector's settings for ``fencebridge run``'s process (bridge.runtime.collector)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.collector import YOUNG_THRESHOLD, settle_in
+from bridge.runtime.collector import YOUNG_THRESHOLD, settle_in
 
 
 class Node:

@@ -17,14 +17,14 @@ from bridge.config import (
     read_destination,
     reference_markdown,
 )
-from bridge.decode import FieldSource, PayloadSource, SourceKind
 from bridge.errors import ConfigError
+from bridge.ingest.decode import FieldSource, PayloadSource, SourceKind
 from bridge.types import TargetClass
-from consumers import sqs
-from consumers.pubsub import FlowControl, PubSubSettings
-from consumers.sns_sink import SnsSinkSettings
-from consumers.sqs import SqsSettings
-from consumers.sqs_sink import SqsSinkSettings
+from consumers.pubsub.source import FlowControl, PubSubSettings
+from consumers.sns.sink import SnsSinkSettings
+from consumers.sqs import source as sqs
+from consumers.sqs.sink import SqsSinkSettings
+from consumers.sqs.source import SqsSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "bridge.toml"

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from bridge import sinks, sources
+from bridge.adapters import sinks, sources
 from bridge.config import SubscriptionConfig, config_schema, load_config, parse_config
 from bridge.errors import ConfigError
 from tests.support import memory_source

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.decode import (
+from bridge.ingest.decode import (
     IDENTIFIER_MAX_CHARS,
     DecodeRules,
     FieldSource,

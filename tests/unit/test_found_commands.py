@@ -25,7 +25,7 @@ def test_the_core_commands_load_nothing_of_the_demo() -> None:
     probe = (
         "import sys\n"
         "from bridge.cli import build_parser\n"
-        "import bridge.runtime\n"
+        "import bridge.runtime.process\n"
         "build_parser(['run', '--config', 'bridge.toml']).parse_args(['run', '--config', 'x'])\n"
         "print(sorted(m for m in sys.modules if m.startswith('bridge.demo')))\n"
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bridge.holding import CallResult, Holder
+from bridge.adapters.holding import CallResult, Holder
 from bridge.types import Key, State
 from tests.support.waiting import eventually
 

@@ -85,7 +85,7 @@ def test_json_output_is_one_line_per_record_even_with_a_traceback(
     restore_logging: None,
 ) -> None:
     buffer = captured("json")
-    log = logging.getLogger("bridge.worker")
+    log = logging.getLogger("bridge.runtime.worker")
     try:
         raise RuntimeError("boom\nsecond line")
     except RuntimeError:
@@ -111,12 +111,12 @@ def test_the_text_format_renders_the_structured_fields_after_the_message(
     logging.getLogger("fencebridge.decisions").warning(
         "lease lost", extra={"fencebridge": {n.TENANT_HASH: "t_abc", n.ACTION: "heartbeat"}}
     )
-    logging.getLogger("bridge.runtime").warning("plain line")
+    logging.getLogger("bridge.runtime.process").warning("plain line")
     decision, plain = buffer.getvalue().splitlines()
     assert decision.endswith(
         f"WARNING fencebridge.decisions: lease lost {n.TENANT_HASH}=t_abc {n.ACTION}=heartbeat"
     )
-    assert plain.endswith("WARNING bridge.runtime: plain line")
+    assert plain.endswith("WARNING bridge.runtime.process: plain line")
 
 
 # -- choosing format and level -------------------------------------------------------------------
@@ -128,8 +128,8 @@ def test_the_environment_chooses_format_and_level(
     monkeypatch.setenv(LOG_FORMAT_ENV, "JSON")
     monkeypatch.setenv(LOG_LEVEL_ENV, "warning")
     buffer = captured()
-    logging.getLogger("bridge.runtime").info("hidden")
-    logging.getLogger("bridge.runtime").warning("shown")
+    logging.getLogger("bridge.runtime.process").info("hidden")
+    logging.getLogger("bridge.runtime.process").warning("shown")
     (line,) = buffer.getvalue().splitlines()
     assert json.loads(line)["message"] == "shown"
 
@@ -137,8 +137,8 @@ def test_the_environment_chooses_format_and_level(
 def test_text_is_the_default_format(restore_logging: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LOG_FORMAT_ENV, raising=False)
     buffer = captured()
-    logging.getLogger("bridge.runtime").warning("shown")
-    assert buffer.getvalue().rstrip().endswith("WARNING bridge.runtime: shown")
+    logging.getLogger("bridge.runtime.process").warning("shown")
+    assert buffer.getvalue().rstrip().endswith("WARNING bridge.runtime.process: shown")
 
 
 def test_wire_level_client_logs_stay_at_info_when_fencebridge_debugs(
@@ -146,7 +146,7 @@ def test_wire_level_client_logs_stay_at_info_when_fencebridge_debugs(
 ) -> None:
     """botocore and friends log whole message bodies at DEBUG."""
     buffer = captured("json", "debug")
-    logging.getLogger("bridge.worker").debug("ours")
+    logging.getLogger("bridge.runtime.worker").debug("ours")
     for name in ("botocore.parsers", "urllib3.connectionpool", "google.api_core", "grpc"):
         logging.getLogger(name).debug("b'%s'", PAYLOAD.decode())
         assert not logging.getLogger(name).isEnabledFor(logging.DEBUG), name

@@ -1,9 +1,10 @@
 """The producer helper: its messages are read back by the consumers' own conversion and decoder.
 
-Each message goes through what the bridge does with a received one: ``consumers.sqs.to_raw`` on
-the dict SQS returns (attributes and body as sent), ``consumers.pubsub.to_raw`` on the Pub/Sub
-client library's own ``Message``, then :func:`bridge.decode.decode` with the subscription's rules
-from the example configuration. Over HTTP against moto: ``tests/integration/test_producer.py``.
+Each message goes through what the bridge does with a received one: ``consumers.sqs.source.to_raw``
+on the dict SQS returns (attributes and body as sent), ``consumers.pubsub.source.to_raw`` on the
+Pub/Sub client library's own ``Message``, then :func:`bridge.ingest.decode.decode` with the
+subscription's rules from the example configuration. Over HTTP against moto:
+``tests/integration/test_producer.py``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
 from bridge.config import BridgeConfig, load_config, parse_config
-from bridge.decode import FieldSource, decode
+from bridge.ingest.decode import FieldSource, decode
 from bridge.producer import TRACEPARENT_ATTRIBUTE, Producer, ProducerError, SqsMessage
 from bridge.types import Delivery
-from consumers import pubsub as pubsub_consumer
-from consumers import sqs as sqs_consumer
+from consumers.pubsub import source as pubsub_consumer
+from consumers.sqs import source as sqs_consumer
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "bridge.toml"

@@ -12,7 +12,7 @@ from bridge.telemetry.propagation import (
     producer_traceparent,
     valid_traceparent,
 )
-from consumers.sqs import to_raw
+from consumers.sqs.source import to_raw
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN_ID = "00f067aa0ba902b7"

@@ -9,6 +9,7 @@ import pytest
 from bridge.config import parse_config
 from bridge.database import Connection
 from bridge.errors import ConfigError
+from bridge.executors.registry import LEASE_DEFAULT, Registry, build_job
 from bridge.handlers import (
     Applied,
     ConditionalWriteHandler,
@@ -21,7 +22,6 @@ from bridge.handlers import (
     Success,
     UnfencedHandler,
 )
-from bridge.registry import LEASE_DEFAULT, Registry, build_job
 from bridge.types import TargetClass
 from tests.unit.test_config import BASE
 

@@ -13,8 +13,7 @@ import pytest
 
 from bridge.config import SubscriptionMode, parse_config
 from bridge.errors import ConfigError, StoreError
-from bridge.records import SeenOperation
-from bridge.shadow import (
+from bridge.operator.shadow import (
     Effect,
     EffectLogError,
     Listing,
@@ -23,6 +22,7 @@ from bridge.shadow import (
     key_order,
     read_effect_file,
 )
+from bridge.store.records import SeenOperation
 from bridge.types import Key
 from tests.unit.test_config import BASE, PUBSUB, after, edit
 

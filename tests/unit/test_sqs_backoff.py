@@ -11,7 +11,7 @@ import random
 import pytest
 from tenacity import RetryCallState, Retrying
 
-from consumers.sqs import BACKOFF_INITIAL, BACKOFF_MAX, receive_backoff
+from consumers.sqs.source import BACKOFF_INITIAL, BACKOFF_MAX, receive_backoff
 
 
 def pauses(attempt: int, n: int = 400) -> list[float]:

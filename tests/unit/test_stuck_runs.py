@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from bridge.events import EventCounter
 from bridge.handlers import Context
-from bridge.heartbeat import Heartbeater, InFlight, StuckRuns
+from bridge.runtime.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.store.work import WorkStore
 from bridge.types import Claim, TargetClass
 

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import psycopg
 import pytest
 
-from bridge.decode import DecodeRules, FieldSource, JobRule, PayloadSource, decode
-from bridge.inbox import Inbox
+from bridge.ingest.decode import DecodeRules, FieldSource, JobRule, PayloadSource, decode
+from bridge.ingest.inbox import Inbox
 from bridge.service import Service
 from bridge.store import PostgresStore
 from bridge.types import TargetClass, payload_digest

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge import sources
+from bridge.adapters import sources
 from bridge.config import parse_config
 from bridge.errors import ConfigError
-from bridge.inbox import Inbox
+from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
 from tests.integration.consumers.conformance import SUBSCRIPTION, ConsumerConformance, Outgoing
 from tests.support import memory_source

@@ -18,20 +18,20 @@ import psycopg
 import pytest
 from google.cloud import pubsub_v1
 
+from bridge.adapters.sinks import SinkUnavailable
 from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE
-from bridge.registry import Registry
-from bridge.relay import DestinationRelay, OutboxStore
-from bridge.sinks import SinkUnavailable
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, TargetClass
-from consumers.pubsub_sink import PubSubSink
+from consumers.pubsub.sink import PubSubSink
 from tests.support.pubsub_emulator import PROJECT, PubSubEmulator, with_emulator_host
 
 Db = psycopg.Connection[Any]

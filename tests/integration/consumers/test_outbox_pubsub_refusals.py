@@ -28,21 +28,21 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import SchemaServiceClient
 from google.pubsub_v1.types import Encoding, Schema
 
+from bridge.adapters.sinks import SinkUnavailable
 from bridge.config import read_destination
 from bridge.database import Connection
 from bridge.events import EventCounter
 from bridge.executors import execute
+from bridge.executors.registry import Registry
 from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
-from bridge.outbox import MESSAGE_ID_ATTRIBUTE, OutboxMessage
-from bridge.registry import Registry
-from bridge.relay import DestinationRelay, OutboxStore
-from bridge.sinks import SinkUnavailable
+from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxMessage
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key
-from consumers import pubsub_sink
-from consumers.pubsub_sink import PubSubSink
+from consumers.pubsub import sink as pubsub_sink
+from consumers.pubsub.sink import PubSubSink
 from tests.support.deliveries import for_job
 from tests.support.proxy import proxy_to
 from tests.support.pubsub_emulator import PROJECT, PubSubEmulator, with_emulator_host

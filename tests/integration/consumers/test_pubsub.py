@@ -22,14 +22,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from bridge import sources
+from bridge.adapters import sources
+from bridge.adapters.holding import confirm
 from bridge.config import parse_config
 from bridge.database import SessionTimeouts
-from bridge.holding import confirm
-from bridge.inbox import Inbox
+from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.types import Key
-from consumers.pubsub import AckCalls, PubSubConsumer, from_config, subscriber_client
+from consumers.pubsub.source import AckCalls, PubSubConsumer, from_config, subscriber_client
 from tests.integration.consumers.conformance import (
     SUBSCRIPTION,
     Db,
@@ -181,7 +181,7 @@ def test_the_consumer_survives_an_emulator_crash_and_reports_it_meanwhile(
     db: Db,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="consumers.pubsub")
+    caplog.set_level(logging.WARNING, logger="consumers.pubsub.source")
     name = "fb-restart"
     topic, path = emulator.create(name)
     consumer = consumers.start(path, inbox_for(store))
@@ -220,7 +220,7 @@ def test_a_stream_that_ends_with_an_error_is_opened_again(
     db: Db,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="consumers.pubsub")
+    caplog.set_level(logging.WARNING, logger="consumers.pubsub.source")
     topic, path = emulator.create()
     consumer = consumers.start(path, inbox_for(store))
     # Deleting the subscription ends the stream with NOT_FOUND: the client gives up on it.

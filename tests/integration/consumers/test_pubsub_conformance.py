@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from bridge.inbox import Inbox
-from consumers.pubsub import PubSubConsumer, subscriber_client
+from bridge.ingest.inbox import Inbox
+from consumers.pubsub.source import PubSubConsumer, subscriber_client
 from tests.integration.consumers.conformance import SUBSCRIPTION, ConsumerConformance, Outgoing
 from tests.support.pubsub_emulator import PubSubEmulator
 

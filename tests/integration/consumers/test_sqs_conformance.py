@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bridge.inbox import Inbox
-from consumers.sqs import SqsConsumer
+from bridge.ingest.inbox import Inbox
+from consumers.sqs.source import SqsConsumer
 from tests.integration.consumers.conformance import SUBSCRIPTION, ConsumerConformance, Outgoing
 from tests.support.sqs_server import SqsServer
 

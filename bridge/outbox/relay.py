@@ -14,7 +14,7 @@ more than once (a relay that lost its lease while sending, an answer lost on the
 copy always carries the same id, and consumers deduplicate on it. Messages of one ordering key
 leave in the order they were written. A message the sink refuses as invalid, or refuses more
 than ``max_attempts`` times, is parked with the reason and never sent again until an operator
-sends it back (``fencebridge resend``, :mod:`bridge.outbox_resend`).
+sends it back (``fencebridge resend``, :mod:`bridge.operator.resend`).
 
 A send call that fails as a whole is tried again within the round with tenacity's exponential
 backoff with jitter (``send_tries``); past that the round fails, the supervisor logs and counts
@@ -35,13 +35,14 @@ from typing import Final
 import tenacity
 from psycopg_pool import ConnectionPool
 
-from bridge import sinks, sql
+from bridge import sql
+from bridge.adapters import sinks
+from bridge.adapters.sinks import Refusal, Refused, Sink, SinkUnavailable
 from bridge.config.model import DestinationConfig
 from bridge.database import Connection, translate_errors
 from bridge.errors import FenceBridgeError
-from bridge.outbox import OutboxMessage, message_from_row
+from bridge.outbox.publish import OutboxMessage, message_from_row
 from bridge.service import IDLE, Deadline, Limits, Service, Supervised
-from bridge.sinks import Refusal, Refused, Sink, SinkUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """The running bridge: consumers, the worker pool, the sweeper and the health endpoint.
 
-Start order: check the schema version, build every handler (:func:`bridge.registry.build_job`,
-which ``fencebridge check`` runs too: a typo or a handler that cannot be built fails here, with
-the job type and the reason), compare the identity key with the one the database was written
-under (:func:`bridge.keyring.attach`: another key refuses the start), start the pool and the
-sweeper, then the consumers, then the health endpoint. Stop order is the reverse of the work's
-flow: consumers stop receiving (whatever they already received is written and acknowledged), the
-pool releases claims that never started and gives running handlers until the deadline, then the
-sweeper and the endpoint stop.
+Start order: check the schema version, build every handler
+(:func:`bridge.executors.registry.build_job`, which ``fencebridge check`` runs too: a typo or a
+handler that cannot be built fails here, with the job type and the reason), compare the identity key
+with the one the database was written under (:func:`bridge.keyring.attach`: another key refuses the
+start), start the pool and the sweeper, then the consumers, then the health endpoint. Stop order is
+the reverse of the work's flow: consumers stop receiving (whatever they already received is written
+and acknowledged), the pool releases claims that never started and gives running handlers until the
+deadline, then the sweeper and the endpoint stop.
 
 One deadline covers the whole stop: every consumer is told to stop at once and each gets what
 is left of it, the pool gets what the consumers left, the rest what the pool left. Every
@@ -24,31 +24,32 @@ from datetime import timedelta
 from functools import partial
 from types import FrameType
 
-from bridge import sources
+from bridge.adapters import sources
 from bridge.config import AckMode, BridgeConfig
-from bridge.decode import decode
 from bridge.events import WorkEvents
-from bridge.health import HealthServer
+from bridge.executors.registry import Registry
+from bridge.executors.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
 from bridge.identity import IdentityHasher
-from bridge.inbox import Inbox
+from bridge.ingest.decode import decode
+from bridge.ingest.inbox import Inbox
 from bridge.keyring import attach
-from bridge.migrate import require_current
-from bridge.registry import Registry
-from bridge.registry import build_registry as build_registry  # noqa: PLC0414  (re-exported)
-from bridge.relay import OutboxStore, Relay
+from bridge.operator.shadow import ShadowWrites
+from bridge.outbox.relay import OutboxStore, Relay
+from bridge.runtime.health import HealthServer
+from bridge.runtime.sweeper import Sweeper
+from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Service, describe
-from bridge.shadow import ShadowWrites
 from bridge.store import PostgresStore
+from bridge.store.migrate import require_current
 from bridge.store.work import WorkStore
-from bridge.sweeper import Sweeper
 from bridge.telemetry import Telemetry
-from bridge.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 
 log = logging.getLogger(__name__)
 
 #: threads of the core that use a connection besides the workers: the first claimer (which
 #: keeps one, and writes the completer's batches with its claims), heartbeater, sweeper,
-#: database gauges; each further claimer (:data:`~bridge.worker.CLAIMERS_DEFAULT`) takes one more
+#: database gauges; each further claimer (:data:`~bridge.runtime.worker.CLAIMERS_DEFAULT`) takes one
+#: more
 CORE_CONNECTIONS = 4
 #: spare connections: a command-line check, a connection being replaced after an error
 POOL_MARGIN = 2

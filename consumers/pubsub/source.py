@@ -2,7 +2,7 @@
 
 The client library hands messages over one at a time on its callback threads. The callback only
 queues them; writer threads gather up to ``batch_max_messages`` (or whatever arrived within
-``batch_max_wait_ms`` of the first) into one :meth:`~bridge.inbox.Inbox.write`, and ack each
+``batch_max_wait_ms`` of the first) into one :meth:`~bridge.ingest.inbox.Inbox.write`, and ack each
 message only after that transaction has committed. If the write raises, every message of the
 batch is nacked so it returns at once instead of after its ack deadline.
 
@@ -49,11 +49,11 @@ wait for their write.
 quarantined) is acked right after COMMIT; the broker was only a wake-up signal.
 
 ``after_outcome``: deliveries with a work row are held. They leave the client's own lease
-management (``Message.drop``) and a :class:`~bridge.holding.Holder` keeps each one's ack deadline
-itself: it extends (``ModifyAckDeadline``) a copy whose row is still queued or whose claim's
-lease is live once that copy's own deadline comes near, acks it as soon as its row is terminal or
-parked, and lets go of a copy whose claim stalled, so the service redelivers it (a replay). A
-delivery is never held longer than ``max_lease_duration``.
+management (``Message.drop``) and a :class:`~bridge.adapters.holding.Holder` keeps each one's ack
+deadline itself: it extends (``ModifyAckDeadline``) a copy whose row is still queued or whose
+claim's lease is live once that copy's own deadline comes near, acks it as soon as its row is
+terminal or parked, and lets go of a copy whose claim stalled, so the service redelivers it (a
+replay). A delivery is never held longer than ``max_lease_duration``.
 
 The subscription's ack deadline (``ack_deadline_seconds``) is the lease length of held copies:
 how long a delivery stays out of reach after the bridge stops extending it.
@@ -109,13 +109,13 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from bridge.adapters.holding import CallResult, Holder, confirm, stream_status
+from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import Shown, Table, checked, shown
-from bridge.decode import RawDelivery
-from bridge.holding import CallResult, Holder, confirm, stream_status
-from bridge.inbox import Deferred, Inbox, Written
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.service import Backoff, Deadline, Service
-from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent

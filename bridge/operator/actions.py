@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from bridge.config import BridgeConfig
-from bridge.decode import DecodeRules, RawDelivery, SourceKind, decode
 from bridge.errors import ConfigError
 from bridge.executors.intent import call_may_have_left
+from bridge.executors.registry import load_handler
 from bridge.handlers import (
     Applied,
     Context,
@@ -45,7 +45,9 @@ from bridge.handlers import (
     Quarantine,
 )
 from bridge.identity import IdentityHasher
-from bridge.records import (
+from bridge.ingest.decode import DecodeRules, RawDelivery, SourceKind, decode
+from bridge.store.operator import OperatorStore
+from bridge.store.records import (
     LiftedWait,
     ParkedRow,
     PurgeCounts,
@@ -53,8 +55,6 @@ from bridge.records import (
     RejectedStatus,
     ResolvedDelivery,
 )
-from bridge.registry import load_handler
-from bridge.store.operator import OperatorStore
 from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 

@@ -6,7 +6,7 @@ Adapters live in the ``consumers`` package (or in a package of their own), which
 keyed by the ``source`` value a subscription names::
 
     [project.entry-points."fencebridge.sources"]
-    sqs = "consumers.sqs:ADAPTER"
+    sqs = "consumers.sqs.source:ADAPTER"
 
 The core validates the keys every subscription has (source, ack mode, job types, decoding,
 limits) and hands the rest of the subscription's table to the adapter's settings model, a
@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
+from bridge.adapters.plugins import Plugins
 from bridge.config.model import SourceSettings, SubscriptionConfig
-from bridge.plugins import Plugins
 
 if TYPE_CHECKING:
-    from bridge.inbox import Inbox
+    from bridge.ingest.inbox import Inbox
     from bridge.service import Service
     from bridge.store.work import WorkStore
 
@@ -63,7 +63,7 @@ class Consumer(Protocol):
 
     def services(self) -> Sequence[Service]:
         """Its long-lived loops as supervised services (build them with
-        :meth:`~bridge.inbox.Inbox.supervised`): ``/healthz`` fails when one is past the
+        :meth:`~bridge.ingest.inbox.Inbox.supervised`): ``/healthz`` fails when one is past the
         bridge's limits, and their restarts are counted in ``fencebridge.thread.restarts``."""
         ...
 

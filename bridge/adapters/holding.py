@@ -171,7 +171,8 @@ class Holder(Generic[T]):
         supervise: Callable[..., Supervised] = Supervised,
     ) -> None:
         """``supervise`` builds the scheduling loop's service (a consumer passes its inbox's
-        :meth:`~bridge.inbox.Inbox.supervised`, so the loop counts and reports like the core's).
+        :meth:`~bridge.ingest.inbox.Inbox.supervised`, so the loop counts and reports like the
+        core's).
         """
         if extension <= 0 or limit <= 0:
             raise ValueError("extension and limit must be positive")

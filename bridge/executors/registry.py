@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
-from bridge import sinks
+from bridge.adapters import sinks
 from bridge.errors import ConfigError
 from bridge.handlers import (
     RATE_LIMIT_WAIT_MAX_DEFAULT,
@@ -34,7 +34,7 @@ from bridge.handlers import (
     SameDatabaseHandler,
     UnfencedHandler,
 )
-from bridge.outbox_limits import LEAST_COMMON, MessageLimits
+from bridge.outbox.limits import LEAST_COMMON, MessageLimits
 from bridge.types import TargetClass
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Registry:
         rate_wait_max: timedelta = RATE_LIMIT_WAIT_MAX_DEFAULT,
     ) -> JobSpec:
         """Register ``handler`` for ``job_type``. ``outbox_destinations`` given as names only
-        take the narrowest limits (:data:`bridge.outbox_limits.LEAST_COMMON`)."""
+        take the narrowest limits (:data:`bridge.outbox.limits.LEAST_COMMON`)."""
         if job_type in self._specs:
             raise ConfigError(f"job type {job_type!r} is registered twice")
         if not isinstance(handler, _BASES):

@@ -4,7 +4,7 @@
 A work row purged while a broker can still hand its message over again turns that redelivery
 into a new operation, and its effect runs a second time; an erased operation's tombstone
 dropped as soon makes the redelivery of an erased operation new work. Each source adapter
-states the longest its broker can redeliver (:attr:`bridge.sources.SourceAdapter.
+states the longest its broker can redeliver (:attr:`bridge.adapters.sources.SourceAdapter.
 redelivery_days`). ``fencebridge check`` reports a plan inside a window as no-go (control 9);
 ``fencebridge purge`` refuses to run with one unless forced. Both call :func:`within_redelivery`,
 so they cannot disagree on the rule or its wording.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
-from bridge import sources
+from bridge.adapters import sources
 
 #: (who receives, source): a subscription's name, or a phrase naming every subscription of a
 #: source when no configuration names them

@@ -4,7 +4,7 @@ Inside ``handle(ctx, tx)`` a handler calls ``ctx.outbox.publish(destination, bod
 message is inserted on ``tx``, the transaction that holds the work row under its fence, so it
 commits with the business write and the completion or not at all: a stale worker's transaction
 never commits, and its messages go with it. Nothing is sent from the handler; the relay
-(:mod:`bridge.relay`) sends committed messages afterwards.
+(:mod:`bridge.outbox.relay`) sends committed messages afterwards.
 
 A message's id is deterministic: the operation's opaque idempotency key and the message's number
 within the run (``fb1_....1``, ``fb1_....2``, in the order the handler publishes). A run that is
@@ -25,7 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from psycopg.types.json import Jsonb
 
 from bridge import sql
-from bridge.outbox_limits import LEAST_COMMON, MessageLimits
+from bridge.outbox.limits import LEAST_COMMON, MessageLimits
 from bridge.telemetry.propagation import valid_traceparent
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class Outbox:
         It is sent after the transaction commits, by the relay, and only if it commits.
         ``ordering_key`` keeps messages with the same key in order (SQS FIFO message group,
         Pub/Sub ordering key); a destination without ordering ignores it. A message its
-        destination's broker would refuse (:mod:`bridge.outbox_limits`) raises
+        destination's broker would refuse (:mod:`bridge.outbox.limits`) raises
         :class:`OutboxError` here, naming the limit, and takes no number.
         """
         data = _body(body)

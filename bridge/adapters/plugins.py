@@ -6,7 +6,7 @@ subscription's ``source``, a destination's ``sink``, the command asked for), and
 package can add one without an edit to the core::
 
     [project.entry-points."fencebridge.sources"]
-    sqs = "consumers.sqs:ADAPTER"
+    sqs = "consumers.sqs.source:ADAPTER"
 
 When two installed distributions register the same name, the first on ``sys.path`` wins, as
 for imports.

@@ -20,8 +20,8 @@ connections see only that schema (their ``search_path``), so no live row is read
 It needs the right to create a schema in the database (``CREATE`` on it).
 
 The claim and the fenced settlement it runs come from a mapping (:func:`shipped_statements`
-unless told otherwise), and the adapters from a lookup (:func:`bridge.sources.adapter`), so a
-test can hand it a claim without ``SKIP LOCKED``, a settlement without the fence condition or
+unless told otherwise), and the adapters from a lookup (:func:`bridge.adapters.sources.adapter`), so
+a test can hand it a claim without ``SKIP LOCKED``, a settlement without the fence condition or
 an adapter that acknowledges first, and see the control fail.
 """
 
@@ -41,14 +41,15 @@ from typing import Final, LiteralString
 from psycopg import conninfo
 from psycopg import sql as pgsql
 
-from bridge import sources, sql
+from bridge import sql
+from bridge.adapters import sources
 from bridge.config import BridgeConfig, SubscriptionConfig
 from bridge.database import Connection, SessionTimeouts, connect, open_pool, translate_errors
-from bridge.decode import decode
 from bridge.errors import FenceBridgeError
-from bridge.inbox import Inbox
-from bridge.migrate import migrate
+from bridge.ingest.decode import decode
+from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
+from bridge.store.migrate import migrate
 from bridge.types import Delivery, TargetClass
 
 CLAIM: Final = "claim"

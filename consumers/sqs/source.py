@@ -6,13 +6,13 @@ wake-up signal. If the transaction fails nothing is deleted, and the messages co
 their visibility timeout ends. A delete that fails as a whole is retried (jittered backoff)
 while the copy's visibility lasts; past that it comes back as a replay.
 
-``after_outcome``: deliveries with a work row are held by a :class:`~bridge.holding.Holder`,
-which keeps each copy's visibility deadline, measured from the answer of the receive that
-returned it. It extends a copy whose row is queued or whose claim's lease is live (renewed by
-handler progress) once that copy's own deadline comes near, deletes it as soon as its row is
-terminal or parked, and lets go of it when its claim stalled, so SQS redelivers it (a replay).
-Deletes and extensions run on the holder's call threads: one slow call delays only its own
-batch. An extension SQS refuses (``ReceiptHandleIsInvalid``: a later receive replaced the
+``after_outcome``: deliveries with a work row are held by a
+:class:`~bridge.adapters.holding.Holder`, which keeps each copy's visibility deadline, measured from
+the answer of the receive that returned it. It extends a copy whose row is queued or whose claim's
+lease is live (renewed by handler progress) once that copy's own deadline comes near, deletes it as
+soon as its row is terminal or parked, and lets go of it when its claim stalled, so SQS redelivers
+it (a replay). Deletes and extensions run on the holder's call threads: one slow call delays only
+its own batch. An extension SQS refuses (``ReceiptHandleIsInvalid``: a later receive replaced the
 handle; ``MessageNotInflight``: the visibility ran out) is a lost broker lease: the handle is
 dropped and counted, nothing crashes. Visibility is never extended past twelve hours from the
 receive (the SQS limit); the message is then left to return.
@@ -60,14 +60,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field, StrictInt, StrictStr, WithJsonSchema
 from tenacity import wait_random_exponential
 
+from bridge.adapters.holding import CallResult, Holder, confirm, stream_status
+from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import HttpUrl, Shown, checked, shown
-from bridge.decode import RawDelivery
 from bridge.errors import BrokerUnavailable
-from bridge.holding import CallResult, Holder, confirm, stream_status
-from bridge.inbox import Deferred, Inbox, Written
+from bridge.ingest.decode import RawDelivery
+from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
@@ -176,7 +176,7 @@ class SqsConsumer:
     ) -> None:
         """``calls_client`` makes the deletes and visibility changes (``client`` when None): one
         that does not retry on its own, since those calls are retried within the copy's
-        deadline by :func:`~bridge.holding.confirm`."""
+        deadline by :func:`~bridge.adapters.holding.confirm`."""
         if ack_mode not in ("after_inbox", "after_outcome"):
             raise ValueError(f"unknown ack mode {ack_mode!r}")
         if tenant_backlog_quota is not None and tenant_backlog_quota < 1:
@@ -484,8 +484,8 @@ _NO_KEY: Final = Key("", "")
 class QueueCalls:
     """The SQS batch calls on held copies, each answer sorted entry by entry.
 
-    Used by the :class:`~bridge.holding.Holder` (its ``BrokerLeases``) and by the consumer's
-    own deletes. A call that fails as a whole raises (after counting why), and its caller
+    Used by the :class:`~bridge.adapters.holding.Holder` (its ``BrokerLeases``) and by the
+    consumer's own deletes. A call that fails as a whole raises (after counting why), and its caller
     retries; an entry SQS refuses for good is ``lost``; any other failed entry is ``retry``.
     """
 

@@ -3,7 +3,7 @@
 A message the outbox records has to be one its destination can carry: a broker that refuses
 it after commit leaves the relay nothing to do but park it, long after its run succeeded. So
 ``ctx.outbox.publish`` checks it against the :class:`MessageLimits` of its destination's sink
-(:attr:`bridge.sinks.SinkAdapter.limits`) while the handler can still fail the run, and the
+(:attr:`bridge.adapters.sinks.SinkAdapter.limits`) while the handler can still fail the run, and the
 error names the limit. The limits count what the relay will send: the handler's attributes and
 the relay's own (``fencebridge-message-id``, ``traceparent``).
 

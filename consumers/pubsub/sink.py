@@ -21,10 +21,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from bridge.adapters.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
 from bridge.config.model import DestinationConfig, SinkSettings
-from bridge.outbox import OutboxMessage
-from bridge.outbox_limits import MessageLimits
-from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
+from bridge.outbox.limits import MessageLimits
+from bridge.outbox.publish import OutboxMessage
 
 #: how long one call's publishes may take before the ones left count as failed (they may
 #: still be published: the client keeps retrying an ordered key's batch)

@@ -26,14 +26,14 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
+from bridge.adapters.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
 from bridge.config.fields import HttpUrl, Shown
 from bridge.config.model import DestinationConfig, SinkSettings
-from bridge.outbox import OutboxMessage
-from bridge.outbox_limits import LEAST_COMMON
-from bridge.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
-from consumers.sqs import Region
+from bridge.outbox.limits import LEAST_COMMON
+from bridge.outbox.publish import OutboxMessage
+from consumers.sqs.source import Region
 
-#: What SQS and SNS accept of one message (:data:`bridge.outbox_limits.LEAST_COMMON` cites
+#: What SQS and SNS accept of one message (:data:`bridge.outbox.limits.LEAST_COMMON` cites
 #: their documentation): the narrowest rules are theirs, less Pub/Sub's reserved prefix.
 LIMITS: Final = dataclasses.replace(LEAST_COMMON, reserved_prefixes=("aws.", "amazon."))
 #: SQS and SNS send at most 10 messages per batch call

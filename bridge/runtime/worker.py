@@ -69,10 +69,10 @@ from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.events import EventCounter, FanOut, WorkEvents
 from bridge.executors import Run, execute
 from bridge.executors.completer import Answer, Batch, BatchCompleter, RunSettler
+from bridge.executors.registry import Registry
 from bridge.handlers import Context, SameDatabaseHandler
-from bridge.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.identity import IdentityHasher
-from bridge.registry import Registry
+from bridge.runtime.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
 from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry

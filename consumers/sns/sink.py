@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bridge.adapters.sinks import Refused, SinkAdapter
 from bridge.config.model import DestinationConfig
-from bridge.outbox import OutboxMessage
-from bridge.sinks import Refused, SinkAdapter
-from consumers.sqs_sink import LIMITS, AwsSinkSettings, aws_client, batch_entry, send_batches
+from bridge.outbox.publish import OutboxMessage
+from consumers.sqs.sink import LIMITS, AwsSinkSettings, aws_client, batch_entry, send_batches
 
 
 class SnsSinkSettings(AwsSinkSettings):

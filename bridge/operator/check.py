@@ -8,12 +8,12 @@ that job type and for the check.
 What a control cannot see is said in its evidence, not assumed. The check reads; it never
 writes to the live schema and never calls a target. Controls 3 (atomic claim), 4 (fenced
 writes) and 8 (ack after commit) need evidence that runs: with ``--probe``
-(:mod:`bridge.probe`) they take their verdict from a concurrency run, a stale-fence write and
-a failed inbox commit driven through each adapter, executed in a scratch schema that is
+(:mod:`bridge.operator.probe`) they take their verdict from a concurrency run, a stale-fence write
+and a failed inbox commit driven through each adapter, executed in a scratch schema that is
 dropped afterwards. Without it they answer from what they read, and say that they were
 not probed. It builds every handler exactly as ``fencebridge run`` does
-(:func:`bridge.registry.build_job`, the one function both call), so a handler that cannot be
-imported, built or registered fails its job type here, with the reason, instead of failing
+(:func:`bridge.executors.registry.build_job`, the one function both call), so a handler that cannot
+be imported, built or registered fails its job type here, with the reason, instead of failing
 the bridge at start; building a handler must therefore not act on its target. Beyond that a
 handler is judged by its class (its base, and whether ``lookup`` has a body that can answer).
 Passing does not certify a system; it means the known, avoidable ways to duplicate a side
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from bridge import sources, sql
+from bridge import sql
+from bridge.adapters import sources
 from bridge.config import BridgeConfig, JobConfig, SubscriptionConfig
 from bridge.database import Connection, translate_errors
-from bridge.decode import SourceKind
 from bridge.errors import ConfigError
+from bridge.executors.registry import Registry, build_job
 from bridge.handlers import (
     ConditionalWriteHandler,
     Handler,
@@ -44,10 +45,10 @@ from bridge.handlers import (
     SameDatabaseHandler,
     UnfencedHandler,
 )
-from bridge.migrate import current_version
-from bridge.probe import ProbeReport
-from bridge.registry import Registry, build_job
-from bridge.retention import within_redelivery
+from bridge.ingest.decode import SourceKind
+from bridge.operator.probe import ProbeReport
+from bridge.operator.retention import within_redelivery
+from bridge.store.migrate import current_version
 from bridge.types import TargetClass
 
 _BASES: Final = (

@@ -32,7 +32,7 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bridge.decode import RawDelivery, undecodable
+from bridge.ingest.decode import RawDelivery, undecodable
 from bridge.service import Limits, Supervised
 from bridge.store.work import QuotaDeferred
 from bridge.telemetry import Telemetry
@@ -45,7 +45,7 @@ Decoder = Callable[[RawDelivery], Delivery | Rejection]
 
 class InboxStore(Protocol):
     """What the inbox writes through: the work store, or a shadow subscription's record
-    (:class:`bridge.shadow.ShadowWrites`)."""
+    (:class:`bridge.operator.shadow.ShadowWrites`)."""
 
     def ingest(
         self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
@@ -57,7 +57,7 @@ class InboxStore(Protocol):
 
 
 class HandOff(Protocol):
-    """Where new work goes: the local worker pool (:class:`~bridge.worker.WorkerPool`)."""
+    """Where new work goes: the local worker pool (:class:`~bridge.runtime.worker.WorkerPool`)."""
 
     def reserve(self, job_types: Iterable[str]) -> InsertClaim | None:
         """Slots for a batch's new rows, to write them claimed; None: write them queued."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 from bridge.errors import ConfigError, StoreError
-from bridge.records import SeenOperation
+from bridge.store.records import SeenOperation
 from bridge.types import Delivery, IngestResult, InsertClaim, Key, Rejection
 
 if TYPE_CHECKING:

@@ -2,11 +2,11 @@
 
 Sinks live in the ``consumers`` package (or a package of their own), which depends on
 ``bridge``; the core never depends on them. Each sink module exposes one :class:`SinkAdapter`
-under the ``fencebridge.sinks`` entry-point group (found as sources are: :mod:`bridge.plugins`),
-keyed by the ``sink`` value a destination names::
+under the ``fencebridge.sinks`` entry-point group (found as sources are:
+:mod:`bridge.adapters.plugins`), keyed by the ``sink`` value a destination names::
 
     [project.entry-points."fencebridge.sinks"]
-    sqs = "consumers.sqs_sink:SINK"
+    sqs = "consumers.sqs.sink:SINK"
 
 As a source does, a sink owns its keys of a destination's table (a :class:`SinkSettings`: its
 address's form, its service's region or endpoint): the core validates the keys every
@@ -14,14 +14,14 @@ destination has, the sink's settings model the rest, and the configuration refer
 Schema are built from both.
 
 What a sink promises (:class:`Sink`): it sends the messages it is given in their order, each with
-its id and trace context as attributes (:meth:`~bridge.outbox.OutboxMessage.sent_attributes`);
-it answers, per message, sent or refused; and once a message is refused, it sends no later
-message of the same ordering key in that call (those are :attr:`Refusal.HELD`), so a key's
-messages leave in the order they were written. A call that fails as a whole raises
-:class:`SinkUnavailable` when nothing says it did not send: the relay sends again later, with
-the same ids. A service that refuses a whole request for one message in it is the sink's to
-answer per message (send the rest again in smaller requests), so that no one message the
-service will not take holds its destination back.
+its id and trace context as attributes
+(:meth:`~bridge.outbox.publish.OutboxMessage.sent_attributes`); it answers, per message, sent or
+refused; and once a message is refused, it sends no later message of the same ordering key in that
+call (those are :attr:`Refusal.HELD`), so a key's messages leave in the order they were written. A
+call that fails as a whole raises :class:`SinkUnavailable` when nothing says it did not send: the
+relay sends again later, with the same ids. A service that refuses a whole request for one message
+in it is the sink's to answer per message (send the rest again in smaller requests), so that no one
+message the service will not take holds its destination back.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from bridge.adapters.plugins import Plugins
 from bridge.config.model import DestinationConfig, SinkSettings
 from bridge.errors import TransientError
-from bridge.outbox import OutboxMessage
-from bridge.outbox_limits import LEAST_COMMON, MessageLimits
-from bridge.plugins import Plugins
+from bridge.outbox.limits import LEAST_COMMON, MessageLimits
+from bridge.outbox.publish import OutboxMessage
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sinks"
 

@@ -1,0 +1,2 @@
+"""Google Cloud Pub/Sub: the ``pubsub`` source (:mod:`.source`) and outbox sink
+(:mod:`.sink`)."""

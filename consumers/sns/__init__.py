@@ -1,0 +1,1 @@
+"""AWS SNS: the ``sns`` outbox sink (:mod:`.sink`)."""

@@ -1,0 +1,1 @@
+"""AWS SQS: the ``sqs`` source (:mod:`.source`) and outbox sink (:mod:`.sink`)."""
