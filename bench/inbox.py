@@ -71,12 +71,11 @@ from bench.store import (
 from bench.workers import JOB_TYPE, Noop, Settled, SharedSettled
 from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.types import Delivery, Rejection, TargetClass
+from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
 BATCH = 10
 THREADS = 16

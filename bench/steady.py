@@ -54,12 +54,12 @@ from bench.store import (
 from bench.workers import JOB_TYPE, Noop, Settled
 from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import CLAIMERS_DEFAULT, WorkerPool
 from bridge.service import Supervised
 from bridge.store import PostgresStore
+from bridge.types import RawDelivery
 
 WINDOW_SECONDS = 30.0
 PURGE_BATCH = 1000

@@ -26,23 +26,12 @@ from datetime import timedelta
 from types import TracebackType
 
 from bridge.database import Connection
-from bridge.errors import TransientError
+from bridge.errors import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 
 #: the longest the cancel request may take before the timer gives up on it
 CANCEL_TIMEOUT_SECONDS = 5.0
-
-
-class DeadlineExceeded(TransientError):  # noqa: N818  (a condition, like LeaseLost)
-    """A class A transaction outlived its deadline and was rolled back: nothing was applied."""
-
-    def __init__(self, deadline: timedelta) -> None:
-        self.deadline = deadline
-        super().__init__(
-            f"the transaction ran past its deadline of {deadline.total_seconds():g}s and was "
-            "rolled back; nothing was applied"
-        )
 
 
 class TransactionDeadline:

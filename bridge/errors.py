@@ -4,19 +4,27 @@
 
     FenceBridgeError              never raised itself
     ├── ConfigError               fix the configuration; raised at start-up, names file and key
-    │   └── IdentityKeysOutdated  restart with the current identity key; nothing was written
+    │   ├── IdentityKeysOutdated  restart with the current identity key; nothing was written
+    │   ├── IdentityKeyMismatch   the process's identity keys are not the database's
+    │   ├── IdentityKeyMissing    a row was written under a key this process does not hold
+    │   └── EffectLogError        the shadow report's effect log cannot be read as documented
     ├── LeaseLost                 stop this work now; never retry the write that raised it
     │   └── FencedOut             the target itself refused a write carrying a stale fence
+    ├── RelayLost                 stop relaying this destination: another relay holds its lease
     ├── TransientError            retry later with backoff; nothing was decided
     │   ├── StoreUnavailable      the database could not be reached, or the connection broke
     │   ├── BrokerUnavailable     the broker could not be reached
+    │   ├── SinkUnavailable       an outbox sink's send call failed as a whole; sent again later
     │   └── DeadlineExceeded      a class A handler ran past its deadline; rolled back, retried
-    │                             (defined in :mod:`bridge.deadline`)
     ├── StoreError                the database answered, but not as the schema expects
-    │   └── MigrationError        the schema cannot be brought to the version this code needs
-    └── BrokerError               the broker refused the request for a reason retrying won't fix
+    │   ├── MigrationError        the schema cannot be brought to the version this code needs
+    │   └── ErasureRefused        an erasure changed nothing; what blocks it is in the message
+    ├── BrokerError               the broker refused the request for a reason retrying won't fix
+    └── ProducerError             a message the rules would not decode or a broker would refuse
+                                  (also a ValueError)
 
-A broken connection during COMMIT leaves the outcome of that transaction unknown to the
+Every class is defined here, and ``tests/unit/test_errors.py`` holds this drawing to the
+classes. A broken connection during COMMIT leaves the outcome of that transaction unknown to the
 client. :class:`StoreUnavailable` says so in ``outcome_unknown``; every write in the store is
 either idempotent (ingest) or fenced (claim and settlement), so the safe reaction is the same
 either way: do not ack, do not repeat a fenced write under the same fence, let the lease and
@@ -24,6 +32,8 @@ redelivery run their course.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 
 class FenceBridgeError(Exception):
@@ -39,6 +49,18 @@ class IdentityKeysOutdated(ConfigError):  # noqa: N818  (a condition, named for 
     under none of the identity keys it holds (a key rotation it has not been restarted for), so
     it could not tell a redelivery of what was erased from new work. Restart it with the current
     key; the broker hands the batch over again meanwhile."""
+
+
+class IdentityKeyMismatch(ConfigError):  # noqa: N818  (a condition, named for what it found)
+    """The process's identity keys are not the ones the database was written under."""
+
+
+class IdentityKeyMissing(ConfigError):  # noqa: N818  (a condition, named for what is missing)
+    """A row was written under a key this process does not hold."""
+
+
+class EffectLogError(ConfigError):
+    """The effect log cannot be read as documented (a missing column, a bad value)."""
 
 
 class LeaseLost(FenceBridgeError):  # noqa: N818  (a condition, not a failure of the caller)
@@ -64,6 +86,10 @@ class FencedOut(LeaseLost):
     """
 
 
+class RelayLost(FenceBridgeError):  # noqa: N818  (a condition, like LeaseLost)
+    """The destination's relay lease moved on: this relay's marks are refused."""
+
+
 class TransientError(FenceBridgeError):
     """A dependency is unavailable; the same call may succeed later."""
 
@@ -84,6 +110,21 @@ class BrokerUnavailable(TransientError):  # noqa: N818
     """The broker could not be reached."""
 
 
+class SinkUnavailable(TransientError):  # noqa: N818  (a condition of the sink's service)
+    """A send call failed as a whole (connection refused or cut, throttled, a 5xx): retried."""
+
+
+class DeadlineExceeded(TransientError):  # noqa: N818  (a condition, like LeaseLost)
+    """A class A transaction outlived its deadline and was rolled back: nothing was applied."""
+
+    def __init__(self, deadline: timedelta) -> None:
+        self.deadline = deadline
+        super().__init__(
+            f"the transaction ran past its deadline of {deadline.total_seconds():g}s and was "
+            "rolled back; nothing was applied"
+        )
+
+
 class StoreError(FenceBridgeError):
     """The database answered in a way the store does not expect (schema missing, bad input)."""
 
@@ -92,10 +133,14 @@ class MigrationError(StoreError):
     """The schema cannot be brought to the version this code needs."""
 
 
+class ErasureRefused(StoreError):  # noqa: N818  (a condition, named for what happened)
+    """An erasure changed nothing: rows in its scope are still running or waiting to run, or
+    were written while it ran."""
+
+
 class BrokerError(FenceBridgeError):
     """The broker refused a request for a reason that retrying will not fix."""
 
 
-class ErasureRefused(StoreError):  # noqa: N818  (a condition, named for what happened)
-    """An erasure changed nothing: rows in its scope are still running or waiting to run, or
-    were written while it ran."""
+class ProducerError(FenceBridgeError, ValueError):
+    """A message the subscription's rules would not decode, or a broker would refuse."""

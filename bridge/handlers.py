@@ -44,8 +44,8 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bridge.deadline import DeadlineExceeded, TransactionDeadline
-from bridge.errors import LeaseLost
+from bridge.deadline import TransactionDeadline
+from bridge.errors import DeadlineExceeded, LeaseLost
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import NO_OUTBOX, NoOutbox, Outbox
 from bridge.types import TargetClass

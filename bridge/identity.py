@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, IdentityKeyMissing
 
 IDENTITY_KEY_ENV = "FENCEBRIDGE_IDENTITY_KEY"
 IDENTITY_PREVIOUS_KEYS_ENV = "FENCEBRIDGE_IDENTITY_PREVIOUS_KEYS"
@@ -69,10 +69,6 @@ def _checked(secret: bytes, name: str) -> bytes:
     if len(secret) < _MIN_SECRET_BYTES:
         raise ConfigError(f"{name} must be at least {_MIN_SECRET_BYTES} bytes")
     return secret
-
-
-class IdentityKeyMissing(ConfigError):  # noqa: N818  (a condition, named for what is missing)
-    """A row was written under a key this process does not hold."""
 
 
 class IdentityHasher:

@@ -41,7 +41,7 @@ from typing import Any
 
 from bridge import sql
 from bridge.database import Connection, translate_errors
-from bridge.errors import ConfigError
+from bridge.errors import IdentityKeyMismatch
 from bridge.identity import (
     IDENTITY_KEY_ENV,
     IDENTITY_PREVIOUS_KEYS_ENV,
@@ -52,10 +52,6 @@ from bridge.identity import (
 from bridge.store.work import KeyedStore
 
 log = logging.getLogger(__name__)
-
-
-class IdentityKeyMismatch(ConfigError):  # noqa: N818  (a condition, named for what it found)
-    """The process's identity keys are not the ones the database was written under."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,20 +25,19 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from bridge.errors import FenceBridgeError
+from bridge.errors import ProducerError
 from bridge.ingest.decode import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     DecodeRules,
     FieldSource,
-    RawDelivery,
     SourceKind,
     decode,
     identifier_problem,
 )
 from bridge.outbox.limits import SQS_ID, SQS_TEXT
 from bridge.telemetry.propagation import ATTRIBUTE_NAMES
-from bridge.types import Rejection
+from bridge.types import RawDelivery, Rejection
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -51,10 +50,6 @@ TRACEPARENT_ATTRIBUTE: Final = ATTRIBUTE_NAMES[0]
 _SQS_ATTRIBUTE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _W3C: Final = TraceContextTextMapPropagator()
 _UNSET: Final = object()
-
-
-class ProducerError(FenceBridgeError, ValueError):
-    """A message the subscription's rules would not decode, or a broker would refuse."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -250,3 +251,19 @@ class Stats:
 
     def total(self, state: State) -> int:
         return sum(c.count for c in self.counts if c.state is state)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RawDelivery:
+    """What a consumer hands over: one broker message, broker-neutral and not yet trusted."""
+
+    subscription: str
+    message_id: str | None
+    body: bytes
+    attributes: Mapping[str, str]
+    #: SQS ApproximateReceiveCount / Pub/Sub delivery_attempt
+    receive_count: int | None = None
+    #: SQS MessageGroupId / Pub/Sub ordering key
+    ordering_key: str | None = None
+    #: the W3C traceparent, if the consumer found one
+    trace_context: str | None = None

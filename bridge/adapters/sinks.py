@@ -33,15 +33,10 @@ from typing import Final, Protocol
 
 from bridge.adapters.plugins import Plugins
 from bridge.config.model import DestinationConfig, SinkSettings
-from bridge.errors import TransientError
 from bridge.outbox.limits import LEAST_COMMON, MessageLimits
 from bridge.outbox.publish import OutboxMessage
 
 ENTRY_POINT_GROUP: Final = "fencebridge.sinks"
-
-
-class SinkUnavailable(TransientError):  # noqa: N818  (a condition of the sink's service)
-    """A send call failed as a whole (connection refused or cut, throttled, a 5xx): retried."""
 
 
 class Refusal(enum.StrEnum):

@@ -27,8 +27,7 @@ says nothing was applied. While the lock is held the lease is not what ends the 
 
 from __future__ import annotations
 
-from bridge.deadline import DeadlineExceeded
-from bridge.errors import LeaseLost, StoreUnavailable
+from bridge.errors import DeadlineExceeded, LeaseLost, StoreUnavailable
 from bridge.executors.settlement import Run, as_success, settle_outcome
 from bridge.handlers import Ambiguous, RetryLater, SameDatabaseHandler, Success, classify
 from bridge.outbox.publish import NO_OUTBOX, Outbox

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from bridge.types import Delivery, Rejection, TargetClass
+from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
 #: longest tenant id, operation id, job type or schema version accepted, in characters
 IDENTIFIER_MAX_CHARS: Final = 256
@@ -358,22 +358,6 @@ class DecodeRules:
         return self.payload.pointer is not None or any(
             s is not None and s.kind is SourceKind.BODY for s in sources
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RawDelivery:
-    """What a consumer hands over: one broker message, broker-neutral and not yet trusted."""
-
-    subscription: str
-    message_id: str | None
-    body: bytes
-    attributes: Mapping[str, str]
-    #: SQS ApproximateReceiveCount / Pub/Sub delivery_attempt
-    receive_count: int | None = None
-    #: SQS MessageGroupId / Pub/Sub ordering key
-    ordering_key: str | None = None
-    #: the W3C traceparent, if the consumer found one
-    trace_context: str | None = None
 
 
 # -- decoding ---------------------------------------------------------------------------------

@@ -32,11 +32,20 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bridge.ingest.decode import RawDelivery, undecodable
+from bridge.ingest.decode import undecodable
 from bridge.service import Limits, Supervised
 from bridge.store.work import QuotaDeferred
 from bridge.telemetry import Telemetry
-from bridge.types import Claim, Decision, Delivery, IngestResult, InsertClaim, Key, Rejection
+from bridge.types import (
+    Claim,
+    Decision,
+    Delivery,
+    IngestResult,
+    InsertClaim,
+    Key,
+    RawDelivery,
+    Rejection,
+)
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from bridge.handlers import (
     Quarantine,
 )
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import DecodeRules, RawDelivery, SourceKind, decode
+from bridge.ingest.decode import DecodeRules, SourceKind, decode
 from bridge.store.operator import OperatorStore
 from bridge.store.records import (
     LiftedWait,
@@ -56,7 +56,7 @@ from bridge.store.records import (
     ResolvedDelivery,
 )
 from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
-from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
+from bridge.types import Decision, Delivery, Key, RawDelivery, RedriveFilter, State, TargetClass
 
 PURGE_BATCH_DEFAULT = 500
 

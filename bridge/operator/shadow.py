@@ -6,8 +6,8 @@ which jobs each would have double-run; do not switch the system of record until 
 is clean". A subscription with ``mode = "shadow"`` reads a copy of the stream (an SNS fan-out to
 a second SQS queue, a second Pub/Sub subscription on the topic): its deliveries are decoded and
 decided exactly as the inbox decides them, and recorded in ``shadow_operation`` and
-``shadow_delivery`` (:class:`ShadowWrites`), which no claim reads: no handler is called, no
-target sees a request. Going live is a configuration change and a restart.
+``shadow_delivery`` (:class:`~bridge.ingest.shadow.ShadowWrites`), which no claim reads: no handler
+is called, no target sees a request. Going live is a configuration change and a restart.
 
 :func:`compare` sets that record against the existing system's **effect log**: one entry per
 effect it applied, with at least ``tenant``, ``operation`` and ``applied_at``, and optionally
@@ -33,14 +33,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby, islice
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
+from typing import IO, Any, Final, TypeVar
 
-from bridge.errors import ConfigError, StoreError
+from bridge.errors import EffectLogError, StoreError
 from bridge.store.records import SeenOperation
-from bridge.types import Delivery, IngestResult, InsertClaim, Key, Rejection
-
-if TYPE_CHECKING:
-    from bridge.store.work import QuotaDeferred, WorkStore
+from bridge.types import Key
 
 #: the effect log's columns: the first three are required
 EFFECT_COLUMNS = ("tenant", "operation", "applied_at", "payload_hash")
@@ -56,40 +53,7 @@ MERGE_FAN_IN: Final = 64
 T = TypeVar("T")
 
 
-class ShadowWrites:
-    """The inbox store of a shadow subscription: every batch goes to the shadow record.
-
-    A shadow copy is never deferred by the tenant backlog quota (the quota guards live work),
-    and nothing is handed to the worker pool.
-    """
-
-    def __init__(self, store: WorkStore) -> None:
-        self._store = store
-
-    def ingest(
-        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
-    ) -> list[IngestResult]:
-        _unclaimed(claim)
-        return self._store.ingest_shadow(batch)
-
-    def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
-    ) -> list[IngestResult | QuotaDeferred]:
-        _unclaimed(claim)
-        return list(self._store.ingest_shadow(batch))
-
-
-def _unclaimed(claim: InsertClaim | None) -> None:
-    """A shadow record is never run: a pool asking to claim from it is a wiring error."""
-    if claim is not None:
-        raise TypeError("a shadow subscription's deliveries are never claimed")
-
-
 # -- the effect log ----------------------------------------------------------------------------
-
-
-class EffectLogError(ConfigError):
-    """The effect log cannot be read as documented (a missing column, a bad value)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ from psycopg_pool import ConnectionPool
 
 from bridge import sql
 from bridge.adapters import sinks
-from bridge.adapters.sinks import Refusal, Refused, Sink, SinkUnavailable
+from bridge.adapters.sinks import Refusal, Refused, Sink
 from bridge.config.model import DestinationConfig
 from bridge.database import Connection, translate_errors
-from bridge.errors import FenceBridgeError
+from bridge.errors import RelayLost, SinkUnavailable
 from bridge.outbox.publish import OutboxMessage, message_from_row
 from bridge.service import IDLE, Deadline, Limits, Service, Supervised
 
@@ -49,10 +49,6 @@ log = logging.getLogger(__name__)
 #: the bodies one round reads at most (and one message, whatever its size): with ``batch``
 #: messages of up to 10 MB (Pub/Sub) a round would otherwise hold gigabytes
 ROUND_BYTES: Final = 32 * 1024 * 1024
-
-
-class RelayLost(FenceBridgeError):  # noqa: N818  (a condition, like LeaseLost)
-    """The destination's relay lease moved on: this relay's marks are refused."""
 
 
 @dataclass(frozen=True, slots=True)

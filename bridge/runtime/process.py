@@ -32,8 +32,8 @@ from bridge.executors.registry import build_registry as build_registry  # noqa: 
 from bridge.identity import IdentityHasher
 from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
+from bridge.ingest.shadow import ShadowWrites
 from bridge.keyring import attach
-from bridge.operator.shadow import ShadowWrites
 from bridge.outbox.relay import OutboxStore, Relay
 from bridge.runtime.health import HealthServer
 from bridge.runtime.sweeper import Sweeper

@@ -55,9 +55,10 @@ from psycopg_pool import ConnectionPool
 
 from bridge import sql
 from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
-from bridge.deadline import DeadlineExceeded, TransactionDeadline
+from bridge.deadline import TransactionDeadline
 from bridge.errors import (
     ConfigError,
+    DeadlineExceeded,
     ErasureRefused,
     IdentityKeysOutdated,
     LeaseLost,

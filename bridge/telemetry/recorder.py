@@ -30,8 +30,8 @@ from bridge.telemetry.propagation import link_to
 from bridge.types import Claim, Decision, Delivery, IngestResult, Rejection, State, Stats
 
 if TYPE_CHECKING:
-    from bridge.ingest.decode import RawDelivery
     from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
+    from bridge.types import RawDelivery
     from bridge.types import Stats as _Stats
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from bridge.adapters.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
+from bridge.adapters.sinks import Refusal, Refused, SinkAdapter
 from bridge.config.model import DestinationConfig, SinkSettings
+from bridge.errors import SinkUnavailable
 from bridge.outbox.limits import MessageLimits
 from bridge.outbox.publish import OutboxMessage
 

@@ -113,13 +113,12 @@ from bridge.adapters.holding import CallResult, Holder, confirm, stream_status
 from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import Shown, Table, checked, shown
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.service import Backoff, Deadline, Service
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
-from bridge.types import Key
+from bridge.types import Key, RawDelivery
 
 log = logging.getLogger(__name__)
 

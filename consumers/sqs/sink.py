@@ -26,9 +26,10 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
-from bridge.adapters.sinks import Refusal, Refused, SinkAdapter, SinkUnavailable
+from bridge.adapters.sinks import Refusal, Refused, SinkAdapter
 from bridge.config.fields import HttpUrl, Shown
 from bridge.config.model import DestinationConfig, SinkSettings
+from bridge.errors import SinkUnavailable
 from bridge.outbox.limits import LEAST_COMMON
 from bridge.outbox.publish import OutboxMessage
 from consumers.sqs.source import Region

@@ -65,13 +65,12 @@ from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import HttpUrl, Shown, checked, shown
 from bridge.errors import BrokerUnavailable
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.service import IDLE, Backoff, Deadline, Service
 from bridge.store.work import WorkStore
 from bridge.telemetry import names
 from bridge.telemetry.propagation import producer_traceparent
-from bridge.types import Key
+from bridge.types import Key, RawDelivery
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.ingest.decode import RawDelivery, decode
+from bridge.ingest.decode import decode
 from bridge.store import PostgresStore
-from bridge.types import Delivery, Rejection, State, TargetClass, Ticket
+from bridge.types import Delivery, RawDelivery, Rejection, State, TargetClass, Ticket
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "operations-acceptance-identity-key"

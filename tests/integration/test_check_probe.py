@@ -25,12 +25,11 @@ from bridge.adapters import sources
 from bridge.adapters.sources import ProbedAcks, SourceAdapter
 from bridge.config import BridgeConfig, SubscriptionConfig, load_config
 from bridge.errors import FenceBridgeError
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.operator import probe
 from bridge.operator.check import Report, evaluate, read_database
 from bridge.store import PostgresStore
-from bridge.types import Delivery, TargetClass
+from bridge.types import Delivery, RawDelivery, TargetClass
 from tests.acceptance.test_cli_check import RETENTION
 from tests.acceptance.test_cli_check import config as check_config
 from tests.support.postgres import unique_name

@@ -17,11 +17,10 @@ import pytest
 from bridge import keyring
 from bridge.errors import ConfigError, ErasureRefused, StoreUnavailable
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.store.records import ErasureCounts
-from bridge.types import Decision, Delivery, IngestResult, Key, Rejection, State
+from bridge.types import Decision, Delivery, IngestResult, Key, RawDelivery, Rejection, State
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery
 

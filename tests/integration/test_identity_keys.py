@@ -20,6 +20,7 @@ from bridge import keyring
 from bridge.cli import main
 from bridge.demo.payments import ChargeCustomer
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider
+from bridge.errors import IdentityKeyMismatch, IdentityKeyMissing
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.executors.registry import Registry
@@ -28,11 +29,9 @@ from bridge.identity import (
     IDENTITY_KEY_ENV,
     IDENTITY_PREVIOUS_KEYS_ENV,
     IdentityHasher,
-    IdentityKeyMissing,
     fingerprint,
     shown,
 )
-from bridge.keyring import IdentityKeyMismatch
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, State, TargetClass
 from tests.support.clock import Clock

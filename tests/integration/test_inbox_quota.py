@@ -11,7 +11,6 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.store import PostgresStore
 from bridge.store.work import QuotaDeferred
@@ -22,6 +21,7 @@ from bridge.types import (
     IngestResult,
     InsertClaim,
     Key,
+    RawDelivery,
     Rejection,
     TargetClass,
 )

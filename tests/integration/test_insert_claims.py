@@ -27,12 +27,11 @@ from bridge.errors import StoreUnavailable
 from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox, Written
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from bridge.store.work import ConcurrencyLimit, WorkStore
-from bridge.types import Claim, Decision, Delivery, InsertClaim, State
+from bridge.types import Claim, Decision, Delivery, InsertClaim, RawDelivery, State
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
 from tests.support.held import HeldRows

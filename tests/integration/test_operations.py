@@ -34,7 +34,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery, decode
+from bridge.ingest.decode import decode
 from bridge.operator.actions import Redrive, RejectionFilter, purge, resolve
 from bridge.operator.check import (
     build_handler,
@@ -43,7 +43,16 @@ from bridge.operator.check import (
     read_database,
 )
 from bridge.store import PostgresStore, Settlement
-from bridge.types import Decision, Delivery, Key, RedriveFilter, Rejection, State, TargetClass
+from bridge.types import (
+    Decision,
+    Delivery,
+    Key,
+    RawDelivery,
+    RedriveFilter,
+    Rejection,
+    State,
+    TargetClass,
+)
 from tests.support.roles import Roles, apply_roles, drop_roles
 
 Db = psycopg.Connection[Any]

@@ -35,6 +35,7 @@ from bridge.adapters.sinks import Refusal, Refused
 from bridge.config import read_destination
 from bridge.database import DATABASE_URL_ENV, Connection
 from bridge.demo import invoices
+from bridge.errors import RelayLost
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.registry import Registry
@@ -42,7 +43,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
-from bridge.outbox.relay import DestinationRelay, OutboxStore, RelayLost
+from bridge.outbox.relay import DestinationRelay, OutboxStore
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n

@@ -21,12 +21,12 @@ from bridge import keyring
 from bridge.cli import main
 from bridge.errors import StoreError
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
+from bridge.ingest.shadow import ShadowWrites
 from bridge.operator.actions import purge
-from bridge.operator.shadow import Effect, ShadowWrites, compare, in_key_order
+from bridge.operator.shadow import Effect, compare, in_key_order
 from bridge.store import PostgresStore
-from bridge.types import Decision, Delivery, Key, Rejection
+from bridge.types import Decision, Delivery, Key, RawDelivery, Rejection
 from tests.support.deliveries import delivery
 
 Db = psycopg.Connection[tuple[Any, ...]]

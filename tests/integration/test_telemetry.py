@@ -63,14 +63,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import (
-    DecodeRules,
-    FieldSource,
-    JobRule,
-    PayloadSource,
-    RawDelivery,
-    decode,
-)
+from bridge.ingest.decode import DecodeRules, FieldSource, JobRule, PayloadSource, decode
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.process import Bridge, build_registry
 from bridge.store import PostgresStore
@@ -79,7 +72,7 @@ from bridge.targets.postgres import fenced_write
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.telemetry.recorder import DURATION_BUCKETS_SECONDS
-from bridge.types import Delivery, Key, State, TargetClass
+from bridge.types import Delivery, Key, RawDelivery, State, TargetClass
 from tests.support.deliveries import for_job
 from tests.support.handlers import TARGET_WRITE, RecordEffect, create_tables, instructions
 from tests.support.postgres import database_from

@@ -17,9 +17,8 @@ import psycopg
 import pytest
 
 from bridge.database import Connection, SessionTimeouts
-from bridge.deadline import DeadlineExceeded
 from bridge.demo import invoices
-from bridge.errors import StoreUnavailable
+from bridge.errors import DeadlineExceeded, StoreUnavailable
 from bridge.events import EventCounter
 from bridge.executors import Run, execute
 from bridge.executors.registry import Registry

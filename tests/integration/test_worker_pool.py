@@ -34,12 +34,11 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.identity import IdentityHasher
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.types import Claim, Decision, Delivery, Key, State, Ticket
+from bridge.types import Claim, Decision, Delivery, Key, RawDelivery, State, Ticket
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
 from tests.support.held import HeldRows

@@ -22,10 +22,10 @@ from bridge.adapters.holding import stream_status
 from bridge.adapters.sources import ENTRY_POINT_GROUP, SourceAdapter, SourceSettings
 from bridge.config import SubscriptionConfig
 from bridge.config.fields import Name
-from bridge.ingest.decode import RawDelivery
 from bridge.ingest.inbox import Inbox
 from bridge.service import IDLE, Backoff, Deadline, Service
 from bridge.store.work import WorkStore
+from bridge.types import RawDelivery
 
 SOURCE: Final = "memory"
 DISTRIBUTION: Final = "fencebridge-memory-source"

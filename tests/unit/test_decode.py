@@ -20,12 +20,11 @@ from bridge.ingest.decode import (
     FieldSource,
     JobRule,
     PayloadSource,
-    RawDelivery,
     Reason,
     SourceKind,
     decode,
 )
-from bridge.types import Delivery, Rejection, TargetClass
+from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
 # Raw values in the cases below carry this marker: no reason may ever repeat it.
 SECRET = "S3CR3T"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, IdentityKeyMissing
 from bridge.identity import (
     IDENTITY_KEY_ENV,
     IDENTITY_PREVIOUS_KEYS_ENV,
     IdentityHasher,
-    IdentityKeyMissing,
     fingerprint,
 )
 

@@ -25,8 +25,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
 from bridge.config import BridgeConfig, load_config, parse_config
+from bridge.errors import ProducerError
 from bridge.ingest.decode import FieldSource, decode
-from bridge.producer import TRACEPARENT_ATTRIBUTE, Producer, ProducerError, SqsMessage
+from bridge.producer import TRACEPARENT_ATTRIBUTE, Producer, SqsMessage
 from bridge.types import Delivery
 from consumers.pubsub import source as pubsub_consumer
 from consumers.sqs import source as sqs_consumer

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from bridge.config import SubscriptionMode, parse_config
-from bridge.errors import ConfigError, StoreError
+from bridge.errors import ConfigError, EffectLogError, StoreError
 from bridge.operator.shadow import (
     Effect,
-    EffectLogError,
     Listing,
     compare,
     in_key_order,

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from google.cloud import pubsub_v1
 
-from bridge.adapters.sinks import SinkUnavailable
 from bridge.config import read_destination
 from bridge.database import Connection
+from bridge.errors import SinkUnavailable
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.registry import Registry

@@ -28,9 +28,9 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import SchemaServiceClient
 from google.pubsub_v1.types import Encoding, Schema
 
-from bridge.adapters.sinks import SinkUnavailable
 from bridge.config import read_destination
 from bridge.database import Connection
+from bridge.errors import SinkUnavailable
 from bridge.events import EventCounter
 from bridge.executors import execute
 from bridge.executors.registry import Registry
