@@ -48,7 +48,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operator.actions import purge  # noqa: PLC0415
+    from bridge.operator.purge import purge  # noqa: PLC0415
 
     older_than: timedelta | None = args.older_than
     tombstone_days: int = args.tombstone_days or TOMBSTONE_DAYS_DEFAULT

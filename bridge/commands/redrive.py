@@ -13,7 +13,7 @@ from bridge.types import State
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
-    from bridge.operator.actions import RedriveReport
+    from bridge.operator.redrive import RedriveReport
     from bridge.types import Key
 
 
@@ -65,7 +65,7 @@ def register(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bridge.config import load_config  # noqa: PLC0415
-    from bridge.operator.actions import Redrive  # noqa: PLC0415
+    from bridge.operator.redrive import Redrive  # noqa: PLC0415
     from bridge.types import Key, RedriveFilter  # noqa: PLC0415
 
     if args.operation is not None and args.tenant is None:

@@ -26,8 +26,8 @@ from bridge.config import BridgeConfig
 from bridge.console.auth import Principal, Role
 from bridge.console.openapi import document
 from bridge.identity import IdentityHasher
-from bridge.operator.actions import Redrive, RedriveReport
 from bridge.operator.check import Report
+from bridge.operator.redrive import Redrive, RedriveReport
 from bridge.store.operator import OperatorStore
 from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State

@@ -1,6 +1,6 @@
 """The work store as an operator sees it: histories, parked work and the moves a person makes.
 
-The operator commands (:mod:`bridge.commands`) and :mod:`bridge.operator.actions` depend on
+The operator commands (:mod:`bridge.commands`) and :mod:`bridge.operator` depend on
 :class:`OperatorStore`. It shares with the runtime only what both need: writing a batch (a
 redrive re-decodes a quarantined delivery into the inbox), the counts and the sweep. Every move
 here is guarded inside its statement and audited; a dry run executes the same statement and

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from bridge.operator.actions import LIFTED_MARK
+from bridge.operator.rate_waits import LIFTED_MARK
 from bridge.store import PostgresStore
 from bridge.types import Key
 from tests.acceptance.test_cli_operations import HASHER, cli

@@ -35,13 +35,15 @@ from bridge.handlers import (
 )
 from bridge.identity import IdentityHasher
 from bridge.ingest.decode import decode
-from bridge.operator.actions import Redrive, RejectionFilter, purge, resolve
 from bridge.operator.check import (
     build_handler,
     evaluate,
     lookup_problem,
     read_database,
 )
+from bridge.operator.purge import purge
+from bridge.operator.redrive import Redrive
+from bridge.operator.resolve import RejectionFilter, resolve
 from bridge.store import PostgresStore, Settlement
 from bridge.types import (
     Decision,

@@ -18,7 +18,7 @@ from psycopg import sql
 from bridge import keyring
 from bridge.errors import LeaseLost
 from bridge.identity import IdentityHasher
-from bridge.operator.actions import LIFTED_MARK, lift_rate_waits
+from bridge.operator.rate_waits import LIFTED_MARK, lift_rate_waits
 from bridge.store import PostgresStore
 from bridge.types import Claim, Key
 from tests.support.clock import EPOCH as START

@@ -23,7 +23,7 @@ from bridge.errors import StoreError
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.ingest.inbox import Inbox
 from bridge.ingest.shadow import ShadowWrites
-from bridge.operator.actions import purge
+from bridge.operator.purge import purge
 from bridge.operator.shadow import Effect, compare, in_key_order
 from bridge.store import PostgresStore
 from bridge.types import Decision, Delivery, Key, RawDelivery, Rejection

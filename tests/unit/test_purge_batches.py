@@ -1,5 +1,5 @@
 """The purge loop against a fake store with only ``purge_batch``, the one method of the operator
-interface that :func:`~bridge.operator.actions.purge` calls. The statements themselves are tested on
+interface that :func:`~bridge.operator.purge.purge` calls. The statements themselves are tested on
 PostgreSQL (``tests/integration/test_operations.py``, ``tests/acceptance/test_cli_operations.py``).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
-from bridge.operator.actions import PurgeReport, purge
+from bridge.operator.purge import PurgeReport, purge
 from bridge.store.records import PurgeCounts
 
 AGE = timedelta(days=30)

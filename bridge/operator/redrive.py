@@ -1,5 +1,4 @@
-"""Operator actions on parked work: redrive (reconcile first), resolve (close rejected
-deliveries a person has dealt with), lifting a target's rate limit wait, and retention purge.
+"""Redrive: parked work sent back to the queue, reconciling first.
 
 Redriving is itself a consequential action. It keeps each operation's identity, and it never
 sends back to the queue a row whose effect may already have happened unless the next attempt
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from bridge.config import BridgeConfig
 from bridge.errors import ConfigError
@@ -48,17 +46,10 @@ from bridge.identity import IdentityHasher
 from bridge.ingest.decode import DecodeRules, SourceKind, decode
 from bridge.store.operator import OperatorStore
 from bridge.store.records import (
-    LiftedWait,
     ParkedRow,
-    PurgeCounts,
     QuarantinedDelivery,
-    RejectedStatus,
-    ResolvedDelivery,
 )
-from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 from bridge.types import Decision, Delivery, Key, RawDelivery, RedriveFilter, State, TargetClass
-
-PURGE_BATCH_DEFAULT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,167 +315,3 @@ def _raw(rules: DecodeRules, quarantined: QuarantinedDelivery) -> RawDelivery:
         body=quarantined.body or b"",
         attributes=attributes,
     )
-
-
-# -- resolving rejected deliveries -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RejectionFilter:
-    """Which open rejected deliveries a resolve closes: named ids, or a filter (never all of
-    them by accident: the command line asks for ids or at least one filter)."""
-
-    ids: tuple[int, ...] | None = None
-    kind: str | None = None
-    subscription: str | None = None
-    tenant_id: str | None = None
-    operation_id: str | None = None
-    limit: int = 100
-
-
-@dataclass
-class ResolveReport:
-    dry_run: bool
-    resolved: list[ResolvedDelivery] = field(default_factory=list)
-    #: named ids that were not closed, each with why (already closed, or not in the database)
-    not_open: list[tuple[int, str]] = field(default_factory=list)
-
-
-def resolve(
-    store: OperatorStore,
-    selection: RejectionFilter,
-    *,
-    actor: str,
-    reason: str,
-    dry_run: bool = False,
-) -> ResolveReport:
-    """Close rejected deliveries a person has dealt with (a conflict's producer told, a
-    quarantined delivery given up on): acknowledged, with actor and reason on each delivery.
-
-    The operation's work row is never touched: a conflict changes nothing, so closing it only
-    stops it from awaiting a person. A quarantined delivery resolved is no longer redriven.
-    """
-    if not actor or not reason:
-        raise ValueError("a resolve needs an actor and a reason for the audit record")
-    report = ResolveReport(dry_run)
-    report.resolved = store.resolve_rejected(
-        actor=actor,
-        reason=reason,
-        ids=selection.ids,
-        kind=selection.kind,
-        subscription=selection.subscription,
-        tenant_id=selection.tenant_id,
-        operation_id=selection.operation_id,
-        limit=selection.limit,
-        dry_run=dry_run,
-    )
-    if selection.ids:
-        done = {r.id for r in report.resolved}
-        missing = [i for i in selection.ids if i not in done]
-        known = {s.id: s for s in store.rejected_status(missing)} if missing else {}
-        for i in missing:
-            report.not_open.append((i, _why_not_open(known.get(i))))
-    return report
-
-
-def _why_not_open(status: RejectedStatus | None) -> str:
-    if status is None:
-        return "no such rejected delivery (never recorded, or purged or erased since)"
-    if status.resolved_at is not None:
-        return f"already resolved by {status.resolved_by} at {status.resolved_at.isoformat()}"
-    if status.redriven_at is not None:
-        return (
-            f"already closed by a redrive ({status.redriven_by}, {status.redriven_at.isoformat()})"
-        )
-    return "does not match the other filters, or is locked by another resolve or redrive"
-
-
-# -- rate limit waits ------------------------------------------------------------------------
-
-#: how a lift's audit entries are told from redrives: the reason ends with it
-LIFTED_MARK = "[rate wait lifted]"
-
-
-@dataclass
-class LiftReport:
-    """What lifting rate limit waits did (or, on a dry run, would do)."""
-
-    dry_run: bool
-    lifted: list[LiftedWait]
-
-    @property
-    def moved(self) -> int:
-        """The rows the lifted waits had scheduled that became due at once."""
-        return sum(w.moved for w in self.lifted)
-
-
-def lift_rate_waits(
-    store: OperatorStore,
-    job_type: str,
-    *,
-    tenant_id: str | None = None,
-    actor: str,
-    reason: str,
-    dry_run: bool = False,
-) -> LiftReport:
-    """Lift the rate limit waits of a job type (of one tenant, or every tenant) that an
-    operator knows to be over: the target's limit was raised, its ``Retry-After`` was wrong.
-
-    The waits still ahead are deleted and the rows they had scheduled are due at once, each
-    audited as a redrive is (``redrive_audit``: the actor, the reason marked
-    :data:`LIFTED_MARK`, the row's fence and attempts; a ``rate_wait_lifted`` entry in its
-    attempt history). Nothing else changes: a row keeps its attempts and its fence, and a
-    target that still limits answers ``429`` again, which starts a new wait.
-    """
-    if not actor or not reason:
-        raise ValueError("lifting a wait needs an actor and a reason for the audit record")
-    lifted = store.lift_rate_waits(
-        job_type,
-        tenant_id,
-        actor=actor,
-        reason=f"{reason} {LIFTED_MARK}",
-        dry_run=dry_run,
-    )
-    return LiftReport(dry_run, lifted)
-
-
-# -- retention -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeReport:
-    removed: PurgeCounts
-    batches: int
-    #: another purge held the lock: this one stopped (after ``batches`` batches)
-    locked_out: bool
-
-
-def purge(
-    store: OperatorStore,
-    older_than: timedelta,
-    *,
-    batch_size: int = PURGE_BATCH_DEFAULT,
-    tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
-) -> PurgeReport:
-    """Remove finished work and what shadow subscriptions recorded older than ``older_than``,
-    and erased operations' tombstones older than ``tombstone_horizon``, in bounded batches, one
-    purger at a time.
-
-    Each batch is its own short transaction holding the purge lock, so a purge never holds
-    locks on many rows for long and the bridge keeps running beside it.
-    """
-    total, batches = PurgeCounts(), 0
-    while True:
-        removed = store.purge_batch(older_than, batch_size, tombstone_horizon=tombstone_horizon)
-        if removed is None:
-            return PurgeReport(total, batches, locked_out=True)
-        total, batches = total + removed, batches + 1
-        limited = (
-            removed.work_rows,
-            removed.rejected_deliveries,
-            removed.tombstones,
-            removed.shadow_deliveries,
-            removed.shadow_operations,
-        )
-        if max(limited) < batch_size:  # every kind a batch is limited in has run out
-            return PurgeReport(total, batches, locked_out=False)
