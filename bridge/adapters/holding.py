@@ -48,7 +48,6 @@ from tenacity import (
 )
 
 from bridge.service import Deadline, Service, Supervised
-from bridge.store.work import WorkStore
 from bridge.types import Key, State
 
 log = logging.getLogger(__name__)
@@ -153,13 +152,21 @@ class _Sorted(Generic[T]):
     let_go: list[_Entry[T]] = field(default_factory=list)
 
 
+class RowWatch(Protocol):
+    """What a holder reads of the work rows (the work store gives it): for each key, its row's
+    state and whether its claim's lease is live. Declared here, by its one user, so that an
+    adapter needs nothing of the store."""
+
+    def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]: ...
+
+
 class Holder(Generic[T]):
     """Keeps one consumer's held copies alive at the broker until their rows settle."""
 
     def __init__(
         self,
         name: str,
-        store: WorkStore,
+        store: RowWatch,
         broker: BrokerLeases[T],
         *,
         extension: float,

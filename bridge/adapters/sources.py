@@ -25,9 +25,9 @@ from bridge.adapters.plugins import Plugins
 from bridge.config.model import SourceSettings, SubscriptionConfig
 
 if TYPE_CHECKING:
+    from bridge.adapters.holding import RowWatch
     from bridge.ingest.inbox import Inbox
     from bridge.service import Service
-    from bridge.store.work import WorkStore
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -68,8 +68,9 @@ class Consumer(Protocol):
         ...
 
 
-#: (subscription, inbox, store) -> consumer; the subscription's ``settings`` are the adapter's
-Factory = Callable[[SubscriptionConfig, "Inbox", "WorkStore"], Consumer]
+#: (subscription, inbox, rows) -> consumer; the subscription's ``settings`` are the adapter's,
+#: and ``rows`` is what a holder of ``after_outcome`` deliveries watches
+Factory = Callable[[SubscriptionConfig, "Inbox", "RowWatch"], Consumer]
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,10 +44,10 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.config import load_config  # noqa: PLC0415
-    from bridge.errors import ConfigError  # noqa: PLC0415
-    from bridge.operator import probe  # noqa: PLC0415
-    from bridge.operator.check import evaluate, read_database  # noqa: PLC0415
+    from bridge.config import load_config
+    from bridge.errors import ConfigError
+    from bridge.operator import probe
+    from bridge.operator.check import evaluate, read_database
 
     try:
         config = load_config(args.config)

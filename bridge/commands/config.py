@@ -27,7 +27,7 @@ def register(commands: Subcommands) -> None:
 
 
 def schema(_args: argparse.Namespace) -> int:
-    from bridge.config import config_schema  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.config import config_schema
 
     sys.stdout.write(json.dumps(config_schema(), indent=2, ensure_ascii=False) + "\n")
     return 0

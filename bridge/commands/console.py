@@ -25,13 +25,13 @@ if TYPE_CHECKING:
 
 
 def register(commands: Subcommands) -> None:
-    from bridge.console.auth import (  # noqa: PLC0415
+    from bridge.console.auth import (
         PROXY_HEADER_ENV,
         TOKENS_ENV,
         TOKENS_FILE_ENV,
         TRUSTED_PROXIES_ENV,
     )
-    from bridge.console.server import DEFAULT_HOST, DEFAULT_PORT  # noqa: PLC0415
+    from bridge.console.server import DEFAULT_HOST, DEFAULT_PORT
 
     p = commands.add_parser(
         "console",
@@ -57,11 +57,11 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.config import load_config  # noqa: PLC0415
-    from bridge.console.api import ConsoleApi  # noqa: PLC0415
-    from bridge.console.auth import ProxyAuth, Tokens  # noqa: PLC0415
-    from bridge.console.server import ConsoleServer  # noqa: PLC0415
-    from bridge.database import database_url  # noqa: PLC0415
+    from bridge.config import load_config
+    from bridge.console.api import ConsoleApi
+    from bridge.console.auth import ProxyAuth, Tokens
+    from bridge.console.server import ConsoleServer
+    from bridge.database import database_url
 
     tokens = Tokens.from_env()  # refuse before touching the database: no anonymous console
     proxy = ProxyAuth.from_env(None, host=args.host)
@@ -94,8 +94,8 @@ def _checks(config: BridgeConfig, url: str) -> Callable[[], Report]:
     """The go/no-go report, read afresh on a connection of its own each time it is asked for."""
 
     def report() -> Report:
-        from bridge.database import connect  # noqa: PLC0415
-        from bridge.operator.check import evaluate, read_database  # noqa: PLC0415
+        from bridge.database import connect
+        from bridge.operator.check import evaluate, read_database
 
         with connect(url) as conn:
             facts = read_database(conn)

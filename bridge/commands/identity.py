@@ -58,8 +58,8 @@ def register(commands: Subcommands) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    from bridge import keyring  # noqa: PLC0415
-    from bridge.identity import REUSE_ADVICE, IdentityHasher, shown  # noqa: PLC0415
+    from bridge import keyring
+    from bridge.identity import REUSE_ADVICE, IdentityHasher, shown
 
     hasher = IdentityHasher.optional_from_env()
     with open_store(args) as store:
@@ -125,8 +125,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def rotate(args: argparse.Namespace) -> int:
-    from bridge import keyring  # noqa: PLC0415
-    from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV, shown  # noqa: PLC0415
+    from bridge import keyring
+    from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV, shown
 
     hasher = identity_hasher()
     with open_store(args) as store:

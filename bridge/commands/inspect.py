@@ -41,7 +41,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.types import Key  # noqa: PLC0415
+    from bridge.types import Key
 
     key = Key(args.tenant, args.operation)
     with open_store(args) as store:
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
     """The operation's outbox messages (the PostgreSQL store has them)."""
-    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415
-    from bridge.store import PostgresStore  # noqa: PLC0415
+    from bridge.outbox.relay import OutboxStore
+    from bridge.store import PostgresStore
 
     if not isinstance(store, PostgresStore):
         return []
@@ -127,8 +127,8 @@ def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxReco
 
 def _resends(store: object, tenant_id: str, operation_id: str) -> list[ResendAudit]:
     """Who sent the operation's parked outbox messages back, and why."""
-    from bridge.operator.resend import OutboxResend  # noqa: PLC0415
-    from bridge.store import PostgresStore  # noqa: PLC0415
+    from bridge.operator.resend import OutboxResend
+    from bridge.store import PostgresStore
 
     if not isinstance(store, PostgresStore):
         return []

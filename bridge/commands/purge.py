@@ -48,13 +48,13 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operator.purge import purge  # noqa: PLC0415
+    from bridge.operator.purge import purge
 
     older_than: timedelta | None = args.older_than
     tombstone_days: int = args.tombstone_days or TOMBSTONE_DAYS_DEFAULT
     streams: list[Stream] | None = None
     if older_than is None:
-        from bridge.config import load_config  # noqa: PLC0415
+        from bridge.config import load_config
 
         config = load_config(args.config)
         plan = config.retention
@@ -111,7 +111,7 @@ def _refuse_within_redelivery(
     """Refuse, before anything is deleted, a purge that ``fencebridge check`` would call no-go:
     its age or its tombstone horizon within the redelivery window of the configuration's
     subscriptions, or of any installed source when no configuration names them."""
-    from bridge.operator.retention import every_installed_source, within_redelivery  # noqa: PLC0415
+    from bridge.operator.retention import every_installed_source, within_redelivery
 
     hint = "pass --force"
     if streams is None:
@@ -124,8 +124,8 @@ def _refuse_within_redelivery(
 
 def _outbox(store: object) -> OutboxStore | None:
     """The outbox's statements on the command's store (the PostgreSQL store has them)."""
-    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415
-    from bridge.store import PostgresStore  # noqa: PLC0415
+    from bridge.outbox.relay import OutboxStore
+    from bridge.store import PostgresStore
 
     return OutboxStore(store.pool) if isinstance(store, PostgresStore) else None
 

@@ -90,7 +90,7 @@ def list_waits(args: argparse.Namespace) -> int:
 
 
 def clear(args: argparse.Namespace) -> int:
-    from bridge.operator.rate_waits import lift_rate_waits  # noqa: PLC0415
+    from bridge.operator.rate_waits import lift_rate_waits
 
     hasher = identity_hasher()
     with open_store(args) as store:

@@ -64,9 +64,9 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.config import load_config  # noqa: PLC0415
-    from bridge.operator.redrive import Redrive  # noqa: PLC0415
-    from bridge.types import Key, RedriveFilter  # noqa: PLC0415
+    from bridge.config import load_config
+    from bridge.operator.redrive import Redrive
+    from bridge.types import Key, RedriveFilter
 
     if args.operation is not None and args.tenant is None:
         raise usage("--operation needs --tenant")

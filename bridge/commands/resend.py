@@ -51,7 +51,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operator.resend import OutboxResend, ParkedSelection  # noqa: PLC0415
+    from bridge.operator.resend import OutboxResend, ParkedSelection
 
     if args.operation is not None and args.tenant is None:
         raise usage("--operation needs --tenant")
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _pool(store: object) -> ConnectionPool[Connection]:
     """The command's store's pool (the PostgreSQL store is the one that has an outbox)."""
-    from bridge.store import PostgresStore  # noqa: PLC0415
+    from bridge.store import PostgresStore
 
     if not isinstance(store, PostgresStore):
         raise usage("the outbox lives in the PostgreSQL store")

@@ -50,7 +50,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operator.resolve import RejectionFilter, resolve  # noqa: PLC0415
+    from bridge.operator.resolve import RejectionFilter, resolve
 
     if args.operation is not None and args.tenant is None:
         raise usage("--operation needs --tenant")

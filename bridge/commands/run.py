@@ -30,12 +30,12 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
-    from bridge.identity import IdentityHasher  # noqa: PLC0415
-    from bridge.runtime.collector import settle_in  # noqa: PLC0415
-    from bridge.runtime.process import open_bridge  # noqa: PLC0415
-    from bridge.store import PostgresStore  # noqa: PLC0415
-    from bridge.telemetry.setup import configure_telemetry  # noqa: PLC0415
+    from bridge.config import load_config
+    from bridge.identity import IdentityHasher
+    from bridge.runtime.collector import settle_in
+    from bridge.runtime.process import open_bridge
+    from bridge.store import PostgresStore
+    from bridge.telemetry.setup import configure_telemetry
 
     config = load_config(args.config)
     telemetry = configure_telemetry()  # an exporter it cannot honour stops the start here

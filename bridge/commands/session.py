@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 
 def open_store(args: argparse.Namespace) -> closing[OperatorStore]:
     """A small store for one command, closed when the ``with`` block ends."""
-    from bridge.store import PostgresStore  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.store import PostgresStore
 
     return closing(PostgresStore.connect(database_url(args.database_url), max_size=2))
 
 
 def identity_hasher() -> IdentityHasher:
-    from bridge.identity import IdentityHasher  # noqa: PLC0415
+    from bridge.identity import IdentityHasher
 
     return IdentityHasher.from_env()
 
@@ -42,7 +42,7 @@ def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = 
     """Compare the environment's identity keys with the database's before any hash is shown or
     key derived; ``record`` (the command) also records the key on first use, for commands that
     write hashes or derive idempotency keys."""
-    from bridge import keyring  # noqa: PLC0415
+    from bridge import keyring
 
     if record is None:
         keyring.verify(store, hasher)

@@ -92,15 +92,15 @@ def register(commands: Subcommands) -> None:
 
 
 def report(args: argparse.Namespace) -> int:
-    from bridge.config import load_config  # noqa: PLC0415
-    from bridge.operator.shadow import (  # noqa: PLC0415
+    from bridge.config import load_config
+    from bridge.operator.shadow import (
         SORT_RUN_DEFAULT,
         compare,
         effect,
         in_key_order,
         read_effect_file,
     )
-    from bridge.store.operator import SHADOW_PAGE_DEFAULT  # noqa: PLC0415
+    from bridge.store.operator import SHADOW_PAGE_DEFAULT
 
     config = load_config(args.config)
     shadows = [n for n, s in config.subscriptions.items() if s.shadow]

@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
     """The outbox backlog per destination (destination names only, never an identifier)."""
-    from bridge.outbox.relay import OutboxStore  # noqa: PLC0415  (keeps `--help` fast)
-    from bridge.store import PostgresStore  # noqa: PLC0415
+    from bridge.outbox.relay import OutboxStore
+    from bridge.store import PostgresStore
 
     if not isinstance(store, PostgresStore):
         return []
@@ -125,7 +125,7 @@ def _limits(path: str | None) -> tuple[dict[str, ConcurrencyLimit], dict[str, To
     waits on one)."""
     if path is None:
         return {}, {}
-    from bridge.config import load_config  # noqa: PLC0415  (keeps `--help` fast)
+    from bridge.config import load_config
 
     config = load_config(path)
     return config.concurrency_limits(), config.token_rates()

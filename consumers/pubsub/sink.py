@@ -21,11 +21,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from bridge.adapters.sinks import Refusal, Refused, SinkAdapter
-from bridge.config.model import DestinationConfig, SinkSettings
+from bridge.adapters.kit import (
+    DestinationConfig,
+    MessageLimits,
+    OutboxMessage,
+    Refusal,
+    Refused,
+    SinkAdapter,
+    SinkSettings,
+)
 from bridge.errors import SinkUnavailable
-from bridge.outbox.limits import MessageLimits
-from bridge.outbox.publish import OutboxMessage
 
 #: how long one call's publishes may take before the ones left count as failed (they may
 #: still be published: the client keeps retrying an ordered key's batch)

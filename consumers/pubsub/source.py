@@ -109,15 +109,28 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from bridge.adapters.holding import CallResult, Holder, confirm, stream_status
-from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
-from bridge.config import SubscriptionConfig
-from bridge.config.fields import Shown, Table, checked, shown
-from bridge.ingest.inbox import Deferred, Inbox, Written
-from bridge.service import Backoff, Deadline, Service
-from bridge.store.work import WorkStore
-from bridge.telemetry import names
-from bridge.telemetry.propagation import producer_traceparent
+from bridge.adapters.kit import (
+    Backoff,
+    CallResult,
+    Deadline,
+    Deferred,
+    Holder,
+    Inbox,
+    ProbedAcks,
+    RowWatch,
+    Service,
+    Shown,
+    SourceAdapter,
+    SourceSettings,
+    SubscriptionConfig,
+    Table,
+    Written,
+    checked,
+    confirm,
+    producer_traceparent,
+    shown,
+    stream_status,
+)
 from bridge.types import Key, RawDelivery
 
 log = logging.getLogger(__name__)
@@ -343,7 +356,7 @@ class PubSubConsumer:
         subscription: str,
         inbox: Inbox,
         *,
-        store: WorkStore | None = None,
+        store: RowWatch | None = None,
         ack_mode: str = "after_inbox",
         max_messages: int = FLOW_MAX_MESSAGES_DEFAULT,
         max_bytes: int = FLOW_MAX_BYTES_DEFAULT,
@@ -999,7 +1012,7 @@ class PubSubSettings(SourceSettings):
         return str(self.subscription)
 
 
-def from_config(config: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> PubSubConsumer:
+def from_config(config: SubscriptionConfig, inbox: Inbox, store: RowWatch) -> PubSubConsumer:
     """The ``fencebridge.sources`` factory for ``source = "pubsub"``.
 
     The client library chooses the endpoint and credentials itself (``PUBSUB_EMULATOR_HOST``,
@@ -1104,7 +1117,7 @@ def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
 ADAPTER: Final = SourceAdapter(
     settings=PubSubSettings,
     open=from_config,
-    messaging_system=names.SYSTEM_PUBSUB,
+    messaging_system="gcp_pubsub",
     redelivery_days=REDELIVERY_DAYS,
     probe_ack_after_commit=probe_ack_after_commit,
 )

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bridge.adapters.sinks import Refused, SinkAdapter
-from bridge.config.model import DestinationConfig
-from bridge.outbox.publish import OutboxMessage
+from bridge.adapters.kit import DestinationConfig, OutboxMessage, Refused, SinkAdapter
 from consumers.sqs.sink import LIMITS, AwsSinkSettings, aws_client, batch_entry, send_batches
 
 

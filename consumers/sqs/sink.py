@@ -26,12 +26,18 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
-from bridge.adapters.sinks import Refusal, Refused, SinkAdapter
-from bridge.config.fields import HttpUrl, Shown
-from bridge.config.model import DestinationConfig, SinkSettings
+from bridge.adapters.kit import (
+    LEAST_COMMON,
+    DestinationConfig,
+    HttpUrl,
+    OutboxMessage,
+    Refusal,
+    Refused,
+    Shown,
+    SinkAdapter,
+    SinkSettings,
+)
 from bridge.errors import SinkUnavailable
-from bridge.outbox.limits import LEAST_COMMON
-from bridge.outbox.publish import OutboxMessage
 from consumers.sqs.source import Region
 
 #: What SQS and SNS accept of one message (:data:`bridge.outbox.limits.LEAST_COMMON` cites

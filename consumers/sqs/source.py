@@ -60,16 +60,30 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field, StrictInt, StrictStr, WithJsonSchema
 from tenacity import wait_random_exponential
 
-from bridge.adapters.holding import CallResult, Holder, confirm, stream_status
-from bridge.adapters.sources import ProbedAcks, SourceAdapter, SourceSettings
-from bridge.config import SubscriptionConfig
-from bridge.config.fields import HttpUrl, Shown, checked, shown
+from bridge.adapters.kit import (
+    IDLE,
+    Backoff,
+    CallResult,
+    Deadline,
+    Deferred,
+    Holder,
+    HttpUrl,
+    Inbox,
+    ProbedAcks,
+    RowWatch,
+    Service,
+    Shown,
+    SourceAdapter,
+    SourceSettings,
+    SubscriptionConfig,
+    Written,
+    checked,
+    confirm,
+    producer_traceparent,
+    shown,
+    stream_status,
+)
 from bridge.errors import BrokerUnavailable
-from bridge.ingest.inbox import Deferred, Inbox, Written
-from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.store.work import WorkStore
-from bridge.telemetry import names
-from bridge.telemetry.propagation import producer_traceparent
 from bridge.types import Key, RawDelivery
 
 log = logging.getLogger(__name__)
@@ -163,7 +177,7 @@ class SqsConsumer:
         subscription: str,
         inbox: Inbox,
         *,
-        store: WorkStore | None = None,
+        store: RowWatch | None = None,
         ack_mode: str = "after_inbox",
         receive_batch: int = RECEIVE_BATCH_DEFAULT,
         wait_seconds: int = WAIT_SECONDS_DEFAULT,
@@ -688,7 +702,7 @@ class SqsSettings(SourceSettings):
         return str(self.queue_url)
 
 
-def from_config(sub: SubscriptionConfig, inbox: Inbox, store: WorkStore) -> SqsConsumer:
+def from_config(sub: SubscriptionConfig, inbox: Inbox, store: RowWatch) -> SqsConsumer:
     """The ``sqs`` source: a boto3 client for the queue's region (and endpoint, if local)."""
     import boto3  # noqa: PLC0415  (only when an SQS subscription is configured)
     from botocore.config import Config  # noqa: PLC0415
@@ -787,7 +801,7 @@ def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
 ADAPTER: Final = SourceAdapter(
     settings=SqsSettings,
     open=from_config,
-    messaging_system=names.SYSTEM_SQS,
+    messaging_system="aws_sqs",
     redelivery_days=REDELIVERY_DAYS,
     probe_ack_after_commit=probe_ack_after_commit,
 )

@@ -18,16 +18,24 @@ from typing import Final
 
 from pydantic import Field, StrictInt
 
-from bridge.adapters.holding import stream_status
-from bridge.adapters.sources import ENTRY_POINT_GROUP, SourceAdapter, SourceSettings
-from bridge.config import SubscriptionConfig
-from bridge.config.fields import Name
-from bridge.ingest.inbox import Inbox
-from bridge.service import IDLE, Backoff, Deadline, Service
-from bridge.store.work import WorkStore
+from bridge.adapters.kit import (
+    IDLE,
+    Backoff,
+    Deadline,
+    Inbox,
+    Name,
+    RowWatch,
+    Service,
+    SourceAdapter,
+    SourceSettings,
+    SubscriptionConfig,
+    stream_status,
+)
 from bridge.types import RawDelivery
 
 SOURCE: Final = "memory"
+#: the entry-point group the core finds sources in, as a distribution's metadata names it
+ENTRY_POINT_GROUP: Final = "fencebridge.sources"
 DISTRIBUTION: Final = "fencebridge-memory-source"
 
 
@@ -176,7 +184,7 @@ class MemoryConsumer:
         return None
 
 
-def open_consumer(sub: SubscriptionConfig, inbox: Inbox, _store: WorkStore) -> MemoryConsumer:
+def open_consumer(sub: SubscriptionConfig, inbox: Inbox, _store: RowWatch) -> MemoryConsumer:
     settings = MemorySettings.of(sub)
     return MemoryConsumer(
         queue(settings.queue),

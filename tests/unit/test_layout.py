@@ -93,6 +93,57 @@ def test_the_core_never_imports_the_demo() -> None:
     assert {m: ts for m, ts in offenders.items() if ts} == {}
 
 
+#: what an adapter may import of the core: the kit, the words and the errors
+ADAPTER_MAY_IMPORT = ("bridge.adapters.kit", "bridge.types", "bridge.errors")
+#: the adapter a test writes as a third party would, against the kit alone
+MEMORY_ADAPTER = ROOT / "tests" / "support" / "memory_source.py"
+
+
+def imports_of_file(path: Path) -> set[str]:
+    """The absolute ``bridge`` modules a file outside the packages imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return {name for name in found if under(name, "bridge")}
+
+
+def test_adapters_import_only_the_kit_the_words_and_the_errors() -> None:
+    """A broker adapter needs nothing of the core but :mod:`bridge.adapters.kit`: a new broker
+    (the memory adapter of the tests, written as a third party would) is its own package."""
+    offenders = {
+        m: sorted(t for t in imported(m) if under(t, "bridge") and t not in ADAPTER_MAY_IMPORT)
+        for m in modules()
+        if under(m, "consumers")
+    }
+    offenders["tests.support.memory_source"] = sorted(
+        imports_of_file(MEMORY_ADAPTER) - set(ADAPTER_MAY_IMPORT)
+    )
+    assert {m: ts for m, ts in offenders.items() if ts} == {}
+
+
+def test_the_runtime_imports_no_operator_module() -> None:
+    """The running bridge never reaches an operator verb or its faces."""
+    faces = ("bridge.operator", "bridge.commands", "bridge.console")
+    offenders = {
+        m: sorted(t for t in imported(m) if any(under(t, f) for f in faces))
+        for m in modules()
+        if under(m, "bridge.runtime")
+    }
+    assert {m: ts for m, ts in offenders.items() if ts} == {}
+
+
+def test_telemetry_imports_no_ingest_module() -> None:
+    offenders = {
+        m: sorted(t for t in imported(m) if under(t, "bridge.ingest"))
+        for m in modules()
+        if under(m, "bridge.telemetry")
+    }
+    assert {m: ts for m, ts in offenders.items() if ts} == {}
+
+
 def sql_literals(path: Path) -> Iterator[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if (
