@@ -280,7 +280,10 @@ def test_the_operator_reads_every_tenant_and_writes_nothing(
             with pytest.raises(errors.InsufficientPrivilege):
                 conn.execute(statement)
         with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None, "history": 20})
+            conn.execute(
+                bridge_sql.statement("sweep"),
+                {"limit": 10, "now": None, "history": 20, "aging": 60.0, "unstarted_claims": 5},
+            )
 
     operator_store = PostgresStore.connect(roles.url_as(roles.operator), max_size=1)
     try:
@@ -358,7 +361,10 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
                 },
             )
         with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute(bridge_sql.statement("sweep"), {"limit": 10, "now": None, "history": 20})
+            conn.execute(
+                bridge_sql.statement("sweep"),
+                {"limit": 10, "now": None, "history": 20, "aging": 60.0, "unstarted_claims": 5},
+            )
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(
                 "SELECT * FROM fencebridge_erase_under_keys('acme', NULL, 'x', NULL,"
