@@ -152,7 +152,8 @@ def test_erased_tenants_redelivered_across_a_rotation_never_run_again(
         unready = old.wait_for("/readyz", 503)
         assert "IdentityKeysOutdated" in json.dumps(unready), unready
         assert "FENCEBRIDGE_IDENTITY_KEY set to key 2" in old.logs()
-        assert sum(on_queue(sqs, queue_url)) == 500, "nothing of it was deleted"
+        # at least the 500 sent: a send the client retried after a lost answer adds copies
+        assert sum(on_queue(sqs, queue_url)) >= 500, "nothing of it was deleted"
 
         second = dataclasses.replace(config, health_port=free_port(), worker_id="restarted")
         with BridgeProcess.start(second, tmp_path, both_env) as new:
