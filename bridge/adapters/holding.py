@@ -176,10 +176,12 @@ class Holder(Generic[T]):
         call_threads: int = CALL_THREADS_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
         supervise: Callable[..., Supervised] = Supervised,
+        on_settled: Callable[[Sequence[T]], None] | None = None,
     ) -> None:
         """``supervise`` builds the scheduling loop's service (a consumer passes its inbox's
         :meth:`~bridge.ingest.inbox.Inbox.supervised`, so the loop counts and reports like the
-        core's).
+        core's). ``on_settled`` is told of every copy whose acknowledgement the broker confirmed
+        (a consumer records its receive-to-ack time there, unless its broker calls do).
         """
         if extension <= 0 or limit <= 0:
             raise ValueError("extension and limit must be positive")
@@ -194,6 +196,7 @@ class Holder(Generic[T]):
         self._margin = extension / 2 if margin is None else margin
         self._settle_interval = settle_interval
         self._clock = clock
+        self._on_settled = on_settled
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
         self._due: list[tuple[float, int, int, str]] = []
@@ -486,6 +489,8 @@ class Holder(Generic[T]):
             for e in retried:
                 e.settle_retried = True
             self._idle(retried)
+        if done and self._on_settled is not None:
+            self._on_settled(done)
 
     def _extend(self, chunk: list[_Entry[T]]) -> None:
         sent = self._clock()

@@ -429,6 +429,7 @@ class PubSubConsumer:
                 extension=ACK_DEADLINE_MIN,  # the subscription's, once the stream opens
                 limit=max_lease_duration,
                 supervise=inbox.supervised,
+                on_settled=self._held_acked,
             )
 
         # Supervised loops: an unexpected error is logged by type, counted (here and in
@@ -866,6 +867,11 @@ class PubSubConsumer:
             self._count("ack_errors")
             log.exception("%s: unexpected error acknowledging", self.subscription)
             self._drop(chunk, "ack_unanswered")
+
+    def _held_acked(self, held: Sequence[Held]) -> None:
+        """Held copies whose acks were confirmed: their receive-to-ack time."""
+        for h in held:
+            self._inbox.acked(self.subscription, h.received_at)
 
     def _drop(self, items: Sequence[_Received], counted_as: str) -> None:
         """Out of the client's lease management: nothing stays leased and unacked."""

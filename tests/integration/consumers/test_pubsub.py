@@ -17,20 +17,28 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 from bridge.adapters import sources
 from bridge.adapters.holding import confirm
 from bridge.config import parse_config
 from bridge.database import SessionTimeouts
+from bridge.identity import IdentityHasher
+from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
+from bridge.telemetry import Telemetry
+from bridge.telemetry import names as n
 from bridge.types import Key
 from consumers.pubsub.source import AckCalls, PubSubConsumer, from_config, subscriber_client
 from tests.integration.consumers.conformance import (
+    RULES,
     SUBSCRIPTION,
     Db,
     eventually,
@@ -277,6 +285,47 @@ def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
     assert consumer.counts["received"] == 1  # never redelivered
     assert consumer.counts["let_go"] == 0
     assert emulator.deliverable(path) == []
+
+
+def receive_to_ack_counts(reader: InMemoryMetricReader) -> int:
+    """How many acknowledgements the receive-to-ack histogram recorded for the subscription."""
+    data = reader.get_metrics_data()
+    found = 0
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != n.METRIC_RECEIVE_TO_ACK:
+                    continue
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes or {})
+                    if attributes.get(n.LABEL_SUBSCRIPTION) == SUBSCRIPTION:
+                        assert isinstance(point, HistogramDataPoint)
+                        found += point.count
+    return found
+
+
+def test_after_outcome_records_receive_to_ack_for_held_deliveries(
+    emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
+) -> None:
+    """The holder's acks are acknowledgements too: each one is timed from its receive."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(IdentityHasher(b"receive-to-ack-test-secret-0001"), meter_provider=meters)
+    inbox = Inbox(store, partial(decode, RULES), telemetry=telemetry)
+    topic, path = emulator.create(enable_exactly_once_delivery=True, enable_message_ordering=True)
+    consumer = consumers.start(path, inbox, store=store, ack_mode="after_outcome")
+    try:
+        for i in range(3):
+            publish(emulator, topic, "t1", f"op-{i}", 5 + i)
+        eventually(lambda: consumer.held() == 3, "the deliveries to be held")
+        assert receive_to_ack_counts(reader) == 0
+        for claim in store.claim("w", 3, timedelta(seconds=30)):
+            store.complete(claim.ticket)
+        eventually(lambda: consumer.counts["acked"] == 3, "the acks once the rows succeeded")
+        eventually(lambda: receive_to_ack_counts(reader) == 3, "three receive-to-ack times")
+    finally:
+        consumer.stop()
+        meters.shutdown()
 
 
 @pytest.mark.slow
