@@ -135,6 +135,7 @@ from bridge.adapters.kit import (
 )
 from bridge.types import Key, RawDelivery
 from consumers.pubsub.acks import ACK_BATCH, AckCalls, describe
+from consumers.pubsub.ordering import KeyBarriers
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,14 @@ class _Received:
     def handle(self) -> str:
         ack_id: str = self.message.ack_id
         return ack_id
+
+    @property
+    def ordering_key(self) -> str | None:
+        return self.raw.ordering_key
+
+    @property
+    def message_id(self) -> str | None:
+        return self.raw.message_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +314,7 @@ class PubSubConsumer:
         self._reopen: str | None = None
         self._closed = False
 
+        self._barriers = KeyBarriers()
         self._calls = AckCalls(client, subscription_path, unordered=self._refused_unordered)
         # One call thread per unanswered batch, started as needed: a batch must never wait
         # for a thread held by batches that wait for its own ack (with message ordering the
@@ -648,11 +658,18 @@ class PubSubConsumer:
         return self._holder is not None and len(self._holder) >= self._max_messages
 
     def _write(self, batch: list[_Received]) -> None:
+        # A message of an ordering key whose earlier message left unwritten waits for it.
+        batch, held_back = self._barriers.sort(batch)
+        if held_back:
+            self._drop(held_back, "ordering_held_back")
+        if not batch:
+            return
         try:
             # Raises when the transaction did not commit: nothing is acked below.
             outcomes = self._inbox.admit([r.raw for r in batch], quota=self._quota)
         except Exception:  # whatever failed, nothing may be acked; the supervisor logs it
             self._count("write_failed")
+            self._barriers.left_unwritten(batch, self._barrier_ttl())
             self._nack(batch)
             log.warning(
                 "%s: inbox write failed; %d message(s) nacked", self.subscription, len(batch)
@@ -663,6 +680,7 @@ class PubSubConsumer:
         # ack deadline runs out, which paces the retries.
         deferred = [i for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Deferred)]
         if deferred:
+            self._barriers.left_unwritten(deferred, self._barrier_ttl())
             self._drop(deferred, "deferred_quota")
         kept = [(i, o) for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Written)]
         batch = [i for i, _ in kept]
@@ -697,6 +715,11 @@ class PubSubConsumer:
         for h in hold:
             # From now on the holder keeps the deadline; the client must not extend it too.
             h.message.drop()
+
+    def _barrier_ttl(self) -> float:
+        """How long an ordering key waits for its message that left unwritten: by then that
+        copy was handed out again (to this consumer or another one)."""
+        return float(self._client_lease() + self._ack_deadline)
 
     def _client_lease(self) -> int:
         """The lease the client library gives messages awaiting their write (seconds)."""
@@ -832,6 +855,7 @@ STREAM_COUNTS: Final = (
     "reconnects",
     "write_failed",
     "deferred_quota",
+    "ordering_held_back",
 )
 #: the holder's counters under the consumer's names
 _HOLDER_COUNTS: Final = {
