@@ -11,9 +11,8 @@ deferred it (dropped), or it could not be queued. The library then hands over th
 message at once, and, without more, it would be written (and run) before the earlier one comes
 back. :class:`KeyBarriers` closes the key on this consumer until the copy that left unwritten
 comes back (the same message id): meanwhile every later message of the key is let go unwritten
-too (nacked: the key keeps nothing outstanding here, so the earlier message can be handed out
-again first; the emulator hands a key's nacked message out again only once none of its later
-ones is outstanding).
+too (dropped: it returns after its ack deadline, behind the earlier one, which a nack would
+not guarantee on the emulator).
 
 The earlier copy may come back to another replica instead (the service moves a key to another
 stream when one ends). A closed key therefore opens again after ``ttl`` seconds (the client's

@@ -661,12 +661,7 @@ class PubSubConsumer:
         # A message of an ordering key whose earlier message left unwritten waits for it.
         batch, held_back = self._barriers.sort(batch)
         if held_back:
-            # Nacked, so the key has nothing outstanding here: the service hands out its
-            # earlier message first (the emulator does not while a later one is outstanding).
-            live = self._live(held_back)
-            for item in live:
-                item.message.nack()
-            self._count("ordering_held_back", len(live))
+            self._drop(held_back, "ordering_held_back")
         if not batch:
             return
         try:
