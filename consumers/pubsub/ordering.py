@@ -11,8 +11,8 @@ deferred it (dropped), or it could not be queued. The library then hands over th
 message at once, and, without more, it would be written (and run) before the earlier one comes
 back. :class:`KeyBarriers` closes the key on this consumer until the copy that left unwritten
 comes back (the same message id): meanwhile every later message of the key is let go unwritten
-too (dropped: it returns after its ack deadline, behind the earlier one, which a nack would
-not guarantee on the emulator).
+too (dropped: it returns after its ack deadline, behind the earlier one; nacked instead, they
+stalled the emulator's delivery of the key).
 
 The earlier copy may come back to another replica instead (the service moves a key to another
 stream when one ends). A closed key therefore opens again after ``ttl`` seconds (the client's
