@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge.errors import ConfigError
     from bridge.operator import probe
     from bridge.operator.check import evaluate, read_database
+    from bridge.store.reach import READ_GRANTS, reach
 
     try:
         config = load_config(args.config)
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise usage(f"no job type {', '.join(map(repr, unknown))} in {args.config}")
     url = database_url(args.database_url)
+    reach(url, READ_GRANTS)
     with connect(url) as conn:
         facts = read_database(conn)
     probed = probe.run(url, config) if args.probe else None

@@ -129,7 +129,7 @@ def rotate(args: argparse.Namespace) -> int:
     from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV, shown
 
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         rotation = keyring.rotate(
             store,
             hasher,

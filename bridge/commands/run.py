@@ -35,15 +35,19 @@ def run(args: argparse.Namespace) -> int:
     from bridge.runtime.collector import settle_in
     from bridge.runtime.process import open_bridge
     from bridge.store import PostgresStore
+    from bridge.store.reach import BRIDGE_GRANTS, reach
     from bridge.telemetry.setup import configure_telemetry
 
     config = load_config(args.config)
+    hasher = IdentityHasher.from_env()
+    url = database_url(args.database_url)
+    reach(url, BRIDGE_GRANTS)  # one line and its exit code, never the pool's wait and traceback
     telemetry = configure_telemetry()  # an exporter it cannot honour stops the start here
     try:
         bridge = open_bridge(
             config,
-            database_url(args.database_url),
-            IdentityHasher.from_env(),
+            url,
+            hasher,
             limits=config.bridge.limits(),
         )
         if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens

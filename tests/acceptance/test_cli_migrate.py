@@ -61,12 +61,13 @@ def test_migrate_takes_the_url_from_a_flag(empty_url: str) -> None:
     assert done.stdout.startswith("applied 0001_")
 
 
-def test_unreachable_database_exits_1_with_a_clear_message() -> None:
+def test_unreachable_database_exits_3_with_a_clear_message() -> None:
     url = "postgresql://fencebridge@127.0.0.1:1/nowhere?connect_timeout=5"  # nothing listens
     failed = fencebridge("migrate", url=url)
-    assert failed.returncode == 1
+    assert failed.returncode == 3
     assert failed.stdout == ""
-    assert failed.stderr.startswith("fencebridge migrate: connect: database unavailable")
+    assert failed.stderr.startswith("fencebridge migrate: database unreachable: ")
+    assert "(postgresql://fencebridge@127.0.0.1:1/nowhere?connect_timeout=5)" in failed.stderr
     assert "Traceback" not in failed.stderr
     assert len(failed.stderr.splitlines()) == 1
 
