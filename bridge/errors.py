@@ -7,6 +7,7 @@
     │   ├── IdentityKeysOutdated  restart with the current identity key; nothing was written
     │   ├── IdentityKeyMismatch   the process's identity keys are not the database's
     │   ├── IdentityKeyMissing    a row was written under a key this process does not hold
+    │   ├── IdentityKeyUnrecorded no key is recorded: `fencebridge identity init` records it
     │   └── EffectLogError        the shadow report's effect log cannot be read as documented
     ├── LeaseLost                 stop this work now; never retry the write that raised it
     │   └── FencedOut             the target itself refused a write carrying a stale fence
@@ -63,6 +64,11 @@ class IdentityKeyMismatch(ConfigError):  # noqa: N818  (a condition, named for w
 
 class IdentityKeyMissing(ConfigError):  # noqa: N818  (a condition, named for what is missing)
     """A row was written under a key this process does not hold."""
+
+
+class IdentityKeyUnrecorded(ConfigError):  # noqa: N818  (a condition, named for what is missing)
+    """No identity key is recorded in the database: the deployment's key is recorded on purpose
+    (``fencebridge identity init``), never by whichever process starts first."""
 
 
 class EffectLogError(ConfigError):

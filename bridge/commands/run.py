@@ -20,8 +20,8 @@ def register(commands: Subcommands) -> None:
         description=(
             f"Secrets come from the environment: ${DATABASE_URL_ENV} and ${IDENTITY_KEY_ENV} "
             "(the key of idempotency keys and of hashed identifiers in logs: the deployment's "
-            "key, which the database checks; change it only with `fencebridge identity "
-            "rotate`)."
+            "key, which the database checks; record it first with `fencebridge identity init`, "
+            "change it only with `fencebridge identity rotate`)."
         ),
     )
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             url,
             hasher,
             limits=config.bridge.limits(),
+            record_first_key=False,  # `fencebridge identity init` records the deployment's key
         )
         if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
             bridge.telemetry.observe(

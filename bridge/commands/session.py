@@ -52,14 +52,15 @@ def identity_hasher() -> IdentityHasher:
 
 def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
     """Compare the environment's identity keys with the database's before any hash is shown or
-    key derived; ``record`` (the command) also records the key on first use, for commands that
-    write hashes or derive idempotency keys."""
+    key derived, and bind the key ids for commands (``record`` names the command) that write
+    hashes or derive idempotency keys; no command records a first key (``identity init``
+    does)."""
     from bridge import keyring
 
     if record is None:
         keyring.verify(store, hasher)
     else:
-        keyring.attach(store, hasher, used_by=f"fencebridge {record}")
+        keyring.attach(store, hasher, used_by=f"fencebridge {record}", first_use=False)
 
 
 def optional_hasher(store: OperatorStore) -> IdentityHasher | None:

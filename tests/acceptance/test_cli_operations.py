@@ -38,6 +38,7 @@ from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.ingest.decode import decode
 from bridge.store import PostgresStore
 from bridge.types import Delivery, RawDelivery, Rejection, State, TargetClass, Ticket
+from tests.support.bridge_process import record_identity_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "operations-acceptance-identity-key"
@@ -142,6 +143,9 @@ def provider(db: Db) -> Db:
 
 @pytest.fixture
 def cli(db_url: str) -> Any:
+    # the deployment's first step: its key recorded (`fencebridge identity init`)
+    record_identity_key({DATABASE_URL_ENV: db_url, IDENTITY_KEY_ENV: SECRET})
+
     def run(*args: str, key: bool = True, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
         env[DATABASE_URL_ENV] = db_url

@@ -567,6 +567,6 @@ def test_an_unmigrated_database_is_refused(
         done = run_to_exit(path, bridge_env(url))
     finally:
         drop_database(pg_admin_url, name)
-    assert done.returncode == 1
+    assert done.returncode == 4
     assert "fencebridge migrate" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
