@@ -182,6 +182,7 @@ CASES = [
 ]
 
 
+@pytest.mark.promise("database-fault-exit")
 @pytest.mark.parametrize(("command", "fault"), CASES)
 def test_a_database_fault_ends_the_command_in_one_line_and_its_exit_code(
     command: str,

@@ -58,6 +58,7 @@ def keys(url: str) -> list[tuple[int, str]]:
     return [(int(k), str(f)) for k, f in rows]
 
 
+@pytest.mark.promise("identity-key")
 def test_run_refuses_a_database_with_no_key_until_identity_init_records_it(
     tmp_path: Path, moto: SqsServer, db_url: str
 ) -> None:
@@ -103,6 +104,7 @@ def test_run_refuses_a_database_with_no_key_until_identity_init_records_it(
         assert bridge.terminate() == 0, bridge.logs()
 
 
+@pytest.mark.promise("identity-key")
 def test_a_key_recorded_by_mistake_is_reset_while_unused_and_the_reset_is_audited(
     db_url: str,
 ) -> None:

@@ -131,6 +131,7 @@ def wait_for_lapse(db: Db, key: Key) -> None:
 # -- seed test 1: pause after claim, past lease expiry ------------------------------------------
 
 
+@pytest.mark.promise("worker-fault")
 def test_class_a_worker_paused_after_claim_cannot_commit_after_a_takeover(
     db: Db, store: PostgresStore, workers: Spawn
 ) -> None:
@@ -230,6 +231,7 @@ def test_class_a_worker_paused_inside_its_transaction_keeps_the_row_and_commits_
 # -- seed test 2: crash after the external call, before completion ------------------------------
 
 
+@pytest.mark.promise("worker-fault")
 def test_class_c_worker_killed_after_the_charge_is_reconciled_without_a_second_charge(
     db: Db, store: PostgresStore, workers: Spawn, hasher: IdentityHasher
 ) -> None:

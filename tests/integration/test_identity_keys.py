@@ -313,6 +313,7 @@ def test_a_hasher_that_consulted_no_database_derives_key_1_rows_only(store: Post
         Context.for_claim(dataclasses.replace(claim, identity_key_id=2), hasher)
 
 
+@pytest.mark.promise("identity-key")
 def test_no_command_records_a_first_key_only_identity_init_does(
     db_url: str, db: Db, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -102,6 +102,7 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
     assert prepared[0] >= 2
 
 
+@pytest.mark.promise("erasure-keeps-dedupe")
 def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     store: PostgresStore, db: Db
 ) -> None:

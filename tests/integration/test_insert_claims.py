@@ -148,6 +148,7 @@ def test_a_process_holding_not_the_key_it_writes_under_claims_nothing(
     assert rows(db)["op-1"][0] == "queued"
 
 
+@pytest.mark.promise("erasure-keeps-dedupe")
 def test_an_erased_operation_in_the_batch_is_a_replay_and_is_not_claimed(
     store: PostgresStore, db: Db
 ) -> None:

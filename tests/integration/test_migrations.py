@@ -254,6 +254,7 @@ def test_require_current_refuses_an_unmigrated_database(
         require_current(conn)
 
 
+@pytest.mark.promise("live-migration")
 def test_a_failing_migration_applies_nothing(empty_database: Callable[[], Db]) -> None:
     conn = empty_database()
     conn.execute("CREATE TABLE payload (x integer)")  # in the way of the first migration
@@ -381,6 +382,7 @@ def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
     assert snapshot(conn) == expected
 
 
+@pytest.mark.promise("live-migration")
 def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then_applies(
     empty_database: Callable[[], Db],
     monkeypatch: pytest.MonkeyPatch,

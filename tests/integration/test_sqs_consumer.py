@@ -158,6 +158,7 @@ def bridge(
 # -- after_outcome -------------------------------------------------------------------------------
 
 
+@pytest.mark.promise("held-extension")
 def test_visibility_is_extended_while_the_handler_progresses(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:

@@ -155,6 +155,7 @@ def test_class_c_errors_after_the_charge_are_reconciled_to_one_charge_each(
     assert rejected == [("conflict", CONFLICTS)]
 
 
+@pytest.mark.promise("class-d-unknown")
 def test_class_d_errors_after_the_call_are_unknown_and_called_once(
     store: PostgresStore, db: Db, pool: Callable[[Registry], WorkerPool]
 ) -> None:

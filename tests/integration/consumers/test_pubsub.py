@@ -241,6 +241,7 @@ def test_a_stream_that_ends_with_an_error_is_opened_again(
     assert emulator.deliverable(path) == []
 
 
+@pytest.mark.promise("held-extension")
 @pytest.mark.slow
 def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
     emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
