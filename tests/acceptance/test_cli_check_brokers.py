@@ -126,6 +126,7 @@ def test_a_broker_that_cannot_be_asked_leaves_control_8_not_probed(
     assert "3 not probed (control(s) 3, 4, 8)" in done.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow  # the emulator's start
 def test_a_missing_subscription_is_no_go_naming_it(
     emulator: PubSubEmulator, db_url: str, tmp_path: Path
 ) -> None:
@@ -136,6 +137,7 @@ def test_a_missing_subscription_is_no_go_naming_it(
     assert done.stdout.splitlines()[-1].startswith("NO-GO: 1 control(s) fail (sms: 8)")
 
 
+@pytest.mark.slow  # the emulator's start
 def test_an_existing_subscription_is_read_and_judged(
     emulator: PubSubEmulator, db_url: str, tmp_path: Path
 ) -> None:

@@ -175,8 +175,17 @@ def expected_faults(command: str) -> list[str]:
     return [UNREACHABLE, MISNAMED, UNMIGRATED, NO_GRANTS]
 
 
+#: the cases of the fast tier: `run` meets every fault there (each case starts an interpreter,
+#: about 2 s on two loaded cores); every other command's in `make test-all`
+FAST_COMMANDS = ("run",)
+
 CASES = [
-    pytest.param(command, fault, id=f"{command}-{fault}".replace(" ", "-"))
+    pytest.param(
+        command,
+        fault,
+        id=f"{command}-{fault}".replace(" ", "-"),
+        marks=() if command in FAST_COMMANDS else pytest.mark.slow,
+    )
     for command in COMMANDS
     for fault in expected_faults(command)
 ]

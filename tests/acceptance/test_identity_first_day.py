@@ -58,6 +58,7 @@ def keys(url: str) -> list[tuple[int, str]]:
     return [(int(k), str(f)) for k, f in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.promise("identity-key")
 def test_run_refuses_a_database_with_no_key_until_identity_init_records_it(
     tmp_path: Path, moto: SqsServer, db_url: str
@@ -104,6 +105,7 @@ def test_run_refuses_a_database_with_no_key_until_identity_init_records_it(
         assert bridge.terminate() == 0, bridge.logs()
 
 
+@pytest.mark.slow
 @pytest.mark.promise("identity-key")
 def test_a_key_recorded_by_mistake_is_reset_while_unused_and_the_reset_is_audited(
     db_url: str,
@@ -155,6 +157,7 @@ def write_tombstone(url: str) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("write", "named"),
     [(write_work_row, "work rows or intents"), (write_tombstone, "tombstones")],
@@ -175,6 +178,7 @@ def test_a_reset_is_refused_once_anything_was_written_under_the_key(
     assert keys(db_url) == [(1, fingerprint(THROWAWAY.encode()))]
 
 
+@pytest.mark.slow
 def test_a_reset_is_refused_while_another_fencebridge_session_is_connected(db_url: str) -> None:
     throwaway = bridge_env(db_url, identity_key=THROWAWAY)
     assert fencebridge(throwaway, "identity", "init", "--reason", "tried it").returncode == 0

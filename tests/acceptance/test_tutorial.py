@@ -24,6 +24,7 @@ FILE = re.compile(r"<!-- tutorial-file: (\S+) -->\n```python\n(.*?)```", re.DOTA
 RUN = re.compile(r"<!-- tutorial-run -->\n```bash\n(.*?)```", re.DOTALL)
 
 
+@pytest.mark.slow
 def test_the_pages_handler_tests_pass_as_written(tmp_path: Path, pg_admin_url: str) -> None:
     page = PAGE.read_text(encoding="utf-8")
     files = FILE.findall(page)

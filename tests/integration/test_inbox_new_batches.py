@@ -192,6 +192,7 @@ def through(proxy: Proxy, url: str) -> str:
     return conninfo.make_conninfo(url, host=proxy.host, port=str(proxy.port))
 
 
+@pytest.mark.slow
 def test_racing_writers_with_duplicates_conflicts_and_a_cut_create_each_operation_once(
     cluster_db_url: str, proxy: Proxy
 ) -> None:

@@ -232,6 +232,7 @@ def proxied(cluster_db_url: str, proxy: Proxy) -> Iterator[PostgresStore]:
         store.close()
 
 
+@pytest.mark.slow
 def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through_a_cut(
     proxied: PostgresStore, cluster_db_url: str, proxy: Proxy
 ) -> None:
@@ -388,6 +389,7 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
     assert most <= 8 + 8, f"the pool held {most} rows at once, 8 threads + 8 prefetched"
 
 
+@pytest.mark.slow
 def test_a_queued_row_nobody_handed_off_is_claimed_within_the_poll_interval(
     store: PostgresStore, db: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -447,6 +449,7 @@ class InOrder(ConditionalWriteHandler):
             return {f"{g}-{i:04d}" for g, indices in self.order.items() for i in indices}
 
 
+@pytest.mark.slow
 def test_ordered_groups_run_in_order_each_row_as_its_predecessor_settles_not_at_the_poll(
     store: PostgresStore, db: Db
 ) -> None:
