@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from bridge.database import DATABASE_URL_ENV
-from tests.support.bridge_process import AWS_ENV
+from tests.support.bridge_process import (
+    AWS_ENV,
+    BridgeProcess,
+    Job,
+    SqsBridgeConfig,
+    bridge_env,
+)
 from tests.support.pubsub_emulator import (
     EMULATOR_HOST_ENV,
     PubSubEmulator,
@@ -148,3 +154,19 @@ def test_an_existing_subscription_is_read_and_judged(
     assert f"warning: events: subscription {path}: ack deadline 5 s" in done.stdout
     assert f"warning: events: subscription {path} has no dead-letter policy" in done.stdout
     assert done.stdout.splitlines()[-1].endswith("; 2 warning(s)")
+
+
+@pytest.mark.slow
+def test_runs_warning_about_a_missing_queue_names_it(
+    moto: SqsServer, db_url: str, tmp_path: Path
+) -> None:
+    """What ``check`` says before, ``run`` says while it retries: which queue it tried."""
+    missing = f"{moto.endpoint}/123456789012/no-such-queue"
+    config = SqsBridgeConfig(
+        queue_url=missing,
+        endpoint_url=moto.endpoint,
+        jobs={"record": Job("tests.support.handlers:RecordEffect", "A")},
+    )
+    with BridgeProcess.start(config, tmp_path, bridge_env(db_url)) as bridge:
+        bridge.wait_log(f"receive from SQS queue {missing} failed")
+        assert bridge.terminate() == 0, bridge.logs()
