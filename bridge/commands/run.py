@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     from bridge.identity import IdentityHasher
     from bridge.runtime.collector import settle_in
     from bridge.runtime.process import open_bridge
-    from bridge.store import PostgresStore
     from bridge.telemetry.setup import configure_telemetry
 
     config = load_config(args.config)
@@ -46,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
             IdentityHasher.from_env(),
             limits=config.bridge.limits(),
         )
-        if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
+        if telemetry.metrics:
             bridge.telemetry.observe(
                 bridge.store,
                 limits=config.concurrency_limits(),
                 rates=config.token_rates(),
-                outbox=bridge.relay.store.depth if bridge.relay is not None else None,
+                outbox=bridge.store.outbox.depth if bridge.relay is not None else None,
                 destinations=list(config.outbox),
                 subscriptions=list(config.subscriptions),
             )

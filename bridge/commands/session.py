@@ -21,11 +21,11 @@ from bridge.identity import IDENTITY_KEY_ENV
 
 if TYPE_CHECKING:
     from bridge.identity import IdentityHasher
-    from bridge.store.operator import OperatorStore
+    from bridge.store import PostgresStore
     from bridge.types import Key
 
 
-def open_store(args: argparse.Namespace) -> closing[OperatorStore]:
+def open_store(args: argparse.Namespace) -> closing[PostgresStore]:
     """A small store for one command, closed when the ``with`` block ends."""
     from bridge.store import PostgresStore
 
@@ -38,19 +38,19 @@ def identity_hasher() -> IdentityHasher:
     return IdentityHasher.from_env()
 
 
-def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
+def keyed(store: PostgresStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
     """Compare the environment's identity keys with the database's before any hash is shown or
     key derived; ``record`` (the command) also records the key on first use, for commands that
     write hashes or derive idempotency keys."""
     from bridge import keyring
 
     if record is None:
-        keyring.verify(store, hasher)
+        keyring.verify(store.keys, hasher)
     else:
-        keyring.attach(store, hasher, used_by=f"fencebridge {record}")
+        keyring.attach(store.keys, hasher, used_by=f"fencebridge {record}")
 
 
-def optional_hasher(store: OperatorStore) -> IdentityHasher | None:
+def optional_hasher(store: PostgresStore) -> IdentityHasher | None:
     """The compared keys when the environment sets one; None for commands that can do without."""
     if not os.environ.get(IDENTITY_KEY_ENV):
         return None

@@ -28,7 +28,7 @@ from bridge.console.openapi import document
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
-from bridge.store.operator import OperatorStore
+from bridge.store import PostgresStore
 from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
@@ -93,7 +93,7 @@ class ConsoleApi:
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: PostgresStore,
         config: BridgeConfig,
         hasher: IdentityHasher,
         *,
@@ -413,7 +413,7 @@ class ConsoleApi:
             limit=_bounded(body, "limit", 100, REDRIVE_LIMIT_MAX),
         )
         if not dry_run:
-            keyring.attach(self._store, self._hasher, used_by="fencebridge console")
+            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
         report = Redrive(
             self._store,
             self._config,

@@ -44,7 +44,7 @@ from psycopg import sql as pgsql
 from bridge import sql
 from bridge.adapters import sources
 from bridge.config import BridgeConfig, SubscriptionConfig
-from bridge.database import Connection, SessionTimeouts, connect, open_pool, translate_errors
+from bridge.database import Connection, SessionTimeouts, connect, translate_errors
 from bridge.errors import FenceBridgeError
 from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
@@ -117,8 +117,9 @@ class Scratch:
         return connect(self.url, timeouts=_TIMEOUTS)
 
     def store(self, size: int) -> PostgresStore:
-        pool = open_pool(self.url, min_size=1, max_size=size, timeouts=_TIMEOUTS)
-        return PostgresStore(pool, attempt_history=_HISTORY)
+        return PostgresStore.connect(
+            self.url, max_size=size, timeouts=_TIMEOUTS, attempt_history=_HISTORY
+        )
 
 
 def run(

@@ -34,14 +34,13 @@ from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
 from bridge.ingest.shadow import ShadowWrites
 from bridge.keyring import attach
-from bridge.outbox.relay import OutboxStore, Relay
+from bridge.outbox.relay import Relay
 from bridge.runtime.health import HealthServer
 from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.store.migrate import require_current
-from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class Bridge:
     def __init__(
         self,
         config: BridgeConfig,
-        store: WorkStore,
+        store: PostgresStore,
         hasher: IdentityHasher,
         *,
         registry: Registry | None = None,
@@ -94,10 +93,8 @@ class Bridge:
         )
         self.relay: Relay | None = None
         if config.outbox:
-            if not isinstance(store, PostgresStore):
-                raise TypeError("the outbox relay needs the PostgreSQL store")
             self.relay = Relay(
-                OutboxStore(store.pool),
+                store.outbox,
                 config.outbox,
                 owner=settings.worker_id,
                 limits=limits,
@@ -148,7 +145,7 @@ class Bridge:
 
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run")
+        attach(self.store.keys, self.hasher, used_by="fencebridge run")
         self.pool.start()
         self.sweeper.start()
         if self.relay is not None:
@@ -270,7 +267,7 @@ def open_bridge(
     if config.bridge.tenant_fairness:
         store.use_tenant_fairness(config.bridge.tenant_weights)
     try:
-        with store.pool.connection() as conn:
+        with store.connection("schema check") as conn:
             require_current(conn)
         return Bridge(config, store, hasher, telemetry=telemetry, limits=limits)
     except BaseException:

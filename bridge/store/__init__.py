@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bridge.store.db import Clock
 from bridge.store.operator import OperatorStore
-from bridge.store.postgres import CONFLICT_REASON, Clock, PostgresStore
+from bridge.store.postgres import CONFLICT_REASON, PostgresStore
 from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     FencedTransaction,

@@ -37,10 +37,9 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,17 +53,24 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
-from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool, translate_errors
+from bridge.database import Connection, SessionTimeouts, milliseconds, open_pool
 from bridge.deadline import TransactionDeadline
 from bridge.errors import (
     ConfigError,
     DeadlineExceeded,
     ErasureRefused,
     IdentityKeysOutdated,
-    LeaseLost,
     StoreError,
     StoreUnavailable,
 )
+from bridge.store.db import (
+    Clock,
+    Database,
+    database_clock,
+    lost,
+    ticket_params,
+)
+from bridge.store.keys import KeyStore
 from bridge.store.listing import (
     FigurePoint,
     GroupCount,
@@ -73,6 +79,7 @@ from bridge.store.listing import (
     RowSummary,
 )
 from bridge.store.operator import SHADOW_PAGE_DEFAULT
+from bridge.store.outbox import OutboxStore
 from bridge.store.records import (
     AttemptRecord,
     ErasureCounts,
@@ -121,12 +128,6 @@ from bridge.types import (
     Ticket,
 )
 
-Clock = Callable[[], datetime | None]
-
-#: how long a thread keeps one connection (:meth:`PostgresStore.keep_connection`) before it
-#: hands it back and takes another: the pool renews connections only as they come back
-KEEP_SECONDS = 60.0
-
 #: the SQLSTATE of a refused one-round-trip write (migrations 0022, 0023): the batch was not all
 #: new
 NOT_NEW = "FBNEW"
@@ -140,13 +141,6 @@ ERASURE_REFUSALS = frozenset({"55006", "40001", KEYS_MISSED})
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
 ERASED_CONFLICT_REASON = "payload hash differs from the erased operation's payload"
-
-#: an operation's tombstone hash under every identity key held, by key id (:mod:`bridge.identity`)
-ErasedHashes = Callable[[str, str], list[tuple[int, bytes]]]
-
-
-def _database_clock() -> datetime | None:
-    return None
 
 
 class PostgresFencedTransaction:
@@ -180,7 +174,7 @@ class PostgresFencedTransaction:
         row = self.connection.execute(
             sql.statement("settle"),
             {
-                **_ticket_params(self.ticket),
+                **ticket_params(self.ticket),
                 "state": state.value,
                 "outcome_code": outcome_code,
                 "outcome_detail": detail,
@@ -191,46 +185,34 @@ class PostgresFencedTransaction:
             },
         ).fetchone()
         if row is None:  # cannot happen while we hold the row lock; kept as a guard
-            raise _lost(self.ticket, "settle")
+            raise lost(self.ticket, "settle")
         self.settled = state
 
 
-class PostgresStore:
-    """The work store on PostgreSQL. Thread-safe: every call borrows a pooled connection."""
+class PostgresStore(Database):
+    """The work store on PostgreSQL: every family's statements on one :class:`Database`, while
+    the families move out of it."""
 
     def __init__(
         self,
         pool: ConnectionPool[Connection],
         *,
-        clock: Clock = _database_clock,
+        clock: Clock = database_clock,
         attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
         priority_aging: timedelta = PRIORITY_AGING_DEFAULT,
     ) -> None:
-        if attempt_history < 0:
-            raise ValueError("attempt_history is a count of attempts kept per row (0: none)")
-        if priority_aging < timedelta(0):
-            raise ValueError("priority_aging is how far one priority step moves a row: not < 0")
-        self._pool = pool
-        self._now = clock
-        #: attempts kept per row, written by the statements that end attempts (0 records none)
-        self._history = attempt_history
-        #: seconds of claim order one priority step is worth (migration 0012)
-        self._aging = priority_aging.total_seconds()
-        #: set by :func:`bridge.keyring.attach`: the id new rows carry, the ids claims accept
-        self._identity_key: int | None = None
-        self._identity_keys: list[int] | None = None
-        #: set with the keys: how the inbox finds an inserted operation's tombstone
-        self._erased_hashes: ErasedHashes | None = None
+        super().__init__(
+            pool, clock=clock, attempt_history=attempt_history, priority_aging=priority_aging
+        )
         #: set by :meth:`use_concurrency_limits`: the limited job types, read by the claims
         self._concurrency: dict[str, ConcurrencyLimit] = {}
         #: set by :meth:`use_token_rates`: the rate-limited job types, read by the claims
         self._rates: dict[str, TokenRate] = {}
         #: set by :meth:`use_tenant_fairness`: claims take tenants in turn (claim_fair.sql)
         self._fair: _FairWalk | None = None
-        #: the connection each thread that called :meth:`keep_connection` uses
-        self._kept = threading.local()
-        self._kept_lock = threading.Lock()
-        self._kept_open: set[Connection] = set()
+
+        self.outbox = OutboxStore(self)
+        self.keys = KeyStore(self)
 
     @classmethod
     def connect(
@@ -239,15 +221,13 @@ class PostgresStore:
         *,
         min_size: int = 1,
         max_size: int = 10,
-        clock: Clock = _database_clock,
+        clock: Clock = database_clock,
         timeouts: SessionTimeouts | None = None,
         attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
         priority_aging: timedelta = PRIORITY_AGING_DEFAULT,
         generic_plans: bool = False,
     ) -> PostgresStore:
-        """A store on a new pool; every connection is bounded by ``timeouts`` (the defaults of
-        :class:`~bridge.database.SessionTimeouts` unless given). ``generic_plans``: see
-        :func:`~bridge.database.open_pool` (the bridge's own store sets it)."""
+        """A store on a new pool (:func:`open_database`)."""
         pool = open_pool(
             url,
             min_size=min_size,
@@ -258,31 +238,6 @@ class PostgresStore:
         return cls(
             pool, clock=clock, attempt_history=attempt_history, priority_aging=priority_aging
         )
-
-    @property
-    def pool(self) -> ConnectionPool[Connection]:
-        return self._pool
-
-    def close(self) -> None:
-        """Close the pool, and the connections threads still keep (the pool closes those only
-        once they come back)."""
-        with self._kept_lock:
-            kept, self._kept_open = self._kept_open, set()
-        for conn in kept:
-            conn.close()
-        self._pool.close()
-
-    def use_identity_keys(
-        self, current: int, held: Sequence[int], erased: ErasedHashes | None = None
-    ) -> None:
-        """Write new rows under identity key ``current``; claim only rows written under a key
-        in ``held`` (a row under another key needs a process that holds it); ``erased`` derives
-        the tombstone hashes the inbox looks erased operations up by. Until called, new rows
-        take the database's current key, claims take any row, and an ingest that would write
-        new work refuses while any tombstone exists (it cannot tell whether one matches)."""
-        self._identity_key = current
-        self._identity_keys = list(held)
-        self._erased_hashes = erased
 
     def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
         """Claim rows of these job types only within their concurrency limits. Every process
@@ -330,80 +285,6 @@ class PostgresStore:
             return None
         return _Limits(Jsonb(slots) if slots else None, Jsonb(rates) if rates else None)
 
-    def keep_connection(self) -> None:
-        """From now on this thread's calls use one connection (until :meth:`release_connection`
-        or a call that fails), not the pool's oldest idle one each time: a loop that calls many
-        times a second keeps its server process, and that process's caches, warm (measured:
-        docs/benchmarks.md, "Worker tier"). The connection goes back to the pool every
-        :data:`KEEP_SECONDS`, so the pool's own age limit still renews it."""
-        self._kept.on = True
-
-    def release_connection(self) -> None:
-        """Give the connection this thread kept back to the pool (nothing if it kept none)."""
-        self._kept.on = False
-        self._return_kept()
-
-    def _return_kept(self) -> None:
-        conn: Connection | None = getattr(self._kept, "conn", None)
-        self._kept.conn = None
-        if conn is not None:
-            with self._kept_lock:
-                self._kept_open.discard(conn)
-            self._pool.putconn(conn)  # a broken one is discarded, an open transaction rolled back
-
-    @contextmanager
-    def _connection(self, action: str) -> Iterator[Connection]:
-        if not getattr(self._kept, "on", False):
-            with translate_errors(action), self._pool.connection() as conn:
-                yield conn
-            return
-        kept: Connection | None = getattr(self._kept, "conn", None)
-        if kept is not None and time.monotonic() >= self._kept.until:
-            self._return_kept()
-            kept = None
-        try:
-            with translate_errors(action):
-                if kept is None:
-                    kept = self._kept.conn = self._pool.getconn()
-                    self._kept.until = time.monotonic() + KEEP_SECONDS
-                    with self._kept_lock:
-                        self._kept_open.add(kept)
-                yield kept
-        except BaseException:
-            self._return_kept()  # the next call takes a connection known to be good
-            raise
-
-    def _fenced_write(
-        self, action: str, name: str, ticket: Ticket, /, **params: Any
-    ) -> tuple[Any, ...]:
-        """Run one statement guarded by ``fence = :fence AND state = 'claimed'``.
-
-        The row it returns is the proof the fence was current; no row raises LeaseLost.
-        """
-        with self._connection(action) as conn:
-            row = conn.execute(
-                sql.statement(name),
-                {
-                    **_ticket_params(ticket),
-                    **params,
-                    "now": self._now(),
-                    "history": self._history,
-                    "aging": self._aging,
-                },
-            ).fetchone()
-        if row is None:
-            raise _lost(ticket, action)
-        return row
-
-    def _guarded_write(self, name: str, params: dict[str, Any], *, dry_run: bool) -> bool:
-        """Run one operator move whose guard is inside the statement; False when the row had
-        moved on. A dry run executes it and rolls back."""
-        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
-            row = conn.execute(
-                sql.statement(name), {**params, "now": self._now(), "aging": self._aging}
-            ).fetchone()
-        return row is not None
-
     # -- inbox -------------------------------------------------------------------------------
 
     def ingest(
@@ -419,7 +300,7 @@ class PostgresStore:
         written claimed for its worker instead, and come back with their :class:`Claim`.
         """
         firsts = _firsts(batch)
-        with self._connection("ingest") as conn:
+        with self.connection("ingest") as conn:
             if len(firsts) == len(batch) > 0:
                 claims = self._ingest_new(conn, firsts, claim)
                 if claims is not None:
@@ -465,12 +346,12 @@ class PostgresStore:
         return {
             "key_id": [key_id for _, key_id, _ in hashed],
             "operation_hash": [digest for _, _, digest in hashed],
-            "any_erased": self._erased_hashes is None,
+            "any_erased": self.erased_hashes is None,
         }
 
     def _hashed(self, keys: Sequence[Key]) -> list[tuple[Key, int, bytes]]:
         """Each key with its keyed hash under every identity key held (none without them)."""
-        derive = self._erased_hashes
+        derive = self.erased_hashes
         if derive is None:
             return []
         return [
@@ -492,9 +373,9 @@ class PostgresStore:
         return {
             **insert_params(fresh, refs, self._insert_leases(fresh, claim)),
             "worker": claim.worker if claim is not None else None,
-            "identity_key_id": self._identity_key,
-            "aging": self._aging,
-            "now": self._now(),
+            "identity_key_id": self.identity_key,
+            "aging": self.aging,
+            "now": self.now(),
         }
 
     def _insert_leases(
@@ -507,8 +388,8 @@ class PostgresStore:
         not hold would keep from it. A rate limit's wait is the statement's to check."""
         if claim is None or claim.limit < 1:
             return None
-        held = self._identity_keys
-        if held is not None and self._identity_key not in held:
+        held = self.identity_keys
+        if held is not None and self.identity_key not in held:
             return None
         left = claim.limit
         leases: list[float | None] = []
@@ -614,8 +495,8 @@ class PostgresStore:
         if any(item.subscription != subscription for item in batch):
             raise ValueError("a shadow batch comes from one subscription")
         firsts = _firsts(batch)
-        now = self._now()
-        with self._connection("shadow ingest") as conn, conn.transaction():
+        now = self.now()
+        with self.connection("shadow ingest") as conn, conn.transaction():
             inserted: set[Key] = set()
             if firsts:
                 rows = conn.execute(
@@ -658,7 +539,7 @@ class PostgresStore:
     def _erased_lookup(self, keys: Sequence[Key]) -> tuple[LiteralString, dict[str, Any]]:
         """The statement that finds these keys' tombstones: by their keyed hashes under every
         identity key held; with no keys bound, whether any tombstone exists at all."""
-        if self._erased_hashes is None:
+        if self.erased_hashes is None:
             return sql.statement("erased_any"), {}
         hashed = self._hashed(keys)
         return sql.statement("ingest_erased"), {
@@ -674,7 +555,7 @@ class PostgresStore:
         """The tombstones of the keys just inserted; their rows are taken back out. A tombstone
         of a key that was not inserted (a row an earlier release wrote after the erasure) is
         left to that row."""
-        if self._erased_hashes is None:
+        if self.erased_hashes is None:
             if hits and hits[0][0] and inserted:
                 raise ConfigError(
                     "ingest: erased operations exist and this store was not given the identity "
@@ -708,7 +589,7 @@ class PostgresStore:
         if quota < 1:
             raise ValueError(f"a tenant backlog quota is a number of rows, at least 1, not {quota}")
         firsts = _firsts(batch)
-        with self._connection("ingest") as conn, conn.transaction():
+        with self.connection("ingest") as conn, conn.transaction():
             if not firsts:
                 return list(self._ingest(conn, batch, claim))
             news: dict[str, list[Key]] = {}
@@ -750,9 +631,9 @@ class PostgresStore:
         """State of each operation and whether its claim's lease is live (after_outcome acks)."""
         if not keys:
             return {}
-        with self._connection("watch") as conn:
+        with self.connection("watch") as conn:
             rows = conn.execute(
-                sql.statement("watch"), {**_keys_params(keys), "now": self._now()}
+                sql.statement("watch"), {**_keys_params(keys), "now": self.now()}
             ).fetchall()
         return {Key(t, o): (State(s), bool(live)) for t, o, s, live in rows}
 
@@ -770,7 +651,7 @@ class PostgresStore:
         if limit < 1:
             return []
         text, params, after = self._claim_request(worker, lease, limit, None, job_types)
-        with self._connection("claim") as conn:
+        with self.connection("claim") as conn:
             rows = _execute(conn, text, params).fetchall()
         return self._claimed(rows, after)
 
@@ -779,7 +660,7 @@ class PostgresStore:
         if not keys:
             return []
         text, params, after = self._claim_request(worker, lease, 0, keys, None)
-        with self._connection("claim") as conn:
+        with self.connection("claim") as conn:
             rows = _execute(conn, text, params).fetchall()
         return self._claimed(rows, after)
 
@@ -809,14 +690,14 @@ class PostgresStore:
         text, params, after = self._claim_request(worker, lease, limit, keys, job_types)
         settled: psycopg.Cursor[tuple[Any, ...]] | None = None
         try:
-            with self._connection("settle and claim") as conn:
+            with self.connection("settle and claim") as conn:
                 # One pipeline, one Sync: the two statements go out in one round trip and run
                 # as one implicit transaction, which the Sync commits, or rolls back whole
                 # once either fails (no BEGIN, no COMMIT, no round trip of their own).
                 with conn.pipeline():
                     settled = conn.execute(
                         sql.statement("settle_many"),
-                        _settlements_params(settlements, self._now(), self._history),
+                        _settlements_params(settlements, self.now(), self.attempt_history),
                     )
                     claimed = _execute(conn, text, params)
                 moved = settled.fetchall()
@@ -844,9 +725,9 @@ class PostgresStore:
         common = {
             "worker": worker,
             "lease": lease,
-            "identity_keys": self._identity_keys,
-            "history": self._history,
-            "now": self._now(),
+            "identity_keys": self.identity_keys,
+            "history": self.attempt_history,
+            "now": self.now(),
         }
         if keys:
             limits = self._limits(None)
@@ -877,7 +758,7 @@ class PostgresStore:
 
     def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
         """Extend the lease under the fence; returns the new expiry or raises LeaseLost."""
-        expires = self._fenced_write("heartbeat", "heartbeat", ticket, lease=lease)[0]
+        expires = self.fenced_write("heartbeat", "heartbeat", ticket, lease=lease)[0]
         assert isinstance(expires, datetime)
         return expires
 
@@ -885,10 +766,10 @@ class PostgresStore:
         """Extend many leases in one statement; returns the tickets whose fence was stale."""
         if not tickets:
             return []
-        with self._connection("heartbeat") as conn:
+        with self.connection("heartbeat") as conn:
             rows = conn.execute(
                 sql.statement("heartbeat_many"),
-                {**_tickets_params(tickets), "lease": lease, "now": self._now()},
+                {**_tickets_params(tickets), "lease": lease, "now": self.now()},
             ).fetchall()
         return _stale(tickets, rows)
 
@@ -956,7 +837,7 @@ class PostgresStore:
         error: str | None,
         finding: str | None,
     ) -> None:
-        self._fenced_write(
+        self.fenced_write(
             f"settle as {state.value}",
             "settle",
             ticket,
@@ -972,10 +853,10 @@ class PostgresStore:
         if not settlements:
             return []
         _settled_only(settlements, "settle_many")
-        with self._connection("settle") as conn:
+        with self.connection("settle") as conn:
             rows = conn.execute(
                 sql.statement("settle_many"),
-                _settlements_params(settlements, self._now(), self._history),
+                _settlements_params(settlements, self.now(), self.attempt_history),
             ).fetchall()
         return _stale([s.ticket for s in settlements], rows)
 
@@ -997,7 +878,7 @@ class PostgresStore:
 
         Only for attempts that confirmed nothing was applied. Returns the state the row took.
         """
-        row = self._fenced_write(
+        row = self.fenced_write(
             "retry later",
             "retry_later",
             ticket,
@@ -1011,11 +892,11 @@ class PostgresStore:
 
     def record_intent(self, ticket: Ticket) -> None:
         """Record, under the fence, that this claim is about to call a class D target."""
-        self._fenced_write("record intent", "record_intent", ticket)
+        self.fenced_write("record intent", "record_intent", ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Give back a claim whose handler never started; the attempt is not counted."""
-        self._fenced_write("release", "release", ticket)
+        self.fenced_write("release", "release", ticket)
 
     @contextmanager
     def fenced_transaction(
@@ -1032,18 +913,18 @@ class PostgresStore:
         that ends after it is rolled back instead of committed. Each of these raises
         :class:`~bridge.deadline.DeadlineExceeded`: rolled back, nothing was applied.
         """
-        with self._connection("fenced transaction") as conn:
+        with self.connection("fenced transaction") as conn:
             watch: TransactionDeadline | None = None
             try:
                 with conn.transaction():
                     row = conn.execute(
-                        sql.statement("lock_claim"), _ticket_params(ticket)
+                        sql.statement("lock_claim"), ticket_params(ticket)
                     ).fetchone()
                     if row is None:
-                        raise _lost(ticket, "lock")
+                        raise lost(ticket, "lock")
                     if deadline is None:
                         yield PostgresFencedTransaction(
-                            conn, ticket, self._now(), history=self._history
+                            conn, ticket, self.now(), history=self.attempt_history
                         )
                         return
                     bound = str(milliseconds(deadline))
@@ -1053,7 +934,7 @@ class PostgresStore:
                     )
                     with TransactionDeadline(conn, deadline) as watch:
                         yield PostgresFencedTransaction(
-                            conn, ticket, self._now(), watch, history=self._history
+                            conn, ticket, self.now(), watch, history=self.attempt_history
                         )
                         watch.finish()  # past the deadline: raise, so nothing commits
             except psycopg.Error as exc:
@@ -1073,7 +954,7 @@ class PostgresStore:
         With ``exclusive``, the sweep runs only if no other process is sweeping right now
         (a transaction-scoped advisory lock); otherwise it does nothing at once.
         """
-        with self._connection("sweep") as conn, conn.transaction():
+        with self.connection("sweep") as conn, conn.transaction():
             if exclusive:
                 got = conn.execute(sql.statement("sweep_lock")).fetchone()
                 if not got or not got[0]:
@@ -1082,9 +963,9 @@ class PostgresStore:
                 sql.statement("sweep"),
                 {
                     "limit": limit,
-                    "now": self._now(),
-                    "history": self._history,
-                    "aging": self._aging,
+                    "now": self.now(),
+                    "history": self.attempt_history,
+                    "aging": self.aging,
                     "unstarted_claims": UNSTARTED_CLAIMS_MAX,
                 },
             ).fetchall()
@@ -1117,10 +998,10 @@ class PostgresStore:
             "extra_attempts": extra_attempts,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
-            "aging": self._aging,
+            "now": self.now(),
+            "aging": self.aging,
         }
-        with self._connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
+        with self.connection("redrive") as conn, conn.transaction(force_rollback=dry_run):
             rows = conn.execute(sql.statement("redrive"), params).fetchall()
         return [Redriven(Key(t, o), State(s), int(f), int(a)) for t, o, s, f, a in rows]
 
@@ -1134,9 +1015,9 @@ class PostgresStore:
         return self._stats("stats_open")
 
     def _stats(self, counting: str) -> Stats:
-        with self._connection("stats") as conn:
+        with self.connection("stats") as conn:
             counts = conn.execute(sql.statement(counting)).fetchall()
-            health = conn.execute(sql.statement("stats_health"), {"now": self._now()}).fetchone()
+            health = conn.execute(sql.statement("stats_health"), {"now": self.now()}).fetchone()
         assert health is not None
         stalled, oldest, conflicts, quarantined = health
         return Stats(
@@ -1152,7 +1033,7 @@ class PostgresStore:
         """The work row, its attempts, its redrives and its rejected deliveries, in one
         read-only snapshot."""
         params = {"tenant_id": key.tenant_id, "operation_id": key.operation_id}
-        with self._connection("inspect") as conn, conn.transaction():
+        with self.connection("inspect") as conn, conn.transaction():
             conn.execute(sql.statement("inspect_snapshot"))
             row = conn.execute(sql.statement("inspect_row"), params).fetchone()
             audits = conn.execute(sql.statement("inspect_audit"), params).fetchall()
@@ -1180,7 +1061,7 @@ class PostgresStore:
     def erasures(self, tenant_hash: str, operation_hash: str | None = None) -> list[ErasureRecord]:
         """The recorded erasures of the tenant with this keyed hash (and of the operation with
         this one), newest first."""
-        with self._connection("inspect") as conn:
+        with self.connection("inspect") as conn:
             rows = conn.execute(
                 sql.statement("inspect_erasures"),
                 {"tenant_hash": tenant_hash, "operation_hash": operation_hash},
@@ -1189,7 +1070,7 @@ class PostgresStore:
 
     def parked(self, selection: RedriveFilter) -> list[ParkedRow]:
         """The parked rows a redrive with this selection would consider, oldest first."""
-        with self._connection("redrive") as conn:
+        with self.connection("redrive") as conn:
             rows = conn.execute(
                 sql.statement("redrive_candidates"), _selection_params(selection)
             ).fetchall()
@@ -1197,7 +1078,7 @@ class PostgresStore:
 
     def quarantined_deliveries(self, selection: RedriveFilter) -> list[QuarantinedDelivery]:
         """Quarantined deliveries not yet redriven that match the selection, oldest first."""
-        with self._connection("redrive") as conn:
+        with self.connection("redrive") as conn:
             rows = conn.execute(
                 sql.statement("rejected_candidates"), _selection_params(selection)
             ).fetchall()
@@ -1236,13 +1117,13 @@ class PostgresStore:
             "actor": actor,
             "reason": reason,
         }
-        return self._guarded_write("redrive_applied", params, dry_run=dry_run)
+        return self.guarded_write("redrive_applied", params, dry_run=dry_run)
 
     def rate_waits(self, job_type: str | None = None) -> list[RateWait]:
         """The targets' rate limit waits still ahead (of one job type), latest end first."""
-        with self._connection("rate waits") as conn:
+        with self.connection("rate waits") as conn:
             rows = conn.execute(
-                sql.statement("rate_waits"), {"job_type": job_type, "now": self._now()}
+                sql.statement("rate_waits"), {"job_type": job_type, "now": self.now()}
             ).fetchall()
         return [RateWait(j, t, until, int(n)) for j, t, until, n in rows]
 
@@ -1265,10 +1146,10 @@ class PostgresStore:
             "tenant_id": tenant_id,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
-            "aging": self._aging,
+            "now": self.now(),
+            "aging": self.aging,
         }
-        with self._connection("rate waits") as conn, conn.transaction(force_rollback=dry_run):
+        with self.connection("rate waits") as conn, conn.transaction(force_rollback=dry_run):
             rows = conn.execute(sql.statement("rate_wait_lift"), params).fetchall()
         return [LiftedWait(j, t, until, int(n)) for j, t, until, n in rows]
 
@@ -1293,7 +1174,7 @@ class PostgresStore:
             "actor": actor,
             "reason": reason,
         }
-        return self._guarded_write("redrive_unfenced", params, dry_run=dry_run)
+        return self.guarded_write("redrive_unfenced", params, dry_run=dry_run)
 
     def close_rejected(
         self,
@@ -1309,7 +1190,7 @@ class PostgresStore:
         if outcome not in (Decision.NEW, Decision.REPLAY, Decision.CONFLICT):
             raise ValueError("only a delivery that reached the inbox can be closed")
         params = {"id": rejected_id, "outcome": outcome.value, "actor": actor, "reason": reason}
-        return self._guarded_write("rejected_redriven", params, dry_run=dry_run)
+        return self.guarded_write("rejected_redriven", params, dry_run=dry_run)
 
     def resolve_rejected(
         self,
@@ -1337,9 +1218,9 @@ class PostgresStore:
             "limit": limit,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
+            "now": self.now(),
         }
-        with self._connection("resolve") as conn, conn.transaction(force_rollback=dry_run):
+        with self.connection("resolve") as conn, conn.transaction(force_rollback=dry_run):
             rows = conn.execute(sql.statement("resolve_rejected"), params).fetchall()
         return [
             ResolvedDelivery(
@@ -1355,7 +1236,7 @@ class PostgresStore:
     def rejected_status(self, ids: Sequence[int]) -> list[RejectedStatus]:
         """Where the named rejected deliveries stand; an id absent from the answer is not in
         the database (never recorded, purged or erased)."""
-        with self._connection("resolve") as conn:
+        with self.connection("resolve") as conn:
             rows = conn.execute(sql.statement("rejected_status"), {"ids": list(ids)}).fetchall()
         return [RejectedStatus(int(i), *rest) for i, *rest in rows]
 
@@ -1375,8 +1256,8 @@ class PostgresStore:
         """
         if limit < 1:
             raise ValueError("a purge batch must remove at least one row")
-        params = {"older_than": older_than, "limit": limit, "now": self._now()}
-        with self._connection("purge") as conn, conn.transaction():
+        params = {"older_than": older_than, "limit": limit, "now": self.now()}
+        with self.connection("purge") as conn, conn.transaction():
             got = conn.execute(sql.statement("purge_lock")).fetchone()
             if not got or not got[0]:
                 return None
@@ -1398,12 +1279,12 @@ class PostgresStore:
         tombstone_horizon: timedelta = timedelta(days=TOMBSTONE_DAYS_DEFAULT),
     ) -> PurgeCounts:
         """What a purge with this age (and tombstone horizon) would remove right now."""
-        params = {"older_than": older_than, "now": self._now()}
-        with self._connection("purge") as conn:
+        params = {"older_than": older_than, "now": self.now()}
+        with self.connection("purge") as conn:
             row = conn.execute(sql.statement("purge_count"), params).fetchone()
             gone = conn.execute(
                 sql.statement("purge_tombstones_count"),
-                {"horizon": tombstone_horizon, "now": self._now()},
+                {"horizon": tombstone_horizon, "now": self.now()},
             ).fetchone()
             shadow = conn.execute(sql.statement("purge_shadow_count"), params).fetchone()
         assert row is not None
@@ -1444,14 +1325,14 @@ class PostgresStore:
             raise ValueError("an erasure needs a tenant, its hash, an actor and a reason")
         if operation_id is not None and not (operation_id and operation_hash):
             raise ValueError("an erasure of one operation needs its id and its hash")
-        derive, keys = self._erased_hashes, self._identity_keys
+        derive, keys = self.erased_hashes, self.identity_keys
         if derive is None or not keys:
             raise ConfigError(
                 "erase: the identity keys are not bound (bridge.keyring.attach): tombstones "
                 "are keyed hashes"
             )
         scope = {"tenant_id": tenant_id, "operation_id": operation_id}
-        with self._connection("erase") as conn, conn.transaction(force_rollback=dry_run):
+        with self.connection("erase") as conn, conn.transaction(force_rollback=dry_run):
             # It may touch every row of a large tenant: it must finish, so it runs without the
             # session's statement limit (lock waits stay bounded).
             conn.execute(
@@ -1504,7 +1385,7 @@ class PostgresStore:
 
     def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
         """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
-        with self._connection("shadow report") as conn:
+        with self.connection("shadow report") as conn:
             rows = conn.execute(
                 sql.statement("shadow_decisions"), {"subscription": list(subscriptions)}
             ).fetchall()
@@ -1559,7 +1440,7 @@ class PostgresStore:
         if page < 1:
             raise ValueError(f"a page holds at least one row, not {page}")
         with (
-            self._connection("shadow report") as conn,
+            self.connection("shadow report") as conn,
             conn.cursor(name=name, withhold=True) as cursor,
         ):
             try:
@@ -1573,7 +1454,7 @@ class PostgresStore:
 
     def shadow_clear(self, subscription: str) -> tuple[int, int]:
         """Forget one shadow subscription's record: (operations, deliveries) removed."""
-        with self._connection("shadow clear") as conn, conn.transaction():
+        with self.connection("shadow clear") as conn, conn.transaction():
             row = conn.execute(
                 sql.statement("shadow_clear"), {"subscription": subscription}
             ).fetchone()
@@ -1584,7 +1465,7 @@ class PostgresStore:
 
     def group_counts(self) -> list[GroupCount]:
         """Counts by subscription, job type, tenant and state (the console's counts)."""
-        with self._connection("console") as conn:
+        with self.connection("console") as conn:
             rows = conn.execute(sql.statement("console_counts")).fetchall()
         return [GroupCount(sub, job, t, State(s), int(n)) for sub, job, t, s, n in rows]
 
@@ -1605,7 +1486,7 @@ class PostgresStore:
             "subscription": subscription,
             "job_type": job_type,
         }
-        with self._connection("console") as conn:
+        with self.connection("console") as conn:
             rows = conn.execute(sql.statement("console_rows"), params).fetchall()
         return [_row_summary(r) for r in rows]
 
@@ -1614,7 +1495,7 @@ class PostgresStore:
     ) -> list[RejectedSummary]:
         """Rejected deliveries with an id greater than ``after``, in id order."""
         params = {"after": after, "limit": limit, "kind": kind, "open_only": open_only}
-        with self._connection("console") as conn:
+        with self.connection("console") as conn:
             rows = conn.execute(sql.statement("console_rejected"), params).fetchall()
         return [_rejected_summary(r) for r in rows]
 
@@ -1624,11 +1505,11 @@ class PostgresStore:
         """The dashboard's figures at the end of each of ``buckets`` buckets of ``bucket``
         up to now, oldest first."""
         params = {
-            "now": self._now(),
+            "now": self.now(),
             "buckets": buckets,
             "bucket_seconds": bucket.total_seconds(),
         }
-        with self._connection("console") as conn:
+        with self.connection("console") as conn:
             rows = conn.execute(sql.statement("console_figures"), params).fetchall()
         return [
             FigurePoint(
@@ -1649,9 +1530,9 @@ class PostgresStore:
             "operation_id": key.operation_id,
             "actor": actor,
             "reason": reason,
-            "now": self._now(),
+            "now": self.now(),
         }
-        with self._connection("payload view") as conn:
+        with self.connection("payload view") as conn:
             row = conn.execute(sql.statement("console_payload_view"), params).fetchone()
         if row is None:
             return None
@@ -1675,7 +1556,7 @@ class PostgresStore:
 
         Fenced like every settlement; raises LeaseLost, changing nothing, for a stale ticket.
         """
-        self._fenced_write(
+        self.fenced_write(
             "rate limited",
             "rate_limited",
             ticket,
@@ -1703,13 +1584,13 @@ class PostgresStore:
         }
         rated = self._rates if rates is None else rates
         buckets = {job: rate.buckets() for job, rate in rated.items() if rate.limited}
-        with self._connection("waiting") as conn:
+        with self.connection("waiting") as conn:
             rows = conn.execute(
                 sql.statement("waiting"),
                 {
                     "slots": Jsonb(slots) if slots else None,
                     "rates": Jsonb(buckets) if buckets else None,
-                    "now": self._now(),
+                    "now": self.now(),
                 },
             ).fetchall()
         return [WaitingCount(job, tenant, reason, int(n)) for job, tenant, reason, n in rows]
@@ -1879,18 +1760,6 @@ def _parked_row(row: tuple[Any, ...]) -> ParkedRow:
         payload=bytes(payload) if payload is not None else None,
         identity_key_id=int(identity_key_id),
     )
-
-
-def _lost(ticket: Ticket, action: str) -> LeaseLost:
-    return LeaseLost(ticket.tenant_id, ticket.operation_id, ticket.fence, action)
-
-
-def _ticket_params(ticket: Ticket) -> dict[str, Any]:
-    return {
-        "tenant_id": ticket.tenant_id,
-        "operation_id": ticket.operation_id,
-        "fence": ticket.fence,
-    }
 
 
 def _tickets_params(tickets: Sequence[Ticket]) -> dict[str, Any]:

@@ -30,8 +30,6 @@ from bridge.types import (
 )
 
 if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
-
     from bridge.database import Connection
     from bridge.deadline import TransactionDeadline
 
@@ -222,11 +220,7 @@ class FencedTransaction(Protocol):
 
 
 class KeyedStore(Protocol):
-    """What every store offers: connections for the keyring's own statements
-    (:mod:`bridge.keyring`), the identity keys it binds, and an end."""
-
-    @property
-    def pool(self) -> ConnectionPool[Connection]: ...
+    """What every store offers: the identity keys it binds, and an end."""
 
     def use_identity_keys(
         self,

@@ -183,7 +183,9 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
     assert counts.work_rows == 1
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (1,)
 
-    keyring.attach(clocked, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test")
+    keyring.attach(
+        clocked.keys, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test"
+    )
     clocked.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
     clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)

@@ -179,7 +179,7 @@ class Console:
 
 @pytest.fixture
 def console(store: PostgresStore, db_url: str) -> Iterator[Console]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     ops = populate(store)
     server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()

@@ -116,7 +116,7 @@ def test_rows_with_known_timestamps_give_the_expected_series(
 
 @pytest.fixture
 def console_port(store: PostgresStore, clock: Clock, db_url: str) -> Iterator[int]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     clocked = PostgresStore(store.pool, clock=clock)
     server = ConsoleServer(console_api(clocked, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()

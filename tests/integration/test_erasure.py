@@ -32,7 +32,7 @@ LEASE = timedelta(seconds=30)
 
 @pytest.fixture
 def keyed(store: PostgresStore) -> PostgresStore:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     return store
 
 
@@ -282,15 +282,15 @@ def test_a_tombstone_written_before_a_key_rotation_is_still_found(
     )
     rotated = PostgresStore.connect(db_url, max_size=2)
     try:
-        keyring.rotate(rotated, new, actor="ops", reason="yearly")
-        keyring.attach(rotated, new, used_by="test")
+        keyring.rotate(rotated.keys, new, actor="ops", reason="yearly")
+        keyring.attach(rotated.keys, new, used_by="test")
         (result,) = rotated.ingest([traced("a")])
         assert (result.decision, result.erased) == (Decision.REPLAY, True)
 
         # a process without the key the tombstones were written under is refused at start
         alone = IdentityHasher(b"erasure-test-identity-key-rotated!!")
         with pytest.raises(keyring.IdentityKeyMismatch, match="1 erased operation"):
-            keyring.attach(rotated, alone, used_by="test")
+            keyring.attach(rotated.keys, alone, used_by="test")
     finally:
         rotated.close()
 
@@ -299,7 +299,7 @@ def test_tombstones_are_purged_only_past_the_horizon(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
     clock.at = datetime.now(UTC)  # erased_at is the database's now(): the clock starts there
-    keyring.attach(clocked, HASHER, used_by="test")
+    keyring.attach(clocked.keys, HASHER, used_by="test")
     clocked.ingest([traced("a"), traced("b")])
     settle_all(clocked)
     erase(clocked, "t1")

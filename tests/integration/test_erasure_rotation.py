@@ -60,7 +60,7 @@ def stores(db_url: str) -> Iterator[Any]:
 
 def attached(make: Any, hasher: IdentityHasher) -> PostgresStore:
     s: PostgresStore = make()
-    keyring.attach(s, hasher, used_by="test")
+    keyring.attach(s.keys, hasher, used_by="test")
     return s
 
 
@@ -112,7 +112,7 @@ def test_erased_tenants_redelivered_to_bridges_holding_old_and_new_keys_are_neve
     assert run_all(old_bridge, unknown) == 1200
 
     rotator = stores()
-    keyring.rotate(rotator, IdentityHasher(NEW, [OLD]), actor="ops", reason="yearly")
+    keyring.rotate(rotator.keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="yearly")
     new_bridge = attached(stores, IdentityHasher(NEW, [OLD]))
 
     both = IdentityHasher(NEW, [OLD])
@@ -193,7 +193,7 @@ def test_an_eraser_started_before_a_rotation_is_refused_after_it(stores: Any, db
     before = attached(stores, old)
     before.ingest([notify("op-1", "t1"), notify("op-2", "t1")])
     run_all(before)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     after = attached(stores, IdentityHasher(NEW))
 
     with pytest.raises(ErasureRefused, match="key 2") as refused:
@@ -267,7 +267,7 @@ def test_every_inbox_path_of_a_bridge_on_the_old_key_refuses_once_an_erasure_mis
     old_bridge = attached(stores, IdentityHasher(OLD))
     old_bridge.ingest([notify("erased", "t1"), notify("kept", "t1")])
     run_all(old_bridge)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     new_only = IdentityHasher(NEW)
     new_bridge = attached(stores, new_only)
     erase_operation(new_bridge, new_only, "t1", "erased")
@@ -304,7 +304,7 @@ def test_an_erasure_that_commits_while_an_old_bridges_insert_waits_on_its_row_is
     old_bridge = attached(stores, IdentityHasher(OLD))
     old_bridge.ingest([notify("erased", "t1")])
     run_all(old_bridge)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     new_only = IdentityHasher(NEW)
     eraser = attached(stores, new_only)
     # Holds the erasure after it deleted the row, wrote the tombstone and marked the old key:

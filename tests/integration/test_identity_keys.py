@@ -78,7 +78,7 @@ def test_the_first_use_records_a_fingerprint_never_the_key_and_the_same_key_is_a
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
     hasher = IdentityHasher(KEY_1)
-    keyring.attach(store, hasher, used_by="fencebridge run")
+    keyring.attach(store.keys, hasher, used_by="fencebridge run")
     assert recorded(db) == [(1, fingerprint(KEY_1))]
     assert hasher.key_id == 1
     stored = db.execute("SELECT row_to_json(k)::text FROM identity_key k").fetchone()
@@ -86,7 +86,7 @@ def test_the_first_use_records_a_fingerprint_never_the_key_and_the_same_key_is_a
     assert KEY_1.decode() not in stored[0]
 
     again = IdentityHasher(KEY_1)
-    keyring.attach(second, again, used_by="fencebridge redrive")
+    keyring.attach(second.keys, again, used_by="fencebridge redrive")
     assert recorded(db) == [(1, fingerprint(KEY_1))]
     store.ingest([delivery("op-1")])
     assert row_keys(db) == {"op-1": 1}
@@ -95,10 +95,10 @@ def test_the_first_use_records_a_fingerprint_never_the_key_and_the_same_key_is_a
 def test_another_key_is_refused_naming_the_key_the_database_expects(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     other = IdentityHasher(STRANGER)
     with pytest.raises(IdentityKeyMismatch) as refused:
-        keyring.attach(second, other, used_by="fencebridge run")
+        keyring.attach(second.keys, other, used_by="fencebridge run")
     message = str(refused.value)
     assert f"key 1 (fingerprint {shown(fingerprint(KEY_1))})" in message
     assert "the deployment's key" in message
@@ -108,7 +108,7 @@ def test_another_key_is_refused_naming_the_key_the_database_expects(
     assert other.key_id is None, "a refused hasher learns no key ids"
     # Commands that only show hashes compare too.
     with pytest.raises(IdentityKeyMismatch):
-        keyring.verify(second, IdentityHasher(STRANGER))
+        keyring.verify(second.keys, IdentityHasher(STRANGER))
 
 
 def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
@@ -121,7 +121,7 @@ def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
     def first_use(i: int, secret: bytes) -> None:
         start.wait()
         try:
-            keyring.attach(stores[i], IdentityHasher(secret), used_by="fencebridge run")
+            keyring.attach(stores[i].keys, IdentityHasher(secret), used_by="fencebridge run")
             outcomes[i] = "accepted"
         except IdentityKeyMismatch:
             outcomes[i] = "refused"
@@ -141,13 +141,13 @@ def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
 
 
 def test_a_command_that_only_shows_hashes_records_nothing(store: PostgresStore, db: Db) -> None:
-    keyring.verify(store, IdentityHasher(KEY_1))
+    keyring.verify(store.keys, IdentityHasher(KEY_1))
     assert recorded(db) == []
 
 
 def test_a_first_use_that_is_refused_records_nothing(store: PostgresStore, db: Db) -> None:
     with pytest.raises(IdentityKeyMismatch, match="never recorded"):
-        keyring.attach(store, IdentityHasher(KEY_1, [KEY_2]), used_by="fencebridge run")
+        keyring.attach(store.keys, IdentityHasher(KEY_1, [KEY_2]), used_by="fencebridge run")
     assert recorded(db) == []
 
 
@@ -155,15 +155,15 @@ def test_a_rotation_keeps_every_existing_operations_key(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
     old = IdentityHasher(KEY_1)
-    keyring.attach(store, old, used_by="fencebridge run")
+    keyring.attach(store.keys, old, used_by="fencebridge run")
     store.ingest([delivery(f"before-{i}") for i in range(3)])
 
     rotated = IdentityHasher(KEY_2, [KEY_1])
-    rotation = keyring.rotate(second, rotated, actor="ops", reason="yearly rotation")
+    rotation = keyring.rotate(second.keys, rotated, actor="ops", reason="yearly rotation")
     assert rotation.new is not None
     assert rotation.new.key_id == 2
     assert rotation.open_rows == {1: 3}
-    keyring.attach(second, rotated, used_by="fencebridge run")
+    keyring.attach(second.keys, rotated, used_by="fencebridge run")
     second.ingest([delivery(f"after-{i}") for i in range(2)])
     # The old bridge, still running, writes under its own key; rows never change key.
     store.ingest([delivery("late-old-bridge")])
@@ -198,51 +198,51 @@ def test_a_rotation_keeps_every_existing_operations_key(
 def test_after_a_rotation_the_old_key_alone_and_a_missing_previous_key_are_refused(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     store.ingest([delivery("open-under-1")])
-    keyring.rotate(second, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="rotation")
+    keyring.rotate(second.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="rotation")
 
     with pytest.raises(IdentityKeyMismatch, match="replaced with key 2") as stale:
-        keyring.attach(second, IdentityHasher(KEY_1), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     assert IDENTITY_PREVIOUS_KEYS_ENV in str(stale.value)
 
     with pytest.raises(IdentityKeyMismatch, match=r"1 open operation\(s\) under key 1") as lacking:
-        keyring.attach(second, IdentityHasher(KEY_2), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_2), used_by="fencebridge run")
     assert f"add it to {IDENTITY_PREVIOUS_KEYS_ENV}" in str(lacking.value)
 
     with pytest.raises(IdentityKeyMismatch, match="never recorded"):
-        keyring.attach(second, IdentityHasher(KEY_2, [STRANGER]), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_2, [STRANGER]), used_by="fencebridge run")
 
     # Once no open row needs key 1, the new key alone is enough.
     (claim,) = store.claim("old", 1, LEASE)
     store.complete(claim.ticket)
-    keyring.attach(second, IdentityHasher(KEY_2), used_by="fencebridge run")
+    keyring.attach(second.keys, IdentityHasher(KEY_2), used_by="fencebridge run")
 
 
 def test_a_rotation_is_refused_without_the_current_key_and_for_a_recorded_key(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     with pytest.raises(IdentityKeyMismatch, match=r"current key, key 1 .* is not in"):
-        keyring.rotate(store, IdentityHasher(KEY_2), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_2), actor="ops", reason="r")
     with pytest.raises(IdentityKeyMismatch, match="nothing to rotate"):
-        keyring.rotate(store, IdentityHasher(KEY_1), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_1), actor="ops", reason="r")
     dry = keyring.rotate(
-        store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r", dry_run=True
+        store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r", dry_run=True
     )
     assert dry.new is not None
     assert dry.new.key_id == 2
     assert recorded(db) == [(1, fingerprint(KEY_1))], "a dry run records nothing"
-    keyring.rotate(store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
+    keyring.rotate(store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
     with pytest.raises(IdentityKeyMismatch, match="never brought back"):
-        keyring.rotate(store, IdentityHasher(KEY_1, [KEY_2]), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_1, [KEY_2]), actor="ops", reason="r")
 
 
 def test_a_first_rotation_records_the_key_rows_were_written_under_as_key_1(
     store: PostgresStore, db: Db
 ) -> None:
     store.ingest([delivery("written-before-keys-were-recorded")])
-    keyring.rotate(store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
+    keyring.rotate(store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
     assert recorded(db) == [(1, fingerprint(KEY_1)), (2, fingerprint(KEY_2))]
     assert row_keys(db) == {"written-before-keys-were-recorded": 1}
 
@@ -258,7 +258,7 @@ def test_a_class_c_charge_sent_under_key_1_is_looked_up_and_sent_under_key_1_aft
         registry = Registry()
         registry.register(CHARGE, handler, retry=RetryPolicy(max_attempts=5))
         old = IdentityHasher(KEY_1)
-        keyring.attach(old_store, old, used_by="fencebridge run")
+        keyring.attach(old_store.keys, old, used_by="fencebridge run")
         charge = {"amount": 1200, "currency": "eur", "reference": "order-1"}
         old_store.ingest([for_job(registry, CHARGE, op, charge) for op in ("applied", "lost")])
         key_1 = {op: old.idempotency_key("t1", op) for op in ("applied", "lost")}
@@ -280,8 +280,8 @@ def test_a_class_c_charge_sent_under_key_1_is_looked_up_and_sent_under_key_1_aft
 
         # Rotation; the bridge restarted with the new key (and key 1 as previous) takes over.
         rotated = IdentityHasher(KEY_2, [KEY_1])
-        keyring.rotate(new_store, rotated, actor="ops", reason="rotation")
-        keyring.attach(new_store, rotated, used_by="fencebridge run")
+        keyring.rotate(new_store.keys, rotated, actor="ops", reason="rotation")
+        keyring.attach(new_store.keys, rotated, used_by="fencebridge run")
         clock.advance(LEASE * 2)
         claims = new_store.claim("new", 2, LEASE)
         assert {c.operation_id: c.attempts for c in claims} == {"applied": 2, "lost": 2}

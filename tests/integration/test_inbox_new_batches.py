@@ -105,7 +105,7 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
 def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     store.ingest([delivery("gone", tenant="t1")])
     [claim] = store.claim("w", 1, timedelta(seconds=30))
     store.complete(claim.ticket)
@@ -156,7 +156,7 @@ def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
     # it waits for this lock on a table it deletes from later.
     blocker = psycopg.connect(db_url)
     try:
-        keyring.attach(store, HASHER, used_by="test")
+        keyring.attach(store.keys, HASHER, used_by="test")
         store.ingest([delivery("erased", tenant="t1")])
         claims = store.claim("w1", 10, timedelta(seconds=30))
         store.complete_many([c.ticket for c in claims])

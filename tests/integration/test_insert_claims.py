@@ -151,7 +151,7 @@ def test_a_process_holding_not_the_key_it_writes_under_claims_nothing(
 def test_an_erased_operation_in_the_batch_is_a_replay_and_is_not_claimed(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     store.ingest([delivery("gone")])
     [claim] = store.claim("w", 1, LEASE)
     store.complete(claim.ticket)

@@ -368,7 +368,7 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
 
         for claim in bridge.claim("w", 10, LEASE):  # the redriven rows run first
             bridge.complete(claim.ticket)
-        keyring.attach(bridge, HASHER, used_by="test")
+        keyring.attach(bridge.keys, HASHER, used_by="test")
         counts = bridge.erase(
             "acme", tenant_hash=HASHER.tenant("acme"), actor="dpo", reason="request-1"
         )
@@ -403,7 +403,7 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
 
 
 def test_erasing_nothing_still_leaves_a_record(store: PostgresStore, db: Db) -> None:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     counts = store.erase("nobody", tenant_hash="t_0", actor="dpo", reason="request-2")
     assert (counts.work_rows, counts.payloads) == (0, 0)
     assert db.execute("SELECT count(*) FROM erasure_audit").fetchone() == (1,)

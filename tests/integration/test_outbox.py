@@ -43,7 +43,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -311,7 +311,7 @@ def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_b
             DestinationRelay(
                 name,
                 destination(url),
-                OutboxStore(store.pool),
+                store.outbox,
                 sqs_sink(proxy.url, url),
                 owner="relay-1",
             )
@@ -364,7 +364,7 @@ def test_a_relay_taken_over_has_its_marks_refused_and_the_new_one_sends(
     for key in keys:
         bench.run(key)
     queue_url = sqs.create_queue("outbox")
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     old = outbox.take(DESTINATION, "old", timedelta(seconds=30))
     assert old == 1
     assert outbox.take(DESTINATION, "new", timedelta(seconds=30)) is None, "held by old"
@@ -408,7 +408,7 @@ def test_a_message_the_queue_refuses_is_parked_with_the_reason_and_others_are_se
     relay = DestinationRelay(
         DESTINATION,
         destination(queue_url),
-        OutboxStore(store.pool),
+        store.outbox,
         sqs_sink(sqs.endpoint, queue_url),
         owner="relay-1",
     )
@@ -435,7 +435,7 @@ def backlog(bench: Bench, store: PostgresStore) -> list[str]:
     keys = bench.add(["op-1", "op-2", "op-3"])
     for key in keys:
         bench.run(key)
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     fence = outbox.take(DESTINATION, "r", LEASE)
     assert fence is not None
     ids = {op: [m[0] for m in bench.messages() if m[1] == op] for op in ("op-1", "op-2")}
@@ -508,7 +508,7 @@ def test_the_outbox_gauges_report_every_destination_by_name(
     backlog(bench, store)
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     try:
         Telemetry(bench.hasher, meter_provider=meters).observe(
             store, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
@@ -621,7 +621,7 @@ def test_a_message_refused_for_now_is_counted_and_parked_after_max_attempts(
     relay = DestinationRelay(
         DESTINATION,
         destination("https://unused.example", max_attempts=3),
-        OutboxStore(store.pool),
+        store.outbox,
         sink,
         owner="relay-1",
     )
@@ -670,7 +670,7 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
     expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
     stored = {r[0] for r in bench.db.execute("SELECT trace_context FROM outbox_message")}
     assert stored == {expected}
-    (message, _) = OutboxStore(store.pool).pending(DESTINATION, 10)
+    (message, _) = store.outbox.pending(DESTINATION, 10)
     assert message.sent_attributes()["traceparent"] == expected
 
 
@@ -687,7 +687,7 @@ def test_a_fifo_queue_drops_a_copy_by_message_id_and_keeps_each_keys_order(
     queue_url = sqs.client().create_queue(QueueName=name, Attributes={"FifoQueue": "true"})[
         "QueueUrl"
     ]
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     pending = outbox.pending(DESTINATION, 100)
     sink = sqs_sink(sqs.endpoint, queue_url)
     assert sink.fifo
@@ -739,7 +739,7 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
     relay = DestinationRelay(
         DESTINATION,
         config,
-        OutboxStore(store.pool),
+        store.outbox,
         sns_sink.open_sink(DESTINATION, config),
         owner="relay-1",
     )
@@ -756,7 +756,7 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
 def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
     bench: Bench, store: PostgresStore
 ) -> None:
-    keyring.attach(store, bench.hasher, used_by="test")
+    keyring.attach(store.keys, bench.hasher, used_by="test")
     for key in bench.add(["op-1", "op-2"], tenant="acme") + bench.add(["op-1"], tenant="globex"):
         bench.run(key)
     # sent (an erasure is refused while one is pending: test_erasure_outbox.py)
@@ -811,7 +811,7 @@ def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_o
                 (claim,) = bridge.claim_keys("w", [Key(tenant, "op-1")], LEASE)
                 ctx = Context.for_claim(claim, hasher)
                 execute(Run(bridge, claim, registry[JOB], ctx, EventCounter()))
-            outbox = OutboxStore(bridge.pool)
+            outbox = bridge.outbox
             fence = outbox.take(DESTINATION, "relay", LEASE)
             assert fence is not None
             ids = [m.message_id for m in outbox.pending(DESTINATION, 10)]

@@ -31,7 +31,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from consumers.sns import sink as sns_sink
@@ -119,7 +119,7 @@ def test_large_and_unsendable_messages_never_wedge_a_backlog_of_1000_operations(
             DestinationRelay(
                 name,
                 destination(url, name=name, max_attempts=MAX_ATTEMPTS),
-                OutboxStore(store.pool),
+                store.outbox,
                 sqs_sink(proxy.url, url),
                 owner="relay-1",
             )
@@ -225,7 +225,7 @@ def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
     # the calls are observed on their way to moto (which does not count a call's bytes)
     sns.meta.events.register("provide-client-params.sns.PublishBatch", measure)
     sink = sns_sink.SnsSink(sns, topic)
-    relay = DestinationRelay(QUEUES[0], config, OutboxStore(store.pool), sink, owner="relay-1")
+    relay = DestinationRelay(QUEUES[0], config, store.outbox, sink, owner="relay-1")
     while db.execute("SELECT count(*) FROM outbox_message WHERE state = 'pending'").fetchone() != (
         0,
     ):

@@ -29,7 +29,6 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import OutboxError
-from bridge.outbox.relay import OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key, State
 from tests.support.deliveries import for_job
@@ -240,7 +239,7 @@ def test_a_relay_round_reads_a_bounded_size_of_bodies_and_always_one_message(
     for op in operations:
         (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
         execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     # 40.5 MB pending: a round of up to 100 reads the first ones up to 32 MiB (the last one
     # read may cross it), in the order written
     read = outbox.pending(TOPIC, 100)

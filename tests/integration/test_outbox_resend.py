@@ -32,7 +32,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from tests.support.deliveries import for_job
@@ -108,7 +108,7 @@ def park_everything(
         name: DestinationRelay(
             name,
             destination(url, name=name, max_attempts=1),
-            OutboxStore(store.pool),
+            store.outbox,
             sqs_sink(sqs.endpoint, url),
             owner="relay-1",
         )

@@ -447,7 +447,7 @@ def test_the_bridge_role_records_its_key_and_erases_with_tombstones(
     """A first use records the key through the trigger that makes new keys wait for erasures;
     the erasure writes tombstones and marks no key (it holds the only one)."""
     hasher = IdentityHasher(b"roles-test-identity-key-000000001")
-    keyring.attach(bridge_store, hasher, used_by="test")
+    keyring.attach(bridge_store.keys, hasher, used_by="test")
     seed(bridge_store)
     for claim in bridge_store.claim("worker-1", 10, LEASE):
         bridge_store.complete(claim.ticket)

@@ -208,7 +208,7 @@ def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, clock: Clock
     clocked.rate_limited(claim_one(clocked, "b", "t2").ticket, timedelta(seconds=60))
     clock.advance(timedelta(seconds=61))
     clocked.complete(claim_one(clocked, "a").ticket)  # an erasure waits for a settled row
-    keyring.attach(clocked, IdentityHasher(b"rate-limits-test-identity-key"), used_by="test")
+    keyring.attach(clocked.keys, IdentityHasher(b"rate-limits-test-identity-key"), used_by="test")
     counts = clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 9")
     assert counts.work_rows == 1
     assert set(waits(db)) == {("refund", "t2")}

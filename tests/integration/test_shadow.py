@@ -117,7 +117,7 @@ def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
     store: PostgresStore, db: Db
 ) -> None:
     hasher = IdentityHasher(b"shadow-test-identity-key-01234567")
-    keyring.attach(store, hasher, used_by="test")
+    keyring.attach(store.keys, hasher, used_by="test")
     store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("a", tenant="t2")])
     store.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_operation").fetchall() == [("t2",)]

@@ -65,6 +65,8 @@ def test_the_operator_store_offers_the_operator_queries_and_no_protocol_write() 
 
 
 def test_every_method_of_the_postgres_store_belongs_to_an_interface() -> None:
-    public = {name for name in vars(PostgresStore) if not name.startswith("_")} - {"connect"}
+    public = {
+        name for cls in PostgresStore.__mro__[:-1] for name in vars(cls) if not name.startswith("_")
+    } - {"connect", "connection", "fenced_write", "guarded_write", "pool", "wait"}
     assert public - (members(WorkStore) | members(OperatorStore)) == set()
     assert members(WorkStore) | members(OperatorStore) <= public

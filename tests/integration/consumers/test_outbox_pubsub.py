@@ -28,7 +28,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, TargetClass
 from consumers.pubsub.sink import PubSubSink
@@ -91,7 +91,7 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
         {"sink": "pubsub", "address": topic, "batch": 7, "poll_interval_seconds": 0.05},
     )
     relay = DestinationRelay(
-        DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+        DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
     )
     rounds = 0
     while db.execute("SELECT count(*) FROM outbox_message WHERE state = 'pending'").fetchone() != (
@@ -147,7 +147,7 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
         {"sink": "pubsub", "address": topic, "send_tries": 2, "retry_initial_seconds": 0.01},
     )
     relay = DestinationRelay(
-        DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+        DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
     )
     # the topic does not exist yet: the round fails as a whole, nothing is counted or parked
     with pytest.raises(SinkUnavailable, match="NotFound"):

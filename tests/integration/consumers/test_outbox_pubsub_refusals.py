@@ -38,7 +38,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxMessage
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from consumers.pubsub import sink as pubsub_sink
@@ -176,7 +176,7 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
             },
         )
         relay = DestinationRelay(
-            DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+            DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
         )
         relay.service.start()
         try:
