@@ -9,17 +9,10 @@ rolls it back.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final, Protocol
+from typing import Protocol
 
-from bridge.store.listing import (
-    FigurePoint,
-    GroupCount,
-    PayloadView,
-    RejectedSummary,
-    RowSummary,
-)
 from bridge.store.records import (
     ErasureCounts,
     ErasureRecord,
@@ -31,7 +24,6 @@ from bridge.store.records import (
     RateWait,
     RejectedStatus,
     ResolvedDelivery,
-    SeenOperation,
 )
 from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
@@ -49,12 +41,8 @@ from bridge.types import (
     RedriveFilter,
     Redriven,
     Rejection,
-    State,
     Stats,
 )
-
-#: rows of a shadow report's query per round trip: what the report holds of the record at once
-SHADOW_PAGE_DEFAULT: Final = 1000
 
 
 class OperatorStore(KeyedStore, Protocol):
@@ -216,59 +204,4 @@ class OperatorStore(KeyedStore, Protocol):
         key held); recorded by hashes. Refuses while a row in scope is queued or claimed, an
         outbox message in scope is pending or (unless ``drop_parked_messages``) parked, or the
         current identity key is not held."""
-        ...
-
-    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
-        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
-        ...
-
-    def shadow_operations(
-        self, subscriptions: Sequence[str], *, page: int = SHADOW_PAGE_DEFAULT
-    ) -> Generator[SeenOperation, None, None]:
-        """The operations these shadow subscriptions recorded, one per operation with the
-        payload hash it was first seen with, in key order (code point order of the tenant,
-        then the operation), read ``page`` rows at a time."""
-        ...
-
-    def effect_table(
-        self, name: str, *, page: int = SHADOW_PAGE_DEFAULT
-    ) -> Generator[dict[str, Any], None, None]:
-        """Every row of an effect log kept as a table or view of this database, in the key
-        order of :meth:`shadow_operations`, read ``page`` rows at a time."""
-        ...
-
-    def shadow_clear(self, subscription: str) -> tuple[int, int]:
-        """Forget one shadow subscription's record: (operations, deliveries) removed."""
-        ...
-
-    def group_counts(self) -> list[GroupCount]:
-        """Counts by subscription, job type, tenant and state (the console's counts)."""
-        ...
-
-    def rows_page(
-        self,
-        state: State,
-        *,
-        after: int = 0,
-        limit: int = 50,
-        subscription: str | None = None,
-        job_type: str | None = None,
-    ) -> list[RowSummary]:
-        """Rows in ``state`` with a ``seq`` greater than ``after``, in ``seq`` order."""
-        ...
-
-    def rejected_page(
-        self, *, after: int = 0, limit: int = 50, kind: str | None = None, open_only: bool = False
-    ) -> list[RejectedSummary]:
-        """Rejected deliveries with an id greater than ``after``, in id order."""
-        ...
-
-    def figures(self, *, buckets: int, bucket: timedelta) -> list[FigurePoint]:
-        """The dashboard's figures at the end of each of ``buckets`` buckets of ``bucket``
-        up to now, oldest first."""
-        ...
-
-    def view_payload(self, key: Key, *, actor: str, reason: str) -> PayloadView | None:
-        """One operation's payload bytes, audited in the same statement; None: no such row
-        (and nothing audited)."""
         ...

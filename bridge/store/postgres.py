@@ -39,7 +39,7 @@ import secrets
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -48,7 +48,6 @@ from typing import Any, LiteralString
 import psycopg
 import psycopg.sql
 from psycopg import RawCursor, pq
-from psycopg.abc import Query
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -72,13 +71,8 @@ from bridge.store.db import (
 )
 from bridge.store.keys import KeyStore
 from bridge.store.listing import (
-    FigurePoint,
-    GroupCount,
-    PayloadView,
-    RejectedSummary,
-    RowSummary,
+    ConsoleQueries,
 )
-from bridge.store.operator import SHADOW_PAGE_DEFAULT
 from bridge.store.outbox import OutboxStore
 from bridge.store.records import (
     AttemptRecord,
@@ -94,9 +88,9 @@ from bridge.store.records import (
     RejectedRecord,
     RejectedStatus,
     ResolvedDelivery,
-    SeenOperation,
     WorkRecord,
 )
+from bridge.store.shadow import ShadowStore
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
     PRIORITY_AGING_DEFAULT,
@@ -213,6 +207,8 @@ class PostgresStore(Database):
 
         self.outbox = OutboxStore(self)
         self.keys = KeyStore(self)
+        self.shadow = ShadowStore(self)
+        self.console = ConsoleQueries(self)
 
     @classmethod
     def connect(
@@ -1383,161 +1379,9 @@ class PostgresStore(Database):
 
     # -- shadow subscriptions ----------------------------------------------------------------
 
-    def shadow_decisions(self, subscriptions: Sequence[str]) -> list[tuple[str | None, str, int]]:
-        """(job type, decision, deliveries) of what these shadow subscriptions recorded."""
-        with self.connection("shadow report") as conn:
-            rows = conn.execute(
-                sql.statement("shadow_decisions"), {"subscription": list(subscriptions)}
-            ).fetchall()
-        return [(j, d, int(n)) for j, d, n in rows]
-
-    def shadow_operations(
-        self, subscriptions: Sequence[str], *, page: int = SHADOW_PAGE_DEFAULT
-    ) -> Generator[SeenOperation, None, None]:
-        """The operations these shadow subscriptions recorded, one per operation with the
-        payload hash it was first seen with, in key order (code point order of tenant, then
-        operation), ``page`` rows per round trip: :meth:`_held_pages`."""
-        rows = self._held_pages(
-            "shadow_operations",
-            sql.statement("shadow_operations"),
-            {"subscription": list(subscriptions)},
-            page,
-        )
-        for t, o, j, h in rows:
-            yield SeenOperation(Key(t, o), j, bytes(h))
-
-    def effect_table(
-        self, name: str, *, page: int = SHADOW_PAGE_DEFAULT
-    ) -> Generator[dict[str, Any], None, None]:
-        """Every row of the table or view ``name`` (``schema.table`` or ``table``) as a dict,
-        in the key order of :meth:`shadow_operations`, ``page`` rows per round trip: an effect
-        log the existing system keeps in this database."""
-        parts = name.split(".")
-        if not 1 <= len(parts) <= 2 or not all(parts):
-            raise ConfigError(f"an effect table is named table or schema.table, not {name!r}")
-        query = psycopg.sql.SQL(sql.statement("shadow_effects_table")).format(
-            effects=psycopg.sql.Identifier(*parts)
-        )
-        missing = f"shadow report: no table or view {name!r}"
-        for (row,) in self._held_pages("shadow_effects", query, {}, page, missing=missing):
-            yield dict(row)
-
-    def _held_pages(
-        self,
-        name: str,
-        query: Query,
-        params: Mapping[str, Any],
-        page: int,
-        *,
-        missing: str | None = None,
-    ) -> Iterator[tuple[Any, ...]]:
-        """The rows of a report's query, ``page`` at a time, from a cursor held on the server
-        (``WITH HOLD``): the client keeps one page, and no transaction stays open while it
-        works through one, so neither the idle transaction limit nor a snapshot held back
-        from vacuum depends on how long the report takes. The server keeps the result until
-        the cursor closes (with the generator, or the session). ``missing``: the error when
-        the query names a table that does not exist (an operator's table)."""
-        if page < 1:
-            raise ValueError(f"a page holds at least one row, not {page}")
-        with (
-            self.connection("shadow report") as conn,
-            conn.cursor(name=name, withhold=True) as cursor,
-        ):
-            try:
-                cursor.execute(query, params)
-            except psycopg.errors.UndefinedTable as exc:
-                if missing is None:
-                    raise
-                raise ConfigError(missing) from exc
-            while rows := cursor.fetchmany(page):
-                yield from rows
-
-    def shadow_clear(self, subscription: str) -> tuple[int, int]:
-        """Forget one shadow subscription's record: (operations, deliveries) removed."""
-        with self.connection("shadow clear") as conn, conn.transaction():
-            row = conn.execute(
-                sql.statement("shadow_clear"), {"subscription": subscription}
-            ).fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1])
-
     # -- console lists -----------------------------------------------------------------------
 
-    def group_counts(self) -> list[GroupCount]:
-        """Counts by subscription, job type, tenant and state (the console's counts)."""
-        with self.connection("console") as conn:
-            rows = conn.execute(sql.statement("console_counts")).fetchall()
-        return [GroupCount(sub, job, t, State(s), int(n)) for sub, job, t, s, n in rows]
-
-    def rows_page(
-        self,
-        state: State,
-        *,
-        after: int = 0,
-        limit: int = 50,
-        subscription: str | None = None,
-        job_type: str | None = None,
-    ) -> list[RowSummary]:
-        """Rows in ``state`` with a ``seq`` greater than ``after``, in ``seq`` order."""
-        params = {
-            "state": state.value,
-            "after": after,
-            "limit": limit,
-            "subscription": subscription,
-            "job_type": job_type,
-        }
-        with self.connection("console") as conn:
-            rows = conn.execute(sql.statement("console_rows"), params).fetchall()
-        return [_row_summary(r) for r in rows]
-
-    def rejected_page(
-        self, *, after: int = 0, limit: int = 50, kind: str | None = None, open_only: bool = False
-    ) -> list[RejectedSummary]:
-        """Rejected deliveries with an id greater than ``after``, in id order."""
-        params = {"after": after, "limit": limit, "kind": kind, "open_only": open_only}
-        with self.connection("console") as conn:
-            rows = conn.execute(sql.statement("console_rejected"), params).fetchall()
-        return [_rejected_summary(r) for r in rows]
-
     # -- console figures and the audited payload view ----------------------------------------
-
-    def figures(self, *, buckets: int, bucket: timedelta) -> list[FigurePoint]:
-        """The dashboard's figures at the end of each of ``buckets`` buckets of ``bucket``
-        up to now, oldest first."""
-        params = {
-            "now": self.now(),
-            "buckets": buckets,
-            "bucket_seconds": bucket.total_seconds(),
-        }
-        with self.connection("console") as conn:
-            rows = conn.execute(sql.statement("console_figures"), params).fetchall()
-        return [
-            FigurePoint(
-                at=at,
-                stalled=int(stalled),
-                oldest_unknown_seconds=float(oldest) if oldest is not None else None,
-                quarantined=int(quarantined),
-                takeovers=int(takeovers),
-            )
-            for at, stalled, oldest, quarantined, takeovers in rows
-        ]
-
-    def view_payload(self, key: Key, *, actor: str, reason: str) -> PayloadView | None:
-        """One operation's payload bytes, audited in the same statement; None: no such row
-        (and nothing audited)."""
-        params = {
-            "tenant_id": key.tenant_id,
-            "operation_id": key.operation_id,
-            "actor": actor,
-            "reason": reason,
-            "now": self.now(),
-        }
-        with self.connection("payload view") as conn:
-            row = conn.execute(sql.statement("console_payload_view"), params).fetchone()
-        if row is None:
-            return None
-        body, at = row
-        return PayloadView(key=key, body=bytes(body) if body is not None else None, viewed_at=at)
 
     # -- rate limits -------------------------------------------------------------------------
 
@@ -2165,46 +2009,4 @@ def _claim(row: tuple[Any, ...]) -> Claim:
         receive_count=receive_count,
         ordering_key=ordering_key,
         identity_key_id=int(identity_key_id),
-    )
-
-
-def _row_summary(row: tuple[Any, ...]) -> RowSummary:
-    (seq, tenant_id, operation_id, subscription, job_type, target_class, state, fence,
-     attempts, max_attempts, outcome_code, created_at, claimed_at, settled_at, lease_expires_at,
-    ) = row  # fmt: skip
-    return RowSummary(
-        seq=int(seq),
-        key=Key(tenant_id, operation_id),
-        subscription=subscription,
-        job_type=job_type,
-        target_class=TargetClass(target_class),
-        state=State(state),
-        fence=int(fence),
-        attempts=int(attempts),
-        max_attempts=int(max_attempts),
-        outcome_code=outcome_code,
-        created_at=created_at,
-        claimed_at=claimed_at,
-        settled_at=settled_at,
-        lease_expires_at=lease_expires_at,
-    )
-
-
-def _rejected_summary(row: tuple[Any, ...]) -> RejectedSummary:
-    (rejected_id, kind, reason, subscription, tenant_id, operation_id, created_at, redriven_at,
-     redriven_by, redrive_outcome, resolved_at, resolved_by,
-    ) = row  # fmt: skip
-    known = tenant_id is not None and operation_id is not None
-    return RejectedSummary(
-        id=int(rejected_id),
-        kind=kind,
-        reason=reason,
-        subscription=subscription,
-        key=Key(tenant_id, operation_id) if known else None,
-        created_at=created_at,
-        redriven_at=redriven_at,
-        redriven_by=redriven_by,
-        redrive_outcome=redrive_outcome,
-        resolved_at=resolved_at,
-        resolved_by=resolved_by,
     )

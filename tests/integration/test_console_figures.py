@@ -105,7 +105,7 @@ def test_rows_with_known_timestamps_give_the_expected_series(
     store: PostgresStore, clock: Clock
 ) -> None:
     clocked = PostgresStore(store.pool, clock=clock)
-    points = clocked.figures(buckets=15, bucket=MINUTE)
+    points = clocked.console.figures(buckets=15, bucket=MINUTE)
 
     assert [p.at for p in points] == [clock.at - (14 - i) * MINUTE for i in range(15)]
     assert [p.stalled for p in points] == STALLED

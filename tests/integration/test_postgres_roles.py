@@ -317,7 +317,9 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
         assert [r.key for r in preview] == [Key("globex", "op-1")]
         moved = console.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
         assert [r.key for r in moved] == [Key("globex", "op-1")]
-        viewed = console.view_payload(Key("acme", "op-2"), actor="on-call", reason="support")
+        viewed = console.console.view_payload(
+            Key("acme", "op-2"), actor="on-call", reason="support"
+        )
         assert viewed is not None
         # A quarantined delivery redriven from the console is decoded again through the inbox.
         (fresh,) = console.ingest([delivery("acme", "op-3")])

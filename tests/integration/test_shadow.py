@@ -70,13 +70,13 @@ def test_a_shadow_batch_is_decided_as_the_inbox_decides_and_nothing_is_claimable
         db.execute("SELECT decision, count(*) FROM shadow_delivery GROUP BY 1").fetchall()
     ) == [("conflict", 2), ("new", 3), ("quarantined", 1), ("replay", 2)]
     assert db.execute("SELECT count(*) FROM shadow_operation").fetchone() == (3,)
-    decisions = store.shadow_decisions(["orders-shadow"])
+    decisions = store.shadow.decisions(["orders-shadow"])
     assert sorted(decisions, key=str) == sorted(
         [("refund", "new", 3), ("refund", "replay", 2), ("refund", "conflict", 2),
          ("refund", "quarantined", 1)],
         key=str,
     )  # fmt: skip
-    seen = store.shadow_operations(["orders-shadow"])
+    seen = store.shadow.operations(["orders-shadow"])
     assert [(s.key, s.payload_hash) for s in seen] == [
         (Key("t1", "a"), shadowed("a").payload_hash),
         (Key("t1", "b"), shadowed("b").payload_hash),
@@ -122,7 +122,7 @@ def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
     store.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_operation").fetchall() == [("t2",)]
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_delivery").fetchall() == [("t2",)]
-    assert store.shadow_clear("orders-shadow") == (1, 1)
+    assert store.shadow.clear("orders-shadow") == (1, 1)
     assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (0,)
 
 
@@ -272,7 +272,7 @@ def test_a_shadow_backlog_written_by_two_consumers_at_once_decides_each_operatio
     # an existing system that applied every decodable copy
     effects = [Effect(c.key, "t", c.payload_hash) for c in copies if isinstance(c, Delivery)]
     result = compare(
-        store.shadow_decisions(["orders-shadow"]), store.shadow_operations(["orders-shadow"]),
+        store.shadow.decisions(["orders-shadow"]), store.shadow.operations(["orders-shadow"]),
         in_key_order(effects), limit=1000,
     )  # fmt: skip
     refund = result.job_types["refund"]
@@ -522,7 +522,7 @@ def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_b
     assert db.execute(
         "SELECT count(*), min(received_at) > now() - interval '35 days' FROM shadow_delivery"
     ).fetchone() == (200, True)
-    decisions = {(j, d): n for j, d, n in store.shadow_decisions(["orders-shadow"])}
+    decisions = {(j, d): n for j, d, n in store.shadow.decisions(["orders-shadow"])}
     assert decisions[("refund", "new")] == 100
     assert sum(decisions.values()) == 200  # the 100 again: replays, or conflicts
     assert main(["purge", "--older-than", "35d", "--database-url", db_url]) == 0
