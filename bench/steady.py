@@ -241,7 +241,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
     stop_purge = threading.Event()
 
     def purge_round() -> None:
-        counts = store.purge_batch(plan.retention, PURGE_BATCH)
+        counts = store.operator.purge_batch(plan.retention, PURGE_BATCH)
         if counts is not None:
             report.purged += counts.work_rows
 

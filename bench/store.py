@@ -1126,7 +1126,7 @@ def run(database_url: str | None, plan: Plan, sections: Sequence[str], argv: lis
                 bench_database(admin_url, NONE) as none_url,
                 bench_database(admin_url, HISTORY) as hist_url,
             ):
-                runner.history(none_url, hist_url)
+                runner.operator.history(none_url, hist_url)
         if "attempts" in sections:
             with timed("attempts"), bench_database(admin_url, "attempts") as url:
                 runner.attempts(url)

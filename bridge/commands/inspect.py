@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     key = Key(args.tenant, args.operation)
     with open_store(args) as store:
         hasher = optional_hasher(store)
-        history = store.history(key)
+        history = store.operator.history(key)
         outbox = store.outbox.of_operation(key.tenant_id, key.operation_id)
         resends = store.outbox.resends_of_operation(key.tenant_id, key.operation_id)
         erasures = (
-            store.erasures(
+            store.operator.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
             )
             if hasher is not None and history.row is None

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         outbox = store.outbox
         if args.dry_run:
-            counts = store.purge_preview(older_than, tombstone_horizon=horizon)
+            counts = store.operator.purge_preview(older_than, tombstone_horizon=horizon)
             print(
                 f"would purge {counts.work_rows} work row(s), {counts.rejected_deliveries} "
                 f"rejected deliveries and {counts.payloads} payload(s) older than "
@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
             )
             print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
             return 0
-        report = purge(store, older_than, batch_size=args.batch_size, tombstone_horizon=horizon)
+        report = purge(
+            store.operator, older_than, batch_size=args.batch_size, tombstone_horizon=horizon
+        )
         sent = outbox.purge(older_than, args.batch_size)
     removed = report.removed
     print(

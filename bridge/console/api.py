@@ -208,7 +208,7 @@ class ConsoleApi:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id"})
         tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
-        return self._history(self._store.history(Key(tenant, operation)))
+        return self._history(self._store.operator.history(Key(tenant, operation)))
 
     def _history(self, history: OperationHistory) -> dict[str, Any]:
         row = history.row

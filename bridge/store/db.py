@@ -36,6 +36,11 @@ KEEP_SECONDS = 60.0
 ErasedHashes = Callable[[str, str], list[tuple[int, bytes]]]
 
 
+#: the SQLSTATE of an inbox write refused because an erasure hashed its tombstones under none of
+#: the keys this process holds, and of an erasure by a process without the current key (0024)
+KEYS_MISSED = "FBKEY"
+
+
 def database_clock() -> datetime | None:
     return None
 

@@ -285,7 +285,7 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
         1,
     )
 
-    moved = store.redrive(
+    moved = store.operator.redrive(
         RedriveFilter(keys=(key,)), actor="on-call", reason="reconcile the notification"
     )
     assert [(m.key, m.from_state) for m in moved] == [(key, State.UNKNOWN)]

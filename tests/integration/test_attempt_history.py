@@ -26,7 +26,7 @@ Db = psycopg.Connection[tuple[Any, ...]]
 
 
 def attempts(store: PostgresStore, key: Key = KEY) -> tuple[AttemptRecord, ...]:
-    return store.history(key).attempts
+    return store.operator.history(key).attempts
 
 
 def ends(store: PostgresStore) -> list[tuple[Any, ...]]:
@@ -128,7 +128,9 @@ def test_a_redrive_is_recorded_and_the_next_claim_follows_it(store: PostgresStor
     store.ingest([delivery("a")])
     (claim,) = store.claim("w1", 1, LEASE)
     store.park_unknown(claim.ticket, "ambiguous")
-    store.redrive(RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="provider fixed")
+    store.operator.redrive(
+        RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="provider fixed"
+    )
     store.claim("w1", 1, LEASE)
     assert ends(store) == [
         ("claim", 1, "unknown", "ambiguous"),
@@ -141,7 +143,7 @@ def test_a_dry_run_redrive_records_nothing(store: PostgresStore) -> None:
     store.ingest([delivery("a")])
     (claim,) = store.claim("w1", 1, LEASE)
     store.park_unknown(claim.ticket, "ambiguous")
-    store.redrive(
+    store.operator.redrive(
         RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="preview", dry_run=True
     )
     assert [a.kind for a in attempts(store)] == ["claim"]
@@ -164,7 +166,7 @@ def test_history_off_records_no_claim(store: PostgresStore, db: Db) -> None:
     off.complete(second.ticket)
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
     assert attempts(off, first.key) == ()
-    assert off.history(first.key).row is not None
+    assert off.operator.history(first.key).row is not None
     # A first attempt that succeeded is read from its row, recorded or not.
     assert [(a.fence, a.outcome) for a in attempts(off, second.key)] == [(1, "succeeded")]
 
@@ -178,7 +180,7 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (2,)
 
     clock.advance(timedelta(days=40))
-    counts = clocked.purge_batch(timedelta(days=30), 1)
+    counts = clocked.operator.purge_batch(timedelta(days=30), 1)
     assert counts is not None
     assert counts.work_rows == 1
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (1,)
@@ -186,8 +188,8 @@ def test_purge_and_erasure_remove_the_history_with_the_row(
     keyring.attach(
         clocked.keys, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test"
     )
-    clocked.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
-    clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
+    clocked.operator.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
+    clocked.operator.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
 
 
@@ -217,7 +219,7 @@ def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
         (op, 1, "w1", clock.at - timedelta(seconds=2), clock.at, "failed_terminal") for op in "abc"
     ]
     # The settled row keeps its last owner for that record; inspect shows no lease.
-    row = clocked.history(KEY).row
+    row = clocked.operator.history(KEY).row
     assert row is not None
     assert row.lease_owner is None
 
@@ -242,8 +244,8 @@ def test_a_first_attempt_that_succeeded_is_its_row_and_every_other_ending_is_rec
     (again,) = clocked.claim("w2", 1, LEASE)
     assert again.key == later.key
     clocked.complete(again.ticket)
-    (seen,) = clocked.parked(RedriveFilter(states=(State.UNKNOWN,)))
-    assert clocked.redrive_applied(
+    (seen,) = clocked.operator.parked(RedriveFilter(states=(State.UNKNOWN,)))
+    assert clocked.operator.redrive_applied(
         seen, outcome_code="charged", outcome_detail=None, actor="oncall", reason="confirmed"
     )
 

@@ -52,7 +52,7 @@ def settle_all(store: PostgresStore, state: State = State.SUCCEEDED) -> int:
 def erase(
     store: PostgresStore, tenant: str, operation: str | None = None, *, dry_run: bool = False
 ) -> ErasureCounts:
-    return store.erase(
+    return store.operator.erase(
         tenant,
         operation_id=operation,
         tenant_hash=HASHER.tenant(tenant),
@@ -262,7 +262,7 @@ def test_a_store_without_identity_keys_writes_no_new_work_while_tombstones_exist
     unkeyed = PostgresStore.connect(db_url, max_size=1)
     try:
         with pytest.raises(ConfigError, match="erase"):
-            unkeyed.erase("t1", tenant_hash="t_x", actor="dpo", reason="r")
+            unkeyed.operator.erase("t1", tenant_hash="t_x", actor="dpo", reason="r")
         unkeyed.ingest([traced("b")])  # no tombstone yet: it cannot match any
         erase(keyed, "t1", "a")
         with pytest.raises(ConfigError, match="identity keys to recognise them"):
@@ -305,19 +305,25 @@ def test_tombstones_are_purged_only_past_the_horizon(
     erase(clocked, "t1")
     clock.advance(timedelta(days=34))
     horizon = timedelta(days=35)
-    assert clocked.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones == 0
-    counts = clocked.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
+    assert (
+        clocked.operator.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones
+        == 0
+    )
+    counts = clocked.operator.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 0
     (result,) = clocked.ingest([traced("a")])
     assert (result.decision, result.erased) == (Decision.REPLAY, True)
 
     clock.advance(timedelta(days=2))
-    assert clocked.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones == 2
-    counts = clocked.purge_batch(timedelta(days=30), 1, tombstone_horizon=horizon)
+    assert (
+        clocked.operator.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones
+        == 2
+    )
+    counts = clocked.operator.purge_batch(timedelta(days=30), 1, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 1
-    counts = clocked.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
+    counts = clocked.operator.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 1
     assert db.execute("SELECT count(*) FROM erased_operation").fetchone() == (0,)

@@ -57,7 +57,7 @@ def sqs() -> Iterator[SqsServer]:
 
 
 def erase(bench: Bench, tenant: str, **options: Any) -> ErasureCounts:
-    return bench.store.erase(
+    return bench.store.operator.erase(
         tenant,
         tenant_hash=bench.hasher.tenant(tenant),
         actor="dpo",

@@ -80,7 +80,7 @@ def run_all(store: PostgresStore, park: frozenset[Key] | set[Key] = frozenset())
 
 
 def erase_tenant(store: PostgresStore, hasher: IdentityHasher, tenant: str) -> None:
-    store.erase(
+    store.operator.erase(
         tenant,
         tenant_hash=hasher.tenant(tenant),
         actor="dpo",

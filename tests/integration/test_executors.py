@@ -599,7 +599,7 @@ def test_class_c_redriven_quarantined_row_is_quarantined_again_not_parked_unknow
     ikey = key_of(bench, key)
     bench.run(key)
     assert bench.outcome(key) == (QUARANTINED, "invalid_payload")
-    (moved,) = bench.store.redrive(
+    (moved,) = bench.store.operator.redrive(
         RedriveFilter(states=(QUARANTINED,)), actor="oncall", reason="handler fixed?"
     )
     assert moved.key == key
@@ -680,7 +680,8 @@ def test_class_c_reset_before_apply_retries_later_and_the_later_claim_charges_on
     assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (2, 2)
     # Each attempt's record keeps the error its outcome came from and its lookup's finding.
     recorded = [
-        (a.fence, a.outcome, a.error_class, a.finding) for a in bench.store.history(key).attempts
+        (a.fence, a.outcome, a.error_class, a.finding)
+        for a in bench.store.operator.history(key).attempts
     ]
     assert recorded == [
         (1, "queued", "ProviderConnectionError", "not_applied"),
@@ -725,7 +726,7 @@ def test_class_c_timeout_on_the_last_attempt_that_the_lookup_cannot_find_yet_is_
     assert provider.charges_for(ikey) == 1
 
     # The unknown runbook: a redrive, whose next claim looks the key up and finds the charge.
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
+    bench.store.operator.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
     assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
     (charge,) = provider.ledger()
     assert bench.row(key)["outcome_detail"] == charge.id
@@ -960,7 +961,7 @@ def test_class_d_error_after_the_call_is_unknown_and_never_called_again(
     assert (row["state"], row["outcome_code"], row["intent_fence"]) == ("unknown", code, 1)
     assert row["outcome_detail"] == "ambiguous result from an unfenced target"
     # A redrive sends it back, and the next claim finds the intent: still no second call.
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-1")
+    bench.store.operator.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-1")
     handler.outcomes["op"] = None
     assert bench.run(key).snapshot() == {"settled.unknown": 1}
     assert bench.outcome(key) == (UNKNOWN, "intent_recorded")
@@ -1010,7 +1011,9 @@ def test_class_d_intent_found_by_a_later_claim_parks_unknown_without_calling(
 
     assert bench.outcome(key) == (UNKNOWN, "no_answer")
     assert handler.calls == [("op", 1)]
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="retry the call")
+    bench.store.operator.redrive(
+        RedriveFilter(keys=(key,)), actor="on-call", reason="retry the call"
+    )
     handler.outcomes["op"] = None
 
     assert bench.run(key).snapshot() == {"settled.unknown": 1}

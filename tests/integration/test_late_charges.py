@@ -177,7 +177,7 @@ def test_requests_landing_late_leave_every_order_charged_exactly_once(
     eventually(lambda: provider.late() == 0, "the late requests to land", timeout=30)
 
     # The unknown runbook: redrive; each next claim looks its key up and finds the charge.
-    moved = store.redrive(
+    moved = store.operator.redrive(
         RedriveFilter(states=(State.UNKNOWN,)), actor="on-call", reason="INC-38 late charges"
     )
     eventually(lambda: open_rows(db) == 0, "the redriven rows to settle", timeout=SETTLE_TIMEOUT)

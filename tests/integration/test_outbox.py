@@ -769,7 +769,7 @@ def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
         return [(str(t), str(o)) for t, o in rows]
 
     # one operation (a data-subject request that names one order), then the whole tenant
-    one = store.erase(
+    one = store.operator.erase(
         "acme",
         operation_id="op-1",
         tenant_hash=bench.hasher.tenant("acme"),
@@ -779,7 +779,7 @@ def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
     )
     assert one.work_rows == 1
     assert left() == [("acme", "op-2"), ("globex", "op-1")]
-    rest = store.erase(
+    rest = store.operator.erase(
         "acme", tenant_hash=bench.hasher.tenant("acme"), actor="test", reason="DSR-2"
     )
     assert rest.work_rows == 1

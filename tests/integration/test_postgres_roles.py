@@ -212,7 +212,7 @@ def test_the_bridge_role_runs_the_store_protocol(
     bridge_store.complete(done.ticket)
     bridge_store.park_unknown(parked.ticket, "ambiguous")
     bridge_store.retry_later(again.ticket, timedelta(0), "busy")
-    redriven = bridge_store.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
+    redriven = bridge_store.operator.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
     assert [r.key for r in redriven] == [Key("globex", "op-1")]
     assert bridge_store.stats().total(State.QUEUED) == 2
 
@@ -313,9 +313,11 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
             ("globex", State.UNKNOWN),
             ("acme", State.SUCCEEDED),
         }
-        preview = console.redrive(RedriveFilter(), actor="on-call", reason="look", dry_run=True)
+        preview = console.operator.redrive(
+            RedriveFilter(), actor="on-call", reason="look", dry_run=True
+        )
         assert [r.key for r in preview] == [Key("globex", "op-1")]
-        moved = console.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
+        moved = console.operator.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
         assert [r.key for r in moved] == [Key("globex", "op-1")]
         viewed = console.console.view_payload(
             Key("acme", "op-2"), actor="on-call", reason="support"

@@ -113,7 +113,7 @@ def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
         ("acme", "refund-2", "refund", "2", traceparent),
         ("globex", "refund-1", "refund", "2", traceparent),
     ]
-    history = store.history(Key("acme", "refund-1"))
+    history = store.operator.history(Key("acme", "refund-1"))
     assert history.row is not None
     assert history.row.payload_bytes == len(json.dumps(REFUND, separators=(",", ":")))
 

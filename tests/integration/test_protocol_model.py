@@ -486,7 +486,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             and (keys is None or r.key in keys)
         ]
         expected = sorted((Redriven(r.key, r.state, r.fence, r.attempts) for r in picked), key=repr)
-        moved = self.store.redrive(
+        moved = self.store.operator.redrive(
             selection, actor="model", reason="test", extra_attempts=extra, dry_run=dry_run
         )
         assert sorted(moved, key=repr) == expected

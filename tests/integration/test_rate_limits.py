@@ -209,7 +209,7 @@ def test_erasing_a_tenant_removes_its_waits(clocked: PostgresStore, clock: Clock
     clock.advance(timedelta(seconds=61))
     clocked.complete(claim_one(clocked, "a").ticket)  # an erasure waits for a settled row
     keyring.attach(clocked.keys, IdentityHasher(b"rate-limits-test-identity-key"), used_by="test")
-    counts = clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 9")
+    counts = clocked.operator.erase("t1", tenant_hash="h1", actor="dpo", reason="request 9")
     assert counts.work_rows == 1
     assert set(waits(db)) == {("refund", "t2")}
 
@@ -224,10 +224,10 @@ def test_lifting_a_wait_makes_the_rows_it_scheduled_due_now_each_audited(
     clocked.rate_limited(claim_one(clocked, "limited").ticket, timedelta(hours=1))
     clocked.rate_limited(claim_one(clocked, "other", "t2").ticket, timedelta(hours=1))
     clocked.rate_limited(claim_one(clocked, "job").ticket, timedelta(hours=1))
-    assert [w.queued for w in clocked.rate_waits("refund")] == [4, 1]
+    assert [w.queued for w in clocked.operator.rate_waits("refund")] == [4, 1]
 
     dry = lift_rate_waits(
-        clocked, "refund", tenant_id="t1", actor="alice", reason="INC-9", dry_run=True
+        clocked.operator, "refund", tenant_id="t1", actor="alice", reason="INC-9", dry_run=True
     )
     assert [(w.tenant_id, w.until, w.moved) for w in dry.lifted] == [
         ("t1", START + timedelta(hours=1), 2)
@@ -235,7 +235,9 @@ def test_lifting_a_wait_makes_the_rows_it_scheduled_due_now_each_audited(
     assert len(waits(db)) == 3  # a dry run writes nothing
     assert clocked.claim("w", 10, LEASE) == []
 
-    report = lift_rate_waits(clocked, "refund", tenant_id="t1", actor="alice", reason="INC-9")
+    report = lift_rate_waits(
+        clocked.operator, "refund", tenant_id="t1", actor="alice", reason="INC-9"
+    )
 
     assert (report.moved, [w.tenant_id for w in report.lifted]) == (2, ["t1"])
     assert set(waits(db)) == {("refund", "t2"), ("other", "t1")}  # other keys keep waiting
@@ -268,14 +270,17 @@ def test_lifting_a_wait_makes_the_rows_it_scheduled_due_now_each_audited(
         ("limited", "redrive", "queued", "rate_wait_lifted"),
     ]
     # Nothing is left to lift for t1; every tenant's wait of the job type goes at once.
-    assert lift_rate_waits(clocked, "refund", tenant_id="t1", actor="a", reason="r").lifted == []
-    everyone = lift_rate_waits(clocked, "refund", actor="alice", reason="INC-9")
+    assert (
+        lift_rate_waits(clocked.operator, "refund", tenant_id="t1", actor="a", reason="r").lifted
+        == []
+    )
+    everyone = lift_rate_waits(clocked.operator, "refund", actor="alice", reason="INC-9")
     assert [(w.tenant_id, w.moved) for w in everyone.lifted] == [("t2", 1)]
     assert set(waits(db)) == {("other", "t1")}
 
 
 def test_a_lift_needs_an_actor_and_a_reason(clocked: PostgresStore) -> None:
     with pytest.raises(ValueError, match="an actor and a reason"):
-        lift_rate_waits(clocked, "refund", actor="alice", reason="")
+        lift_rate_waits(clocked.operator, "refund", actor="alice", reason="")
     with pytest.raises(ValueError, match="an actor and a reason"):
-        clocked.lift_rate_waits("refund", actor="", reason="INC-9")
+        clocked.operator.lift_rate_waits("refund", actor="", reason="INC-9")

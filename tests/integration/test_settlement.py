@@ -625,7 +625,7 @@ def audit_rows(db: Db) -> list[tuple[Any, ...]]:
 def test_redrive_moves_only_parked_rows_matching_the_filter(
     clocked: PostgresStore, clock: Clock, db: Db, parked: dict[Key, Claim]
 ) -> None:
-    moved = clocked.redrive(
+    moved = clocked.operator.redrive(
         RedriveFilter(tenant_id="t1", subscription="refunds"),
         actor="alice",
         reason="provider confirmed outage",
@@ -666,21 +666,21 @@ def test_redrive_moves_only_parked_rows_matching_the_filter(
 def test_redrive_filters_by_state_job_type_and_keys(
     clocked: PostgresStore, db: Db, parked: dict[Key, Claim]
 ) -> None:
-    only_quarantined = clocked.redrive(
+    only_quarantined = clocked.operator.redrive(
         RedriveFilter(states=(State.QUARANTINED,)), actor="a", reason="r"
     )
     assert [r.key for r in only_quarantined] == [Key("t1", "q1")]
-    by_job = clocked.redrive(RedriveFilter(job_type="notify"), actor="a", reason="r")
+    by_job = clocked.operator.redrive(RedriveFilter(job_type="notify"), actor="a", reason="r")
     assert [r.key for r in by_job] == [Key("t1", "u2")]
-    by_keys = clocked.redrive(
+    by_keys = clocked.operator.redrive(
         RedriveFilter(keys=(Key("t2", "u1"), Key("t1", "s1"), Key("t1", "nope"))),
         actor="a",
         reason="r",
     )
     assert [r.key for r in by_keys] == [Key("t2", "u1")]
-    limited = clocked.redrive(RedriveFilter(limit=1), actor="a", reason="r")
+    limited = clocked.operator.redrive(RedriveFilter(limit=1), actor="a", reason="r")
     assert [r.key for r in limited] == [Key("t1", "u1")]  # the oldest parked row first
-    assert clocked.redrive(RedriveFilter(), actor="a", reason="r") == [
+    assert clocked.operator.redrive(RedriveFilter(), actor="a", reason="r") == [
         Redriven(Key("t1", "u3"), State.UNKNOWN, 1, 1)
     ]
     assert len(audit_rows(db)) == 5
@@ -692,12 +692,14 @@ def test_a_redrive_decided_at_a_fence_moves_the_row_only_while_that_fence_holds(
 ) -> None:
     key = Key("t1", "u1")
     assert parked[key].fence == 1
-    stale = clocked.redrive(
+    stale = clocked.operator.redrive(
         RedriveFilter(keys=(key,), fences=(2,)), actor="a", reason="decided at another fence"
     )
     assert stale == []
     assert audit_rows(db) == []
-    current = clocked.redrive(RedriveFilter(keys=(key,), fences=(1,)), actor="a", reason="r")
+    current = clocked.operator.redrive(
+        RedriveFilter(keys=(key,), fences=(1,)), actor="a", reason="r"
+    )
     assert current == [Redriven(key, State.UNKNOWN, 1, 1)]
     with pytest.raises(ValueError, match="one fence per key"):
         RedriveFilter(keys=(key,), fences=(1, 2))
@@ -710,11 +712,11 @@ def test_redrive_dry_run_changes_nothing_and_answers_like_a_real_run(
 ) -> None:
     before = work_rows(db)
     selection = RedriveFilter(states=(State.UNKNOWN,))
-    dry = clocked.redrive(selection, actor="bob", reason="check", dry_run=True)
+    dry = clocked.operator.redrive(selection, actor="bob", reason="check", dry_run=True)
     assert len(dry) == 4
     assert work_rows(db) == before
     assert audit_rows(db) == []
-    real = clocked.redrive(selection, actor="bob", reason="check")
+    real = clocked.operator.redrive(selection, actor="bob", reason="check")
     assert sorted(real, key=repr) == sorted(dry, key=repr)
     assert len(audit_rows(db)) == 4
 
@@ -723,9 +725,9 @@ def test_redrive_refuses_an_unaudited_or_empty_grant(
     clocked: PostgresStore, parked: dict[Key, Claim]
 ) -> None:
     with pytest.raises(ValueError, match="at least one attempt"):
-        clocked.redrive(RedriveFilter(), actor="a", reason="r", extra_attempts=0)
+        clocked.operator.redrive(RedriveFilter(), actor="a", reason="r", extra_attempts=0)
     with pytest.raises(ValueError, match="actor and a reason"):
-        clocked.redrive(RedriveFilter(), actor="", reason="r")
+        clocked.operator.redrive(RedriveFilter(), actor="", reason="r")
     with pytest.raises(ValueError, match="only unknown and quarantined"):
         RedriveFilter(states=(State.SUCCEEDED,))
 

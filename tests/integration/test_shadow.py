@@ -119,7 +119,7 @@ def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
     hasher = IdentityHasher(b"shadow-test-identity-key-01234567")
     keyring.attach(store.keys, hasher, used_by="test")
     store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("a", tenant="t2")])
-    store.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
+    store.operator.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_operation").fetchall() == [("t2",)]
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_delivery").fetchall() == [("t2",)]
     assert store.shadow.clear("orders-shadow") == (1, 1)
@@ -510,7 +510,7 @@ def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_b
         "would purge 1452 shadow delivery record(s) and 1100 shadow operation record(s) older "
         "than 35d" in capsys.readouterr().out
     )
-    report = purge(store, timedelta(days=35), batch_size=150)
+    report = purge(store.operator, timedelta(days=35), batch_size=150)
 
     assert report.removed.shadow_deliveries == 1452
     assert report.removed.shadow_operations == 1100

@@ -296,11 +296,11 @@ def test_a_purge_removes_buckets_full_for_longer_than_its_age(
     # t1's bucket is full again a minute after its claim; the job type's and t2's a minute
     # after the second claim.
     clock.advance(timedelta(seconds=30))
-    assert clocked.purge_batch(timedelta(seconds=20), 100) is not None
+    assert clocked.operator.purge_batch(timedelta(seconds=20), 100) is not None
     assert db.execute("SELECT tenant_id FROM token_bucket ORDER BY 1").fetchall() == [
         ("",),
         (second.tenant_id,),
     ]
     clock.advance(timedelta(minutes=1))
-    assert clocked.purge_batch(timedelta(seconds=20), 100) is not None
+    assert clocked.operator.purge_batch(timedelta(seconds=20), 100) is not None
     assert db.execute("SELECT count(*) FROM token_bucket").fetchone() == (0,)
