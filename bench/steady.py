@@ -254,7 +254,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
         pool = WorkerPool(
             store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
         )
-        producer = Producer(Inbox(store, decoder, pool=pool), plan.rate)
+        producer = Producer(Inbox(store.inbox, decoder, pool=pool), plan.rate)
         settle_in()  # as `fencebridge run` does before it starts
         pool.start()
         purger.start()

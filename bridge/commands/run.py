@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if telemetry.metrics:
             bridge.telemetry.observe(
-                bridge.store,
+                bridge.store.operator,
                 limits=config.concurrency_limits(),
                 rates=config.token_rates(),
                 outbox=bridge.store.outbox.depth if bridge.relay is not None else None,

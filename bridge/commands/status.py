@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     limits, rates = _limits(args.config)
     with open_store(args) as store:
         keyed(store, hasher)
-        stats = store.stats()
-        waiting = store.waiting(limits, rates)
+        stats = store.operator.stats()
+        waiting = store.operator.waiting(limits, rates)
         outbox = _outbox(store)
     document = _status_document(stats, hasher)
     document["waiting"] = _waiting_document(waiting, hasher)

@@ -379,7 +379,9 @@ def _ack_evidence(
     store = scratch.store(2)
     try:
         inbox = Inbox(
-            store, partial(decode, config.decode_rules(sub.name)), system=found.messaging_system
+            store.inbox,
+            partial(decode, config.decode_rules(sub.name)),
+            system=found.messaging_system,
         )
         with scratch.connect() as conn:
             _execute(conn, "probe_commit_fails")
@@ -454,7 +456,7 @@ def _queue(store: PostgresStore, job_type: str, n: int) -> None:
         for i in range(n)
     ]
     for i in range(0, n, _INGEST_CHUNK):
-        store.ingest(deliveries[i : i + _INGEST_CHUNK])
+        store.inbox.ingest(deliveries[i : i + _INGEST_CHUNK])
 
 
 def _claim(conn: Connection, texts: Statements, job_type: str, limit: int) -> list[_Claimed]:

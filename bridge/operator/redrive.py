@@ -268,7 +268,7 @@ class Redrive:
             return DeliveryResult(quarantined, Decision.QUARANTINED, None, decoded.reason)
         if self._dry_run:
             return DeliveryResult(quarantined, self._predict(decoded), decoded.key, "decoded")
-        (result,) = self._store.ingest([decoded])
+        (result,) = self._store.inbox.ingest([decoded])
         closed = self._store.operator.close_rejected(
             quarantined.id, outcome=result.decision, actor=self._actor, reason=self._reason
         )

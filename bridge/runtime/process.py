@@ -43,6 +43,7 @@ from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import require_current
 from bridge.telemetry import Telemetry
 
@@ -89,7 +90,7 @@ class Bridge:
             limits=limits,
         )
         self.sweeper = Sweeper(
-            store,
+            store.settle,
             interval=settings.sweep_interval_seconds,
             limits=limits,
             on_restart=self.telemetry.thread_restarted,
@@ -108,14 +109,14 @@ class Bridge:
             # A shadow subscription writes to the shadow record, which no claim reads, and
             # hands nothing to the pool: fixed here, at construction, for the process's life.
             inbox = Inbox(
-                ShadowWrites(store) if sub.shadow else store,
+                ShadowWrites(store.inbox) if sub.shadow else store.inbox,
                 partial(decode, config.decode_rules(name)),
                 pool=None if sub.shadow else self.pool,
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
             )
-            consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
+            consumers.append(sources.adapter(sub.source).open(sub, inbox, store.inbox))
         self.consumers = Consumers(consumers)
         self.health: HealthServer | None = None
         if settings.health_port:
@@ -239,11 +240,12 @@ def open_bridge(
         attempt_history=config.bridge.attempt_history,
         priority_aging=timedelta(seconds=config.bridge.priority_aging_seconds),
         generic_plans=True,
+        policy=ClaimPolicy(
+            concurrency=config.concurrency_limits(),
+            rates=config.token_rates(),
+            fairness=config.bridge.tenant_weights if config.bridge.tenant_fairness else None,
+        ),
     )
-    store.use_concurrency_limits(config.concurrency_limits())
-    store.use_token_rates(config.token_rates())
-    if config.bridge.tenant_fairness:
-        store.use_tenant_fairness(config.bridge.tenant_weights)
     try:
         with store.connection("schema check") as conn:
             require_current(conn)

@@ -2,29 +2,29 @@
 
 :class:`~bridge.store.db.Database` holds the pool and what every family's statements share (the
 clock, kept connections, the identity keys held, the fenced write). The families each take
-one: the outbox (:mod:`bridge.store.outbox`), the identity keys (:mod:`bridge.store.keys`), the
-shadow record's report side (:mod:`bridge.store.shadow`), the console's queries
-(:mod:`bridge.store.listing`) and the operators' (:mod:`bridge.store.operator`).
-:class:`~bridge.store.postgres.PostgresStore` hands them out and holds the runtime's
-statements (:class:`~bridge.store.work.WorkStore`); only the code that opens a store
-(``fencebridge run``, the commands, tests) names it. Nothing outside this package holds the
-pool.
+one: the inbox's writes (:mod:`bridge.store.ingest`), the claims under their policy
+(:mod:`bridge.store.claims`), the fenced writes and the sweep (:mod:`bridge.store.settle`), the
+operators' queries (:mod:`bridge.store.operator`), the console's (:mod:`bridge.store.listing`),
+the shadow record's report side (:mod:`bridge.store.shadow`), the outbox
+(:mod:`bridge.store.outbox`) and the identity keys (:mod:`bridge.store.keys`).
+:class:`~bridge.store.postgres.PostgresStore` is the database and hands them out; only the code
+that opens a store (``fencebridge run``, the commands, tests) names it. A family's user that
+needs a second implementation (a test's fake, a shadow subscription's record) declares the role
+it uses beside itself, as :class:`bridge.ingest.inbox.InboxStore` does. Nothing outside this
+package holds the pool.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from bridge.store.db import Clock, Database
-from bridge.store.postgres import CONFLICT_REASON, PostgresStore
+from bridge.store.ingest import CONFLICT_REASON
+from bridge.store.postgres import PostgresStore
 from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     FencedTransaction,
-    KeyedStore,
     SettledClaim,
     Settlement,
     Swept,
-    WorkStore,
 )
 
 __all__ = [
@@ -33,16 +33,8 @@ __all__ = [
     "Clock",
     "Database",
     "FencedTransaction",
-    "KeyedStore",
     "PostgresStore",
     "SettledClaim",
     "Settlement",
     "Swept",
-    "WorkStore",
 ]
-
-if TYPE_CHECKING:
-
-    def _implements(store: PostgresStore) -> WorkStore:
-        """Never called: mypy checks that the PostgreSQL store is the runtime's interface."""
-        return store

@@ -21,10 +21,10 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from bridge import sql
-from bridge.database import Connection, SessionTimeouts, open_pool, translate_errors
+from bridge.database import Connection, translate_errors
 from bridge.errors import LeaseLost
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, PRIORITY_AGING_DEFAULT
-from bridge.types import Ticket
+from bridge.types import Claim, Key, TargetClass, Ticket
 
 Clock = Callable[[], datetime | None]
 
@@ -192,28 +192,6 @@ class Database:
         return row is not None
 
 
-def open_database(
-    url: str,
-    *,
-    min_size: int = 1,
-    max_size: int = 10,
-    clock: Clock = database_clock,
-    timeouts: SessionTimeouts | None = None,
-    attempt_history: int = ATTEMPT_HISTORY_DEFAULT,
-    priority_aging: timedelta = PRIORITY_AGING_DEFAULT,
-    generic_plans: bool = False,
-) -> Database:
-    """A database on a new pool; every connection is bounded by ``timeouts`` (the defaults of
-    :class:`~bridge.database.SessionTimeouts` unless given). ``generic_plans``: see
-    :func:`~bridge.database.open_pool` (the bridge's own store sets it)."""
-    pool = open_pool(
-        url, min_size=min_size, max_size=max_size, timeouts=timeouts, generic_plans=generic_plans
-    )
-    return Database(
-        pool, clock=clock, attempt_history=attempt_history, priority_aging=priority_aging
-    )
-
-
 def lost(ticket: Ticket, action: str) -> LeaseLost:
     return LeaseLost(ticket.tenant_id, ticket.operation_id, ticket.fence, action)
 
@@ -224,3 +202,63 @@ def ticket_params(ticket: Ticket) -> dict[str, Any]:
         "operation_id": ticket.operation_id,
         "fence": ticket.fence,
     }
+
+
+def tickets_params(tickets: Sequence[Ticket]) -> dict[str, Any]:
+    return {
+        "tenant_id": [t.tenant_id for t in tickets],
+        "operation_id": [t.operation_id for t in tickets],
+        "fence": [t.fence for t in tickets],
+    }
+
+
+def keys_params(keys: Sequence[Key]) -> dict[str, Any]:
+    return {
+        "tenant_id": [k.tenant_id for k in keys],
+        "operation_id": [k.operation_id for k in keys],
+    }
+
+
+def claim_from_row(row: tuple[Any, ...]) -> Claim:
+    (
+        tenant_id,
+        operation_id,
+        fence,
+        attempts,
+        max_attempts,
+        subscription,
+        job_type,
+        target_class,
+        schema_version,
+        payload_hash,
+        lease_expires_at,
+        intent_fence,
+        takeover,
+        trace_context,
+        broker_message_id,
+        receive_count,
+        ordering_key,
+        payload,
+        identity_key_id,
+    ) = row
+    return Claim(
+        tenant_id=tenant_id,
+        operation_id=operation_id,
+        fence=fence,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        subscription=subscription,
+        job_type=job_type,
+        target_class=TargetClass(target_class),
+        schema_version=schema_version,
+        payload=bytes(payload) if payload is not None else None,
+        payload_hash=bytes(payload_hash),
+        lease_expires_at=lease_expires_at,
+        intent_fence=intent_fence,
+        takeover=takeover,
+        trace_context=trace_context,
+        broker_message_id=broker_message_id,
+        receive_count=receive_count,
+        ordering_key=ordering_key,
+        identity_key_id=int(identity_key_id),
+    )

@@ -7,14 +7,16 @@ executes the same statement and rolls it back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from bridge import sql
 from bridge.errors import ConfigError, ErasureRefused
+from bridge.store.claims import ClaimPolicy
 from bridge.store.db import KEYS_MISSED, Database
 from bridge.store.records import (
     AttemptRecord,
@@ -32,8 +34,22 @@ from bridge.store.records import (
     ResolvedDelivery,
     WorkRecord,
 )
-from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
-from bridge.types import Decision, Key, RedriveFilter, Redriven, State, TargetClass
+from bridge.store.work import (
+    TOMBSTONE_DAYS_DEFAULT,
+    ConcurrencyLimit,
+    TokenRate,
+    WaitingCount,
+)
+from bridge.types import (
+    Decision,
+    Key,
+    RedriveFilter,
+    Redriven,
+    State,
+    StateCount,
+    Stats,
+    TargetClass,
+)
 
 #: an erasure refused, nothing erased: rows or messages in scope not settled (object_in_use),
 #: rows written after their hashes were computed (serialization_failure), the current key not
@@ -44,8 +60,59 @@ ERASURE_REFUSALS = frozenset({"55006", "40001", KEYS_MISSED})
 class OperatorQueries:
     """What a person reads and moves: every move guarded in its statement and audited."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, policy: ClaimPolicy) -> None:
         self._db = db
+        #: the claim policy the store opened with: what :meth:`waiting` counts by default
+        self._policy = policy
+
+    def stats(self) -> Stats:
+        """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
+        return self._stats("stats_counts")
+
+    def open_stats(self) -> Stats:
+        """:meth:`stats` with the counts of open and parked rows only (never the succeeded or
+        failed history): what the database gauges read at every refresh."""
+        return self._stats("stats_open")
+
+    def _stats(self, counting: str) -> Stats:
+        with self._db.connection("stats") as conn:
+            counts = conn.execute(sql.statement(counting)).fetchall()
+            health = conn.execute(sql.statement("stats_health"), {"now": self._db.now()}).fetchone()
+        assert health is not None
+        stalled, oldest, conflicts, quarantined = health
+        return Stats(
+            counts=tuple(StateCount(sub, t, State(s), int(n)) for sub, t, s, n in counts),
+            stalled_claims=int(stalled),
+            oldest_unknown_seconds=float(oldest) if oldest is not None else None,
+            rejected={"conflict": int(conflicts), "quarantined": int(quarantined)},
+        )
+
+    def waiting(
+        self,
+        limits: Mapping[str, ConcurrencyLimit] | None = None,
+        rates: Mapping[str, TokenRate] | None = None,
+    ) -> list[WaitingCount]:
+        """Queued rows that are due and yet not claimable, per job type, tenant and reason:
+        ``rate`` (a rate limit wait, or no whole token in a bucket of ``rates``) or ``limit``
+        (over a concurrency limit of ``limits``); the store's own claim policy's where not
+        given. A row waiting for
+        both counts as ``rate``."""
+        given = self._policy.concurrency if limits is None else limits
+        slots = {
+            job: [limit.total, limit.per_tenant] for job, limit in given.items() if limit.limited
+        }
+        rated = self._policy.rates if rates is None else rates
+        buckets = {job: rate.buckets() for job, rate in rated.items() if rate.limited}
+        with self._db.connection("waiting") as conn:
+            rows = conn.execute(
+                sql.statement("waiting"),
+                {
+                    "slots": Jsonb(slots) if slots else None,
+                    "rates": Jsonb(buckets) if buckets else None,
+                    "now": self._db.now(),
+                },
+            ).fetchall()
+        return [WaitingCount(job, tenant, reason, int(n)) for job, tenant, reason, n in rows]
 
     def history(self, key: Key) -> OperationHistory:
         """The work row, its attempts, its redrives and its rejected deliveries, in one

@@ -62,7 +62,7 @@ def rows(store: PostgresStore, db: Db) -> None:
     """Rows at known times before the clock's now (every time below is "before now")."""
     ops = ["quarantined-90s", "quarantined-30s", "quarantined-20m", "unknown-10m", "unknown-3m",
            "stalled", "held", "taken"]  # fmt: skip
-    store.ingest([delivery(T, op) for op in ops])
+    store.inbox.ingest([delivery(T, op) for op in ops])
     put(db, "quarantined-90s", "quarantined", settled=timedelta(seconds=90))
     put(db, "quarantined-30s", "quarantined", settled=timedelta(seconds=30))
     put(db, "quarantined-20m", "quarantined", settled=20 * MINUTE)

@@ -103,7 +103,7 @@ class Bench:
         with self.db.transaction():
             for op in operations:
                 invoices.add_invoice(self.db, tenant, f"inv-{op}", amount=100)
-        self.store.ingest(
+        self.store.inbox.ingest(
             [
                 for_job(self.registry, JOB, op, {"invoice_id": f"inv-{op}"}, tenant=tenant)
                 for op in operations
@@ -112,10 +112,10 @@ class Bench:
         return [Key(tenant, op) for op in operations]
 
     def run(self, key: Key) -> None:
-        (claim,) = self.store.claim_keys("worker", [key], LEASE)
+        (claim,) = self.store.claims.claim_keys("worker", [key], LEASE)
         spec = self.registry[JOB]
         ctx = Context.for_claim(claim, self.hasher)
-        execute(Run(self.store, claim, spec, ctx, EventCounter()))
+        execute(Run(self.store.settle, claim, spec, ctx, EventCounter()))
 
     def state(self, key: Key) -> State:
         row = self.db.execute(
@@ -285,12 +285,12 @@ def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_b
     operations = [f"op-{i:05d}" for i in range(1000)]
     # a few operations are delivered twice: a replay, never a second run or message
     keys = bench.add(operations)
-    replays = bench.store.ingest(
+    replays = bench.store.inbox.ingest(
         [for_job(bench.registry, JOB, op, {"invoice_id": f"inv-{op}"}) for op in operations[:50]]
     )
     assert {r.decision.value for r in replays} == {"replay"}
     # and a few again with another payload: conflicts, recorded, never run or announced
-    conflicts = bench.store.ingest(
+    conflicts = bench.store.inbox.ingest(
         [for_job(bench.registry, JOB, op, {"invoice_id": "other"}) for op in operations[50:70]]
     )
     assert {r.decision.value for r in conflicts} == {"conflict"}
@@ -511,7 +511,7 @@ def test_the_outbox_gauges_report_every_destination_by_name(
     outbox = store.outbox
     try:
         Telemetry(bench.hasher, meter_provider=meters).observe(
-            store, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
+            store.operator, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
         )
 
         def points() -> dict[str, dict[str, float]]:
@@ -555,17 +555,17 @@ def test_the_demos_refund_announces_once_and_a_stale_claim_announces_nothing(
     (delivery,) = [
         for_job(registry, invoices.JOB_TYPE, "refund-1", {"invoice_id": "inv-1042"}, tenant="acme")
     ]
-    store.ingest([delivery])
+    store.inbox.ingest([delivery])
     key = Key("acme", "refund-1")
-    (stale,) = store.claim_keys("stale", [key], LEASE)
+    (stale,) = store.claims.claim_keys("stale", [key], LEASE)
     # the stale worker pauses past its lease; another takes the row over and refunds
     db.execute("UPDATE work_item SET lease_expires_at = now() - interval '1 second'")
-    (current,) = store.claim_keys("current", [key], LEASE)
+    (current,) = store.claims.claim_keys("current", [key], LEASE)
     assert (stale.fence, current.fence) == (1, 2)
     spec = registry[invoices.JOB_TYPE]
-    execute(Run(store, current, spec, Context.for_claim(current, hasher), EventCounter()))
+    execute(Run(store.settle, current, spec, Context.for_claim(current, hasher), EventCounter()))
     stale_events = EventCounter()
-    execute(Run(store, stale, spec, Context.for_claim(stale, hasher), stale_events))
+    execute(Run(store.settle, stale, spec, Context.for_claim(stale, hasher), stale_events))
     assert stale_events["lease_lost"] == 1
 
     rows = db.execute("SELECT fence, body, attributes, ordering_key FROM outbox_message").fetchall()
@@ -652,11 +652,11 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = Telemetry(bench.hasher, tracer_provider=provider)
     (key,) = bench.add(["op-1"])
-    (claim,) = bench.store.claim_keys("worker", [key], LEASE)
+    (claim,) = bench.store.claims.claim_keys("worker", [key], LEASE)
     with telemetry.process(claim):
         execute(
             Run(
-                store,
+                store.settle,
                 claim,
                 bench.registry[JOB],
                 Context.for_claim(claim, bench.hasher),
@@ -806,11 +806,13 @@ def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_o
             registry = Registry()
             registry.register(JOB, PublishOnly(), outbox_destinations=frozenset({DESTINATION}))
             hasher = IdentityHasher(b"outbox-tests-identity-secret")
-            bridge.ingest([for_job(registry, JOB, "op-1", tenant=t) for t in ("acme", "globex")])
+            bridge.inbox.ingest(
+                [for_job(registry, JOB, "op-1", tenant=t) for t in ("acme", "globex")]
+            )
             for tenant in ("acme", "globex"):
-                (claim,) = bridge.claim_keys("w", [Key(tenant, "op-1")], LEASE)
+                (claim,) = bridge.claims.claim_keys("w", [Key(tenant, "op-1")], LEASE)
                 ctx = Context.for_claim(claim, hasher)
-                execute(Run(bridge, claim, registry[JOB], ctx, EventCounter()))
+                execute(Run(bridge.settle, claim, registry[JOB], ctx, EventCounter()))
             outbox = bridge.outbox
             fence = outbox.take(DESTINATION, "relay", LEASE)
             assert fence is not None

@@ -87,8 +87,12 @@ def sqs() -> Any:
 def run_all(store: PostgresStore, registry: Registry, operations: list[str]) -> None:
     hasher = IdentityHasher(b"outbox-batches-identity-secret")
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
 
 
 @pytest.mark.slow
@@ -98,11 +102,13 @@ def test_large_and_unsendable_messages_never_wedge_a_backlog_of_1000_operations(
     registry = Registry()
     registry.register(JOB, Announce(), outbox_destinations=frozenset(QUEUES))
     operations = [f"op-{i:04d}" for i in range(OPERATIONS)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     # delivered again: replays, never a second run or message; with another payload: conflicts
-    replays = store.ingest([for_job(registry, JOB, op) for op in operations[:40]])
+    replays = store.inbox.ingest([for_job(registry, JOB, op) for op in operations[:40]])
     assert {r.decision.value for r in replays} == {"replay"}
-    conflicts = store.ingest([for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]])
+    conflicts = store.inbox.ingest(
+        [for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]]
+    )
     assert {r.decision.value for r in conflicts} == {"conflict"}
     run_all(store, registry, operations)
     written = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox_message")}
@@ -183,7 +189,7 @@ def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
     registry.register(JOB, Announce(), outbox_destinations=frozenset(QUEUES))
     # operations 0-29: six large ones among them (10-15), all to the first destination
     operations = [f"op-{i:04d}" for i in range(30)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     run_all(store, registry, operations)
     sns = boto3.client(
         "sns",

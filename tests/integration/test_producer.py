@@ -82,7 +82,7 @@ def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
     producer_span = (publish.get_span_context().trace_id, publish.get_span_context().span_id)
 
     inbox = Inbox(
-        store,
+        store.inbox,
         partial(decode, config.decode_rules("refunds")),
         system=n.SYSTEM_SQS,
         telemetry=telemetry,
@@ -117,7 +117,7 @@ def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
     assert history.row is not None
     assert history.row.payload_bytes == len(json.dumps(REFUND, separators=(",", ":")))
 
-    claims = store.claim_keys("w", [Key(t, o) for t, o in operations], timedelta(seconds=30))
+    claims = store.claims.claim_keys("w", [Key(t, o) for t, o in operations], timedelta(seconds=30))
     assert len(claims) == 3
     for claim in claims:
         with telemetry.process(claim):

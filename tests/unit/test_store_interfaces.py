@@ -1,43 +1,45 @@
-"""The store's shape: the runtime's interface reaches no operator query, and the PostgreSQL
-store offers the runtime's statements and the table families, nothing else.
+"""The store's shape: one database, and one object per table family on it.
 
-mypy checks the signatures (``bridge.store`` assigns the PostgreSQL store to the runtime's
-interface); this checks which methods each side has.
+:class:`~bridge.store.postgres.PostgresStore` holds no statement of its own: each family is its
+own class with its own audience, handed out by the store, so a runtime module that holds the
+claims cannot reach an operator query through them.
 """
 
 from __future__ import annotations
 
-from bridge.store import Database, KeyedStore, PostgresStore, WorkStore
+from typing import Any, cast
+
+from bridge.store import Database, PostgresStore
+from bridge.store.claims import ClaimStore
+from bridge.store.ingest import IngestStore
+from bridge.store.keys import KeyStore
 from bridge.store.listing import ConsoleQueries
 from bridge.store.operator import OperatorQueries
+from bridge.store.outbox import OutboxStore
+from bridge.store.settle import SettleStore
 from bridge.store.shadow import ShadowStore
 
-#: what every family shares: the pool's connections, the clock, the fenced write
-DATABASE = frozenset(name for name in vars(Database) if not name.startswith("_"))
-
-
-def members(protocol: type) -> frozenset[str]:
-    """The public names a protocol declares, its bases' included."""
-    return frozenset(
-        name
-        for cls in protocol.__mro__
-        if getattr(cls, "_is_protocol", False)
-        for name in vars(cls)
-        if not name.startswith("_")
-    )
+FAMILIES = {
+    "inbox": IngestStore,
+    "claims": ClaimStore,
+    "settle": SettleStore,
+    "operator": OperatorQueries,
+    "console": ConsoleQueries,
+    "shadow": ShadowStore,
+    "outbox": OutboxStore,
+    "keys": KeyStore,
+}
 
 
 def public(cls: type) -> frozenset[str]:
     return frozenset(name for name in vars(cls) if not name.startswith("_"))
 
 
-def test_the_runtime_store_offers_no_operator_console_or_shadow_query() -> None:
-    others = public(OperatorQueries) | public(ConsoleQueries) | public(ShadowStore)
-    assert members(WorkStore) & others == set()
-
-
-def test_every_method_of_the_postgres_store_belongs_to_the_runtime_interface() -> None:
-    # waiting: the rows the claim policy holds back, read with that policy
-    mine = public(PostgresStore) - {"connect", "waiting"}
-    assert mine - members(WorkStore) == set()
-    assert members(WorkStore) - members(KeyedStore) <= mine | DATABASE
+def test_the_store_is_the_database_and_hands_out_one_object_per_family() -> None:
+    assert public(PostgresStore) == {"connect"}
+    store = PostgresStore(cast(Any, object()))
+    made = {name: type(value) for name, value in vars(store).items() if not name.startswith("_")}
+    families = {name: kind for name, kind in made.items() if kind in FAMILIES.values()}
+    assert families == FAMILIES
+    shared = public(Database)
+    assert all(not (public(kind) & shared) for kind in FAMILIES.values())

@@ -61,7 +61,7 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
     registry.register(JOB, AnnounceSteps(), outbox_destinations=frozenset({DESTINATION}))
     hasher = IdentityHasher(b"outbox-pubsub-identity-secret")
     operations = [f"op-{i:02d}" for i in range(20)]
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -76,9 +76,9 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
         ]
     )
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
         ctx = Context.for_claim(claim, hasher)
-        execute(Run(store, claim, registry[JOB], ctx, EventCounter()))
+        execute(Run(store.settle, claim, registry[JOB], ctx, EventCounter()))
     written = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox_message ORDER BY seq")]
     assert len(written) == len(operations) * PER_OPERATION
 
@@ -121,7 +121,7 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
     registry = Registry()
     registry.register(JOB, AnnounceSteps(), outbox_destinations=frozenset({DESTINATION}))
     hasher = IdentityHasher(b"outbox-pubsub-identity-secret")
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -133,8 +133,10 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
             )
         ]
     )
-    (claim,) = store.claim_keys("worker", [Key("t1", "op-1")], timedelta(seconds=30))
-    execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+    (claim,) = store.claims.claim_keys("worker", [Key("t1", "op-1")], timedelta(seconds=30))
+    execute(
+        Run(store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter())
+    )
 
     name = f"fb-late-{uuid.uuid4().hex[:8]}"
     topic = f"projects/{PROJECT}/topics/{name}"
