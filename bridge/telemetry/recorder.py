@@ -301,6 +301,8 @@ class Telemetry:
             n.SPAN_PROCESS.format(subscription=claim.subscription),
             kind=trace.SpanKind.CONSUMER,
             links=[link] if link else [],
+            # from the start: it marks the span as the root of an operation's trace
+            attributes={n.MESSAGING_SUBSCRIPTION: claim.subscription},
         )
         if span.is_recording():  # keyed hashes cost a few HMACs; skip them when unused
             span.set_attributes(self._claim_attributes(claim))
