@@ -12,9 +12,8 @@ polls, lease renewals, the sweeper, the gauges, long-poll receives, the client l
 threads. Traced, each would start a trace of its own, thousands a minute, none of them
 answering "where did this operation's time go". :class:`InsideOurSpans` keeps a call's span
 only when it has a parent (a statement inside ``inbox write``, a provider call inside
-``process``) or when it is one of fencebridge's own root spans, which carry the subscription's
-name from their start. Every other span that would begin a trace is dropped before it is
-recorded, so it costs almost nothing.
+``process``): a client span that would begin a trace of its own is dropped before it is
+recorded, so it costs almost nothing, unless it is fencebridge's own ``ack``.
 
 **Nothing raw.** psycopg records the statement text, never its parameters, and every value
 fencebridge sends is a parameter; SQL comments stay off. The HTTP client spans keep the method,
@@ -175,11 +174,13 @@ def unwire() -> None:
 
 
 class InsideOurSpans(Sampler):
-    """Keeps a span with a parent, or a root span of fencebridge's own; drops other roots.
+    """Drops a client call's span that would start a trace of its own; keeps everything else.
 
-    fencebridge's root spans (``receive``, ``process``) carry the subscription's name from their
-    start; no instrumentation sets it. Whatever is kept is then decided by ``root`` (the
-    sampler ``OTEL_TRACES_SAMPLER`` names, parent-based by default).
+    Every instrumented call (a statement, a broker or HTTP request) is a span of kind client;
+    with no parent it belongs to no operation. fencebridge's own client span (``ack``) carries
+    the subscription's name from its start, which no instrumentation sets, and is kept; so is
+    any span of another kind (a handler's own root span). Whatever is kept is then decided by
+    ``root`` (the sampler ``OTEL_TRACES_SAMPLER`` names, parent-based by default).
     """
 
     def __init__(self, root: Sampler) -> None:
@@ -196,7 +197,8 @@ class InsideOurSpans(Sampler):
         trace_state: trace.TraceState | None = None,
     ) -> SamplingResult:
         parent = trace.get_current_span(parent_context).get_span_context()
-        if not parent.is_valid and not (attributes and n.MESSAGING_SUBSCRIPTION in attributes):
+        ours = bool(attributes and n.MESSAGING_SUBSCRIPTION in attributes)
+        if not parent.is_valid and kind is SpanKind.CLIENT and not ours:
             return SamplingResult(Decision.DROP)
         return self._root.should_sample(
             parent_context, trace_id, name, kind, attributes, links, trace_state

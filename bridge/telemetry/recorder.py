@@ -128,7 +128,9 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self._hasher = hasher
-        self._tracer = trace.get_tracer(n.INSTRUMENTATION_NAME, tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer(
+            n.INSTRUMENTATION_NAME, tracer_provider=tracer_provider, schema_url=n.SCHEMA_URL
+        )
         meter = metrics.get_meter(n.INSTRUMENTATION_NAME, meter_provider=meter_provider)
         self._deliveries = meter.create_counter(
             n.METRIC_DELIVERIES, unit="{delivery}", description="Deliveries by inbox decision"
@@ -262,6 +264,22 @@ class Telemetry:
                     w.decision.value,
                     extra={"fencebridge": {n.MESSAGING_SUBSCRIPTION: subscription, **attributes}},
                 )
+
+    @contextmanager
+    def ack(self, system: str, subscription: str, count: int) -> Iterator[trace.Span]:
+        """The span of one acknowledging call to the broker (the broker's call is its child)."""
+        with self._tracer.start_as_current_span(
+            n.SPAN_ACK.format(subscription=subscription),
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                n.MESSAGING_SYSTEM: system,
+                n.MESSAGING_OPERATION_TYPE: "settle",
+                n.MESSAGING_OPERATION_NAME: "ack",
+                n.MESSAGING_SUBSCRIPTION: subscription,
+                n.MESSAGING_BATCH_COUNT: count,
+            },
+        ) as span:
+            yield span
 
     def acked(self, subscription: str, seconds: float) -> None:
         """A consumer acknowledged a delivery ``seconds`` after receiving it."""

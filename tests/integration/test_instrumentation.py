@@ -85,18 +85,20 @@ def test_calls_inside_our_spans_are_children_and_calls_outside_start_no_trace(
             conn.execute("SELECT %s::text AS inside", (OPERATION,))
             requests.post(url, timeout=5, headers={"Idempotency-Key": OPERATION})
             urllib3.PoolManager().request("POST", url)
-        with tracer.start_as_current_span("a root that is not ours"):
-            conn.execute("SELECT 2")
+        with tracer.start_as_current_span("a handler's own root span") as own:
+            conn.execute("SELECT 2")  # kept: a root of another kind than client is untouched
 
     spans = exported.get_finished_spans()
-    ours = [s for s in spans if s.name == "process refunds"]
-    assert len(ours) == 1
+    roots = sorted(s.name for s in spans if s.parent is None)
+    assert roots == ["a handler's own root span", "process refunds"]
     children = [s for s in spans if _parent(s) == root.get_span_context().span_id]
     statements = [s for s in children if (s.attributes or {}).get("db.system") == "postgresql"]
     http = [s for s in children if s not in statements]
     assert len(statements) == 1, [s.name for s in spans]
     assert len(http) >= 2, "requests, and urllib3 under it or on its own"
-    assert len(spans) == 1 + len(children), "no statement or call outside our span was kept"
+    own_children = [s for s in spans if _parent(s) == own.get_span_context().span_id]
+    assert len(own_children) == 1
+    assert len(spans) == 2 + len(children) + 1, "no statement or call outside a span was kept"
     for span in spans:
         text = repr(dict(span.attributes or {})) + span.name
         assert TENANT not in text, text
