@@ -992,9 +992,11 @@ def test_runs_end_at_their_handover_and_a_reaction_that_raises_in_the_writer_sto
     assert len(events.raised) == 1
     assert pool.claimer.status().restarts == 0
     assert "RuntimeError" in caplog.text
-    # The answers were reported by the claimer, the runs were spread over every thread.
+    # The answers were reported by the claimer; the runs stayed on the worker threads, spread
+    # over several of them (how many got work depends on the machine's load, not the pool).
     assert set(events.threads.values()) == {"fencebridge-claimer"}
-    assert len(set(ran_on.values())) == 8
+    assert all(name.startswith("fencebridge-handler-") for name in ran_on.values())
+    assert len(set(ran_on.values())) > 1
 
 
 # -- replicas: processes beside threads ----------------------------------------------------------
