@@ -774,6 +774,26 @@ class SubscriptionConfig(Table):
             """
         ),
     )
+    wait_for_standby: StrictBool = Field(
+        default=False,
+        description=_doc(
+            """
+            Acknowledge a batch, and make a class D job type's call after its intent, only once
+            a standby has flushed the commit (its WAL position compared with
+            `pg_stat_replication`; the bridge's role needs `pg_read_all_stats`). With
+            asynchronous replication this is what keeps a failover from losing a delivery
+            the broker was told to delete, or a class D intent (operations.md, "Durability
+            across a failover"). A wait that runs out acknowledges nothing (the broker
+            redelivers) and calls nothing (the intent is withdrawn, the row retried).
+            """
+        ),
+    )
+    wait_for_standby_seconds: StrictFloat = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="The longest a `wait_for_standby` wait lasts before it gives up.",
+    )
     mode: SubscriptionMode = Field(
         default=SubscriptionMode.LIVE,
         description=_doc(

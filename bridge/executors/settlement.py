@@ -34,6 +34,7 @@ from bridge.handlers import (
     Success,
     TerminalFailure,
 )
+from bridge.store.replication import StandbyGate
 from bridge.store.work import Settlement, WorkStore
 from bridge.types import Claim, State
 
@@ -81,6 +82,8 @@ class Run:
     #: batches this run's final settlement with other runs'; None writes it alone
     completer: RunSettler | None = None
     trail: Trail = field(default_factory=Trail)
+    #: the standby waits of the subscriptions that ask for them (a class D intent waits)
+    standby: StandbyGate | None = None
 
 
 def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> timedelta:

@@ -41,6 +41,7 @@ from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Service, describe
 from bridge.store import PostgresStore
 from bridge.store.migrate import require_current
+from bridge.store.replication import StandbyWait
 from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 
@@ -73,6 +74,16 @@ class Bridge:
         self.store = store
         self.hasher = hasher
         self.registry = registry or build_registry(config)
+        waits = {
+            name: sub.wait_for_standby_seconds
+            for name, sub in config.subscriptions.items()
+            if sub.wait_for_standby and not sub.shadow
+        }
+        self.standby: StandbyWait | None = None
+        if waits:
+            if not isinstance(store, PostgresStore):
+                raise TypeError("wait_for_standby needs the PostgreSQL store")
+            self.standby = StandbyWait(store.pool, waits, observe=self.telemetry.standby_waited)
         self.pool = WorkerPool(
             store,
             self.registry,
@@ -85,6 +96,7 @@ class Bridge:
             events=events,
             telemetry=self.telemetry,
             limits=limits,
+            standby=self.standby,
         )
         self.sweeper = Sweeper(
             store,
@@ -114,6 +126,7 @@ class Bridge:
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
+                standby=self.standby,
             )
             self.consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
         self.health: HealthServer | None = None
