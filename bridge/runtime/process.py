@@ -45,6 +45,7 @@ from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
 from bridge.store.migrate import require_current
 from bridge.store.replication import StandbyWait
+from bridge.store.session_check import require_session
 from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 
@@ -248,6 +249,7 @@ def open_bridge(
     limits: Limits | None = None,
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
+    require_session(database_url, config.bridge.session_timeouts())
     store = PostgresStore.connect(
         database_url,
         max_size=pool_size(config),
