@@ -48,4 +48,3 @@ def require_session(url: str, timeouts: SessionTimeouts) -> None:
                 f"the session did not start with the bridge's {name} ({milliseconds(want)} ms "
                 f"asked, {have} ms applied): its startup options were dropped; {POOLER}"
             )
-
