@@ -27,8 +27,8 @@ import importlib
 import inspect
 import re
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Final
 
@@ -46,6 +46,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.ingest.decode import SourceKind
+from bridge.operator.brokers import BrokerLook
 from bridge.operator.probe import ProbeReport
 from bridge.operator.retention import within_redelivery
 from bridge.store.migrate import current_version
@@ -70,7 +71,7 @@ _FENCED_STATEMENTS: Final = (
 )
 _FENCE_CONDITION: Final = re.compile(r"\bfence\s*=\s*(?:%\(fence\)s|t\.fence)")
 _CLAIMED_CONDITION: Final = re.compile(r"\bstate\s*=\s*'claimed'")
-#: the claim's fence: the next one, from its epoch (migration 0028)
+#: the claim's fence: the next one, from its epoch (migration 0029)
 _FENCE_BUMP: Final = re.compile(r"\bfence\s*=\s*fencebridge_next_fence\(w\.fence\)")
 _DATABASE_LEASE: Final = re.compile(
     r"lease_expires_at\s*=\s*coalesce\(%\(now\)s::timestamptz, now\(\)\)"
@@ -92,6 +93,8 @@ class Verdict:
     evidence: str
     #: False for a go that rests on what was read where evidence should have run (no probe)
     executed: bool = True
+    #: settings found that hold but deserve a look (a queue without a dead-letter queue)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +292,8 @@ class JobEvidence:
     sources: frozenset[str]
     #: the executed evidence of controls 3, 4 and 8 (``--probe``), or None: not run
     probe: ProbeReport | None = None
+    #: what each subscription's broker said of its queue or subscription, or None: not asked
+    brokers: Mapping[str, BrokerLook] | None = None
 
 
 # -- the ten controls -------------------------------------------------------------------------
@@ -471,7 +476,10 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
     """8. The broker is acknowledged only after the durable work row commits."""
     if not e.subscriptions:
         return Verdict(True, "no subscription delivers this job type")
-    problems, seen = [], []
+    problems: list[str] = []
+    seen: list[str] = []
+    warnings: list[str] = []
+    unasked = _brokers(e, problems, seen, warnings)
     for sub in e.subscriptions:
         if sub.source not in e.sources:
             problems.append(f"{sub.name}: no consumer installed for source {sub.source}")
@@ -483,9 +491,30 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
                 problems.append(f"{sub.name}: the probe did not run it")
             else:
                 (seen if probed.go else problems).append(f"probe: {probed.ran}")
-    if e.probe is None:
-        return _unprobed(problems, seen)
-    return _verdict(problems, seen)
+    seen.extend(f"warning: {w}" for w in warnings)
+    executed = e.probe is not None and not unasked
+    verdict = _verdict(problems, seen) if executed else _unprobed(problems, seen)
+    return replace(verdict, warnings=tuple(warnings)) if verdict.go else verdict
+
+
+def _brokers(e: JobEvidence, problems: list[str], seen: list[str], warnings: list[str]) -> bool:
+    """What the brokers said of each subscription's queue or subscription, sorted into the
+    lists; True when one of them was not asked (the control is then not probed)."""
+    unasked = e.brokers is None
+    for sub in e.subscriptions:
+        look = e.brokers.get(sub.name) if e.brokers is not None else None
+        if look is None:
+            continue
+        if look.not_probed is not None:
+            unasked = True
+            seen.append(f"{sub.name}: broker not probed ({look.not_probed})")
+            continue
+        for found in look.findings:
+            if not found.go:
+                problems.append(f"{sub.name}: {found.text}")
+            else:
+                (warnings if found.warning else seen).append(f"{sub.name}: {found.text}")
+    return unasked
 
 
 def retention(e: JobEvidence) -> Verdict:
@@ -574,6 +603,7 @@ def evaluate(
     probe: ProbeReport | None = None,
     *,
     job_types: Sequence[str] | None = None,
+    brokers: Mapping[str, BrokerLook] | None = None,
 ) -> Report:
     """Every control for every job type of the configuration (or those of ``job_types``: the
     gate of one job type's cut-over from shadow to live); controls 3, 4 and 8 from the probe's
@@ -592,6 +622,7 @@ def evaluate(
             db=db,
             sources=installed,
             probe=probe,
+            brokers=brokers,
         )
         findings.extend(Finding(name, control, check(evidence)) for control, check in CHECKS)
     return Report(tuple(findings))

@@ -71,8 +71,12 @@ class Bridge:
         events: WorkEvents | None = None,
         telemetry: Telemetry | None = None,
         limits: Limits | None = None,
+        record_first_key: bool = True,
     ) -> None:
         settings = config.bridge
+        #: False for ``fencebridge run``: a database with no key recorded refuses the start
+        #: (``fencebridge identity init`` records it); the demo and embedding programs record it
+        self.record_first_key = record_first_key
         self.telemetry = telemetry or Telemetry(hasher)
         self.config = config
         self.store = store
@@ -173,7 +177,7 @@ class Bridge:
 
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run")
+        attach(self.store, self.hasher, used_by="fencebridge run", first_use=self.record_first_key)
         self.stages.start()
         log.info(
             "bridge started: %d subscription(s), %d job type(s), %d worker thread(s)",
@@ -247,6 +251,7 @@ def open_bridge(
     *,
     telemetry: Telemetry | None = None,
     limits: Limits | None = None,
+    record_first_key: bool = True,
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
     require_session(database_url, config.bridge.session_timeouts())
@@ -265,7 +270,14 @@ def open_bridge(
     try:
         with store.pool.connection() as conn:
             require_current(conn)
-        return Bridge(config, store, hasher, telemetry=telemetry, limits=limits)
+        return Bridge(
+            config,
+            store,
+            hasher,
+            telemetry=telemetry,
+            limits=limits,
+            record_first_key=record_first_key,
+        )
     except BaseException:
         store.close()
         raise

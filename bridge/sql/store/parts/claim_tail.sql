@@ -1,6 +1,6 @@
 -- The end of every claim of due rows and takeovers (claim.sql, claim_fair.sql,
 -- claim_limited.sql): the claim itself over its candidate rows, and the attempt history. The
--- fence counts on from its epoch (migration 0028) after a failover. RETURNING names the table
+-- fence counts on from its epoch (migration 0029) after a failover. RETURNING names the table
 -- only where a candidate has the column too: the claims stay within psycopg's statement cache.
 claimed AS (
     UPDATE work_item w

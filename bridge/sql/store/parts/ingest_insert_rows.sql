@@ -16,7 +16,7 @@
 --
 -- A delivery the process's own pool has a free slot for comes with a lease (its last column,
 -- in seconds; null: none) and is written claimed, as the hand-off claim (claim_keys.sql) would
--- claim it a moment later: fence 1 of its epoch (migration 0028), attempt 1, leased to
+-- claim it a moment later: fence 1 of its epoch (migration 0029), attempt 1, leased to
 -- %(worker)s from the same clock. The
 -- store asks this only for a row that claim would take (a job type the pool runs, with no
 -- concurrency limit or token rate, no ordering key, under an identity key the process holds);
