@@ -75,6 +75,7 @@ from bridge.ingest.inbox import Inbox
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
 BATCH = 10
@@ -247,9 +248,13 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
     machine's from its pool's start to the last settlement."""
     threads = THREADS // replicas
     size = threads + plan.claimers + 1 + plan.subscriptions + 2
-    store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
-    if plan.fairness:
-        store.use_tenant_fairness()
+    store = PostgresStore.connect(
+        url,
+        min_size=size,
+        max_size=size,
+        generic_plans=True,
+        policy=ClaimPolicy(fairness={} if plan.fairness else None),
+    )
     try:
         store.pool.wait()
         registry = Registry()
@@ -264,7 +269,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             claimers=plan.claimers,
             events=settled,
         )
-        inbox = Inbox(store, decoder, pool=pool)
+        inbox = Inbox(store.inbox, decoder, pool=pool)
         per = _share(plan, replicas)
         errors: list[Exception] = []
         writers = [

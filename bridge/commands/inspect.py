@@ -22,8 +22,7 @@ from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
-    from bridge.operator.resend import ResendAudit
-    from bridge.outbox.relay import OutboxRecord
+    from bridge.store.outbox import OutboxRecord, ResendAudit
     from bridge.store.records import AttemptRecord, ErasureRecord, OperationHistory
 
 
@@ -46,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     key = Key(args.tenant, args.operation)
     with open_store(args) as store:
         hasher = optional_hasher(store)
-        history = store.history(key)
-        outbox = _outbox(store, key.tenant_id, key.operation_id)
-        resends = _resends(store, key.tenant_id, key.operation_id)
+        history = store.operator.history(key)
+        outbox = store.outbox.of_operation(key.tenant_id, key.operation_id)
+        resends = store.outbox.resends_of_operation(key.tenant_id, key.operation_id)
         erasures = (
-            store.erasures(
+            store.operator.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
             )
             if hasher is not None and history.row is None
@@ -113,26 +112,6 @@ def run(args: argparse.Namespace) -> int:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
         print("\n".join(lines))
     return 0 if history.found else 1
-
-
-def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
-    """The operation's outbox messages (the PostgreSQL store has them)."""
-    from bridge.outbox.relay import OutboxStore
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        return []
-    return OutboxStore(store.pool).of_operation(tenant_id, operation_id)
-
-
-def _resends(store: object, tenant_id: str, operation_id: str) -> list[ResendAudit]:
-    """Who sent the operation's parked outbox messages back, and why."""
-    from bridge.operator.resend import OutboxResend
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        return []
-    return OutboxResend(store.pool).of_operation(tenant_id, operation_id)
 
 
 def _outbox_lines(outbox: Sequence[OutboxRecord], resends: Sequence[ResendAudit]) -> list[str]:

@@ -28,7 +28,7 @@ from bridge.console.openapi import document
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
-from bridge.store.operator import OperatorStore
+from bridge.store import PostgresStore
 from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
@@ -93,7 +93,7 @@ class ConsoleApi:
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: PostgresStore,
         config: BridgeConfig,
         hasher: IdentityHasher,
         *,
@@ -114,7 +114,7 @@ class ConsoleApi:
         _no_query(request, ())
         grouped: dict[tuple[str, str, str], dict[str, int]] = {}
         totals = dict.fromkeys(_STATES, 0)
-        for c in self._store.group_counts():
+        for c in self._store.console.group_counts():
             key = (c.subscription, c.job_type, self._hasher.tenant(c.tenant_id))
             grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
             totals[c.state.value] += c.count
@@ -137,7 +137,7 @@ class ConsoleApi:
             raise bad_request(f"unknown state: expected one of {', '.join(_STATES)}") from None
         limit = _limit(request)
         after = _cursor(request, "rows")
-        page = self._store.rows_page(
+        page = self._store.console.rows_page(
             state,
             after=after,
             limit=limit + 1,
@@ -177,7 +177,7 @@ class ConsoleApi:
         if open_text not in ("true", "false"):
             raise bad_request("open must be true or false")
         limit = _limit(request)
-        page = self._store.rejected_page(
+        page = self._store.console.rejected_page(
             after=_cursor(request, "rejected"),
             limit=limit + 1,
             kind=kind,
@@ -208,7 +208,7 @@ class ConsoleApi:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id"})
         tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
-        return self._history(self._store.history(Key(tenant, operation)))
+        return self._history(self._store.operator.history(Key(tenant, operation)))
 
     def _history(self, history: OperationHistory) -> dict[str, Any]:
         row = history.row
@@ -324,7 +324,7 @@ class ConsoleApi:
         if window not in WINDOWS:
             raise bad_request(f"window must be one of {', '.join(WINDOWS)}")
         buckets, bucket = WINDOWS[window]
-        points = self._store.figures(buckets=buckets, bucket=bucket)
+        points = self._store.console.figures(buckets=buckets, bucket=bucket)
         series = [
             {
                 "at": _time(p.at),
@@ -351,7 +351,7 @@ class ConsoleApi:
         body = _object(request.body, {"tenant_id", "operation_id", "reason"})
         key = Key(_required(body, "tenant_id"), _required(body, "operation_id"))
         reason = _required(body, "reason")
-        view = self._store.view_payload(key, actor=request.principal.name, reason=reason)
+        view = self._store.console.view_payload(key, actor=request.principal.name, reason=reason)
         if view is None:
             raise ApiError(404, "not found", "no work row for this operation: nothing to show")
         log.info(
@@ -413,7 +413,7 @@ class ConsoleApi:
             limit=_bounded(body, "limit", 100, REDRIVE_LIMIT_MAX),
         )
         if not dry_run:
-            keyring.attach(self._store, self._hasher, used_by="fencebridge console")
+            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
         report = Redrive(
             self._store,
             self._config,

@@ -88,7 +88,7 @@ def _intent_on_standby(run: Run) -> bool:
     except StoreUnavailable as exc:
         run.trail.failed_with(exc)
     try:
-        if standby.withdraw_intent(run.claim.ticket):
+        if run.store.withdraw_intent(run.claim.ticket):
             run.events.settled(run.claim, State.QUEUED, "standby_wait")
             return False
     except StoreUnavailable:

@@ -36,17 +36,17 @@ from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
 from bridge.ingest.shadow import ShadowWrites
 from bridge.keyring import attach
-from bridge.outbox.relay import OutboxStore, Relay
+from bridge.outbox.relay import Relay
 from bridge.runtime.consumers import Consumers
 from bridge.runtime.health import HealthServer
 from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import require_current
 from bridge.store.replication import StandbyWait
 from bridge.store.session_check import require_session
-from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Bridge:
     def __init__(
         self,
         config: BridgeConfig,
-        store: WorkStore,
+        store: PostgresStore,
         hasher: IdentityHasher,
         *,
         registry: Registry | None = None,
@@ -89,9 +89,7 @@ class Bridge:
         }
         self.standby: StandbyWait | None = None
         if waits:
-            if not isinstance(store, PostgresStore):
-                raise TypeError("wait_for_standby needs the PostgreSQL store")
-            self.standby = StandbyWait(store.pool, waits, observe=self.telemetry.standby_waited)
+            self.standby = StandbyWait(store, waits, observe=self.telemetry.standby_waited)
         self.pool = WorkerPool(
             store,
             self.registry,
@@ -107,17 +105,15 @@ class Bridge:
             standby=self.standby,
         )
         self.sweeper = Sweeper(
-            store,
+            store.settle,
             interval=settings.sweep_interval_seconds,
             limits=limits,
             on_restart=self.telemetry.thread_restarted,
         )
         self.relay: Relay | None = None
         if config.outbox:
-            if not isinstance(store, PostgresStore):
-                raise TypeError("the outbox relay needs the PostgreSQL store")
             self.relay = Relay(
-                OutboxStore(store.pool),
+                store.outbox,
                 config.outbox,
                 owner=settings.worker_id,
                 limits=limits,
@@ -128,7 +124,7 @@ class Bridge:
             # A shadow subscription writes to the shadow record, which no claim reads, and
             # hands nothing to the pool: fixed here, at construction, for the process's life.
             inbox = Inbox(
-                ShadowWrites(store) if sub.shadow else store,
+                ShadowWrites(store.inbox) if sub.shadow else store.inbox,
                 partial(decode, config.decode_rules(name)),
                 pool=None if sub.shadow else self.pool,
                 system=sources.adapter(sub.source).messaging_system,
@@ -136,7 +132,7 @@ class Bridge:
                 limits=limits,
                 standby=self.standby,
             )
-            consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
+            consumers.append(sources.adapter(sub.source).open(sub, inbox, store.inbox))
         self.consumers = Consumers(consumers)
         self.health: HealthServer | None = None
         if settings.health_port:
@@ -177,7 +173,9 @@ class Bridge:
 
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run", first_use=self.record_first_key)
+        attach(
+            self.store.keys, self.hasher, used_by="fencebridge run", first_use=self.record_first_key
+        )
         self.stages.start()
         log.info(
             "bridge started: %d subscription(s), %d job type(s), %d worker thread(s)",
@@ -262,13 +260,14 @@ def open_bridge(
         attempt_history=config.bridge.attempt_history,
         priority_aging=timedelta(seconds=config.bridge.priority_aging_seconds),
         generic_plans=True,
+        policy=ClaimPolicy(
+            concurrency=config.concurrency_limits(),
+            rates=config.token_rates(),
+            fairness=config.bridge.tenant_weights if config.bridge.tenant_fairness else None,
+        ),
     )
-    store.use_concurrency_limits(config.concurrency_limits())
-    store.use_token_rates(config.token_rates())
-    if config.bridge.tenant_fairness:
-        store.use_tenant_fairness(config.bridge.tenant_weights)
     try:
-        with store.pool.connection() as conn:
+        with store.connection("schema check") as conn:
             require_current(conn)
         return Bridge(
             config,

@@ -15,7 +15,8 @@ for the synchronous standby was cancelled returns as committed all the same.
 A wait that runs out raises :class:`StandbyNotConfirmed` (a :class:`StoreUnavailable`): the
 consumer acknowledges nothing of the batch (the broker redelivers it, a replay, which waits
 again), and a class D run gives its row back with the intent withdrawn and the attempt not
-counted (``withdraw_intent.sql``), without calling. Every wait is recorded in
+counted (``withdraw_intent.sql``, :meth:`bridge.store.settle.SettleStore.withdraw_intent`),
+without calling. Every wait is recorded in
 ``fencebridge.standby_wait.duration``.
 """
 
@@ -23,14 +24,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal, Protocol
-
-from psycopg_pool import ConnectionPool
+from typing import Final, Literal, Protocol
 
 from bridge import sql
-from bridge.database import translate_errors
 from bridge.errors import StandbyNotConfirmed
-from bridge.types import Ticket
+from bridge.store.db import Database
 
 #: what waited: the broker acknowledgement of an inbox batch, or a class D call
 Purpose = Literal["ack", "intent"]
@@ -49,20 +47,18 @@ class StandbyGate(Protocol):
 
     def wait(self, subscription: str, purpose: Purpose) -> float: ...
 
-    def withdraw_intent(self, ticket: Ticket) -> bool: ...
-
 
 class StandbyWait:
-    """The standby waits of the subscriptions that ask for them, on the bridge's pool."""
+    """The standby waits of the subscriptions that ask for them, on the bridge's database."""
 
     def __init__(
         self,
-        pool: ConnectionPool[Any],
+        db: Database,
         seconds: Mapping[str, float],
         *,
         observe: Observer | None = None,
     ) -> None:
-        self._pool = pool
+        self._db = db
         #: subscription -> its wait's bound, for the subscriptions with ``wait_for_standby``
         self._seconds = dict(seconds)
         self._observe = observe
@@ -78,7 +74,7 @@ class StandbyWait:
         deadline = began + bound
         confirmed = False
         try:
-            with translate_errors("standby wait"), self._pool.connection() as conn:
+            with self._db.connection("standby wait") as conn:
                 row = conn.execute(sql.statement("standby_position")).fetchone()
                 assert row is not None
                 lsn = row[0]
@@ -99,17 +95,3 @@ class StandbyWait:
         finally:
             if self._observe is not None:
                 self._observe(subscription, purpose, time.monotonic() - began, confirmed)
-
-    def withdraw_intent(self, ticket: Ticket) -> bool:
-        """Give the row back with this claim's intent withdrawn (its call was not made) and the
-        attempt not counted; False if the claim is gone."""
-        with translate_errors("withdraw intent"), self._pool.connection() as conn:
-            row = conn.execute(
-                sql.statement("withdraw_intent"),
-                {
-                    "tenant_id": ticket.tenant_id,
-                    "operation_id": ticket.operation_id,
-                    "fence": ticket.fence,
-                },
-            ).fetchone()
-        return row is not None

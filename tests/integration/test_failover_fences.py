@@ -1,5 +1,5 @@
 """A fence never goes backwards across a failover, even when the promoted server missed the last
-claims: the fence's epoch is the server's timeline (bridge/sql/store/parts/fence_epoch.sql).
+claims: the fence's epoch is the server's timeline (migration 0029_fence_epoch.sql).
 
 A primary and a streaming standby (tests/support/replication.py); the replication link hangs,
 the old primary issues claims its standby never receives, acknowledged all the same, then dies
@@ -37,7 +37,7 @@ def pair() -> Iterator[Pair]:
 
 
 def fences(store: PostgresStore, worker: str, limit: int) -> dict[str, int]:
-    return {c.operation_id: c.fence for c in store.claim(worker, limit, LEASE)}
+    return {c.operation_id: c.fence for c in store.claims.claim(worker, limit, LEASE)}
 
 
 def test_claims_the_promoted_server_missed_are_never_issued_the_same_fence_again(
@@ -45,7 +45,7 @@ def test_claims_the_promoted_server_missed_are_never_issued_the_same_fence_again
 ) -> None:
     store = PostgresStore.connect(pair.url("fb"), max_size=2)
     try:
-        store.ingest([delivery(f"op-{i}") for i in range(40)])
+        store.inbox.ingest([delivery(f"op-{i}") for i in range(40)])
         # a first round everywhere: fence 1, replicated
         first = fences(store, "old-1", 20)
         assert set(first.values()) == {1}
@@ -54,7 +54,7 @@ def test_claims_the_promoted_server_missed_are_never_issued_the_same_fence_again
         # acknowledged on the old primary, never received by its standby: fence 1 for the
         # rest, and the new rows an insert claims for its pool
         lost = fences(store, "old-2", 20)
-        results = store.ingest(
+        results = store.inbox.ingest(
             [delivery(f"new-{i}") for i in range(10)],
             InsertClaim("old-3", {"refund": LEASE}, 10),
         )
@@ -71,7 +71,7 @@ def test_claims_the_promoted_server_missed_are_never_issued_the_same_fence_again
         # the rows the lost claims took are queued on the new primary; the new ones are gone
         # and come back from the broker
         again = fences(store, "new-1", 40)
-        results = store.ingest(
+        results = store.inbox.ingest(
             [delivery(f"new-{i}") for i in range(10)],
             InsertClaim("new-2", {"refund": LEASE}, 10),
         )

@@ -587,7 +587,7 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     store = PostgresStore.connect(conn.info.dsn, max_size=8)
     try:
         for start in range(0, QUEUED_ROWS, 1000):
-            store.ingest(
+            store.inbox.ingest(
                 [for_job(registry, "quick", f"live-{i}") for i in range(start, start + 1000)]
             )
         conn.execute("VACUUM ANALYZE work_item")

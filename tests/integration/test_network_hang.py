@@ -71,8 +71,8 @@ def test_a_hang_longer_than_the_lease_then_latency_leaves_nothing_twice_lost_or_
     )
     pool = WorkerPool(store, registry, HASHER, threads=4, poll_interval=0.05)
     try:
-        store.ingest([for_job(registry, "ledger", op) for op in ops])
-        store.ingest([for_job(registry, "ledger", op) for op in ops[:DUPLICATES]])  # replays
+        store.inbox.ingest([for_job(registry, "ledger", op) for op in ops])
+        store.inbox.ingest([for_job(registry, "ledger", op) for op in ops[:DUPLICATES]])  # replays
         pool.start()
         eventually(
             lambda: query(db_url, "SELECT count(*) FROM test_effect")[0][0] >= 300,

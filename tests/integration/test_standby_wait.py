@@ -69,16 +69,16 @@ def test_a_wait_is_confirmed_once_the_standby_has_the_commit_and_gives_up_at_its
 ) -> None:
     seen: list[tuple[str, str, bool]] = []
     standby = StandbyWait(
-        store.pool,
+        store,
         {"jobs": 0.5},
         observe=lambda sub, purpose, _seconds, ok: seen.append((sub, purpose, ok)),
     )
     assert standby.applies("jobs")
     assert not standby.applies("other")
-    store.ingest([for_job(_registry(Notify()), "notify", "op-1")])
+    store.inbox.ingest([for_job(_registry(Notify()), "notify", "op-1")])
     standby.wait("jobs", "ack")
     pair.stall()
-    store.ingest([for_job(_registry(Notify()), "notify", "op-2")])
+    store.inbox.ingest([for_job(_registry(Notify()), "notify", "op-2")])
     with pytest.raises(StandbyNotConfirmed, match=r"within 0.5s \(1 streaming\)"):
         standby.wait("jobs", "ack")
     pair.resume()
@@ -91,10 +91,10 @@ def test_the_inbox_lets_nothing_be_acked_until_the_standby_has_the_batch(
 ) -> None:
     registry = _registry(Notify())
     raw = [for_job(registry, "notify", f"op-{i}") for i in range(5)]
-    standby = StandbyWait(store.pool, {"jobs": 0.5})
+    standby = StandbyWait(store, {"jobs": 0.5})
     by_id = {d.operation_id: d for d in raw}
-    waiting = Inbox(store, lambda r: by_id[str(r.message_id)], standby=standby)
-    plain = Inbox(store, lambda r: by_id[str(r.message_id)])
+    waiting = Inbox(store.inbox, lambda r: by_id[str(r.message_id)], standby=standby)
+    plain = Inbox(store.inbox, lambda r: by_id[str(r.message_id)])
     pair.stall()
     # the old code: the batch returns, and the consumer acks what the standby lacks
     assert len(plain.write([_raw(d) for d in raw[:2]])) == 2
@@ -109,10 +109,10 @@ def test_a_class_d_call_waits_for_its_intent_on_the_standby_and_is_made_once(
 ) -> None:
     handler = Notify()
     registry = _registry(handler)
-    store.ingest([for_job(registry, "notify", f"op-{i}") for i in range(20)])
+    store.inbox.ingest([for_job(registry, "notify", f"op-{i}") for i in range(20)])
     pair.wait_caught_up()
     pair.stall()
-    standby = StandbyWait(store.pool, {"jobs": 0.3})
+    standby = StandbyWait(store, {"jobs": 0.3})
     pool = WorkerPool(store, registry, HASHER, threads=4, poll_interval=0.05, standby=standby)
     pool.start()
     try:
