@@ -35,6 +35,15 @@ POOL_TIMEOUT_SECONDS_DEFAULT = 10.0
 STATEMENT_TIMEOUT_DEFAULT = timedelta(seconds=30)
 LOCK_TIMEOUT_DEFAULT = timedelta(seconds=10)
 IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT = timedelta(seconds=60)
+#: TCP keepalives on every connection: an idle one is probed after 10 s and given up after three
+#: unanswered probes 5 s apart, so a connection idle in the pool across a silent partition is
+#: found dead in about 25 s, not after the kernel's two hours
+KEEPALIVES_IDLE_DEFAULT = timedelta(seconds=10)
+KEEPALIVES_INTERVAL_DEFAULT = timedelta(seconds=5)
+KEEPALIVES_COUNT_DEFAULT = 3
+#: bytes sent and not acknowledged for this long break the connection (``TCP_USER_TIMEOUT``):
+#: a statement sent into a silent partition fails then instead of waiting for minutes
+TCP_USER_TIMEOUT_DEFAULT = timedelta(seconds=30)
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -50,6 +59,26 @@ class SessionTimeouts:
     statement: timedelta | None = STATEMENT_TIMEOUT_DEFAULT
     lock: timedelta | None = LOCK_TIMEOUT_DEFAULT
     idle_in_transaction: timedelta | None = IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT
+    #: the client's side of a silent network (``None``: the operating system's settings)
+    keepalives_idle: timedelta | None = KEEPALIVES_IDLE_DEFAULT
+    keepalives_interval: timedelta | None = KEEPALIVES_INTERVAL_DEFAULT
+    keepalives_count: int | None = KEEPALIVES_COUNT_DEFAULT
+    tcp_user_timeout: timedelta | None = TCP_USER_TIMEOUT_DEFAULT
+
+    def tcp(self) -> dict[str, str]:
+        """The libpq connection parameters of the TCP settings (ignored on a Unix socket)."""
+        found = {"keepalives": "1"}
+        for name, value in (
+            ("keepalives_idle", self.keepalives_idle),
+            ("keepalives_interval", self.keepalives_interval),
+        ):
+            if value is not None and value > timedelta(0):
+                found[name] = str(max(round(value.total_seconds()), 1))
+        if self.keepalives_count:
+            found["keepalives_count"] = str(self.keepalives_count)
+        if self.tcp_user_timeout is not None and self.tcp_user_timeout > timedelta(0):
+            found["tcp_user_timeout"] = str(milliseconds(self.tcp_user_timeout))
+        return found
 
     def options(self) -> str:
         """The libpq ``options`` that set them when the session starts (no extra round trip)."""
@@ -86,9 +115,14 @@ GENERIC_PLANS: Final = "-c plan_cache_mode=force_generic_plan -c jit=off -c enab
 
 
 def _conninfo(url: str, timeouts: SessionTimeouts, *, generic_plans: bool = False) -> str:
-    """The URL with fencebridge's application name and the session's limits added to any
-    ``options`` it already carries (the URL's own settings come first, ours win)."""
-    extra: dict[str, str] = {"application_name": APPLICATION_NAME}
+    """The URL with fencebridge's application name, its TCP settings where the URL sets none of
+    its own, and the session's limits added to any ``options`` it already carries (the URL's own
+    settings come first, ours win)."""
+    given = conninfo.conninfo_to_dict(url)
+    extra: dict[str, str] = {
+        name: value for name, value in timeouts.tcp().items() if name not in given
+    }
+    extra["application_name"] = APPLICATION_NAME
     ours = " ".join(o for o in (timeouts.options(), GENERIC_PLANS if generic_plans else "") if o)
     if ours:
         theirs = conninfo.conninfo_to_dict(url).get("options")

@@ -14,6 +14,7 @@
     ├── RelayLost                 stop relaying this destination: another relay holds its lease
     ├── TransientError            retry later with backoff; nothing was decided
     │   ├── StoreUnavailable      the database could not be reached, or the connection broke
+    │   │   ├── StandbyNotConfirmed  no standby flushed the commit in time: do not act on it
     │   │   └── DatabaseUnreachable  a command's first connection failed (exit 3)
     │   ├── BrokerUnavailable     the broker could not be reached
     │   ├── SinkUnavailable       an outbox sink's send call failed as a whole; sent again later
@@ -116,6 +117,11 @@ class StoreUnavailable(TransientError):  # noqa: N818
     def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
         self.outcome_unknown = outcome_unknown
         super().__init__(message)
+
+
+class StandbyNotConfirmed(StoreUnavailable):
+    """No standby flushed the commit within the subscription's ``wait_for_standby_seconds``:
+    acknowledge nothing of the batch, make no class D call (:mod:`bridge.store.replication`)."""
 
 
 class DatabaseUnreachable(StoreUnavailable):

@@ -46,8 +46,12 @@ from bridge.config.fields import (
 )
 from bridge.database import (
     IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+    KEEPALIVES_COUNT_DEFAULT,
+    KEEPALIVES_IDLE_DEFAULT,
+    KEEPALIVES_INTERVAL_DEFAULT,
     LOCK_TIMEOUT_DEFAULT,
     STATEMENT_TIMEOUT_DEFAULT,
+    TCP_USER_TIMEOUT_DEFAULT,
     SessionTimeouts,
 )
 from bridge.errors import ConfigError
@@ -235,6 +239,47 @@ class BridgeSettings(Table):
             """
         ),
     )
+    tcp_keepalives_idle_seconds: StrictInt = Field(
+        default=int(KEEPALIVES_IDLE_DEFAULT.total_seconds()),
+        ge=0,
+        le=7200,
+        description=_doc(
+            """
+            Seconds a database connection may stay silent before TCP keepalive probes start
+            (libpq `keepalives_idle`); with the interval and count below, a connection idle
+            in the pool across a silent partition is given up in about 25 s. `0` leaves the
+            operating system's setting. A setting in the database URL wins.
+            """
+        ),
+    )
+    tcp_keepalives_interval_seconds: StrictInt = Field(
+        default=int(KEEPALIVES_INTERVAL_DEFAULT.total_seconds()),
+        ge=0,
+        le=600,
+        description="Seconds between two keepalive probes (`keepalives_interval`); `0`: the "
+        "operating system's.",
+    )
+    tcp_keepalives_count: StrictInt = Field(
+        default=KEEPALIVES_COUNT_DEFAULT,
+        ge=0,
+        le=100,
+        description="Unanswered probes before the connection is given up (`keepalives_count`); "
+        "`0`: the operating system's.",
+    )
+    tcp_user_timeout_seconds: StrictFloat = Field(
+        default=TCP_USER_TIMEOUT_DEFAULT.total_seconds(),
+        ge=0,
+        le=3600,
+        description=_doc(
+            """
+            Longest bytes sent to the database may stay unacknowledged before the connection
+            is broken (libpq `tcp_user_timeout`, Linux): a statement sent into a silent
+            partition fails then, instead of waiting for the kernel's retransmissions (about
+            15 minutes); the server's `statement_timeout` cannot end it, since its answer
+            never arrives. `0` leaves the operating system's setting.
+            """
+        ),
+    )
     idle_in_transaction_timeout_seconds: StrictFloat = Field(
         default=IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.total_seconds(),
         ge=0,
@@ -366,6 +411,10 @@ class BridgeSettings(Table):
             statement=limit(self.statement_timeout_seconds),
             lock=limit(self.lock_timeout_seconds),
             idle_in_transaction=limit(self.idle_in_transaction_timeout_seconds),
+            keepalives_idle=limit(self.tcp_keepalives_idle_seconds),
+            keepalives_interval=limit(self.tcp_keepalives_interval_seconds),
+            keepalives_count=self.tcp_keepalives_count or None,
+            tcp_user_timeout=limit(self.tcp_user_timeout_seconds),
         )
 
 
@@ -773,6 +822,26 @@ class SubscriptionConfig(Table):
             both modes nothing is acknowledged before the row has committed.
             """
         ),
+    )
+    wait_for_standby: StrictBool = Field(
+        default=False,
+        description=_doc(
+            """
+            Acknowledge a batch, and make a class D job type's call after its intent, only once
+            a standby has flushed the commit (its WAL position compared with
+            `pg_stat_replication`; the bridge's role needs `pg_read_all_stats`). With
+            asynchronous replication this is what keeps a failover from losing a delivery
+            the broker was told to delete, or a class D intent (operations.md, "Durability
+            across a failover"). A wait that runs out acknowledges nothing (the broker
+            redelivers) and calls nothing (the intent is withdrawn, the row retried).
+            """
+        ),
+    )
+    wait_for_standby_seconds: StrictFloat = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="The longest a `wait_for_standby` wait lasts before it gives up.",
     )
     mode: SubscriptionMode = Field(
         default=SubscriptionMode.LIVE,

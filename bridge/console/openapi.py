@@ -325,7 +325,7 @@ _SCHEMAS: dict[str, Any] = {
                     "type": "object",
                     "properties": {
                         "job_type": {"type": "string"},
-                        "control": {"type": "integer", "minimum": 1, "maximum": 9},
+                        "control": {"type": "integer", "minimum": 1, "maximum": 10},
                         "title": {"type": "string"},
                         "go": {"type": "boolean"},
                         "evidence": {"type": "string"},

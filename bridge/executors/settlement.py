@@ -34,6 +34,7 @@ from bridge.handlers import (
     Success,
     TerminalFailure,
 )
+from bridge.store.replication import StandbyGate
 from bridge.store.settle import SettleStore
 from bridge.store.work import Settlement
 from bridge.types import Claim, State
@@ -82,6 +83,8 @@ class Run:
     #: batches this run's final settlement with other runs'; None writes it alone
     completer: RunSettler | None = None
     trail: Trail = field(default_factory=Trail)
+    #: the standby waits of the subscriptions that ask for them (a class D intent waits)
+    standby: StandbyGate | None = None
 
 
 def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> timedelta:

@@ -17,11 +17,15 @@ attempt, and the key waits. Raised by ``validate``, no intent was recorded and t
 still be made. Raised by ``call``, the intent stays recorded and is never withdrawn: the next
 claim finds it and parks ``unknown`` without calling, so a 429 can never lead to a second call
 unless a person redrives it.
+
+A subscription with ``wait_for_standby`` calls only once a standby has flushed the intent
+(:mod:`bridge.store.replication`): otherwise a failover to a standby that lacks it lets the
+next claim call again.
 """
 
 from __future__ import annotations
 
-from bridge.errors import LeaseLost
+from bridge.errors import LeaseLost, StoreUnavailable
 from bridge.executors.intent import call_may_have_left
 from bridge.executors.settlement import (
     Run,
@@ -32,6 +36,7 @@ from bridge.executors.settlement import (
     settle_success,
 )
 from bridge.handlers import Ambiguous, UnfencedHandler, classify, classify_sent
+from bridge.types import State
 
 
 def execute(run: Run, handler: UnfencedHandler) -> None:
@@ -48,6 +53,8 @@ def execute(run: Run, handler: UnfencedHandler) -> None:
         return
     if not fenced(run, "record intent", lambda: run.store.record_intent(run.claim.ticket)):
         return  # not recorded (or not known to be): never call
+    if not _intent_on_standby(run):
+        return  # not known to survive a failover: not called, withdrawn, retried
     try:
         success = as_success(handler.call(run.ctx))
     except LeaseLost:
@@ -62,3 +69,29 @@ def execute(run: Run, handler: UnfencedHandler) -> None:
             settle_outcome(run, outcome)
         return
     settle_success(run, success)
+
+
+def _intent_on_standby(run: Run) -> bool:
+    """For a subscription with ``wait_for_standby``: True once a standby has the intent.
+
+    Otherwise a failover could lose the intent after the call, and the promoted server's next
+    claim would call again. When the wait runs out the call has not been made, so the row is
+    given back under the fence with its intent withdrawn and the attempt not counted; if that
+    fails the intent stays and the next claim parks the row ``unknown`` (never a second call).
+    """
+    standby = run.standby
+    if standby is None or not standby.applies(run.claim.subscription):
+        return True
+    try:
+        standby.wait(run.claim.subscription, "intent")
+        return True
+    except StoreUnavailable as exc:
+        run.trail.failed_with(exc)
+    try:
+        if run.store.withdraw_intent(run.claim.ticket):
+            run.events.settled(run.claim, State.QUEUED, "standby_wait")
+            return False
+    except StoreUnavailable:
+        pass
+    park_unknown(run, "intent_recorded", "no standby confirmed the intent; not called")
+    return False

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from bridge.ingest.decode import undecodable
 from bridge.service import Limits, Supervised
+from bridge.store.replication import StandbyGate
 from bridge.store.work import QuotaDeferred
 from bridge.telemetry import Telemetry
 from bridge.types import (
@@ -124,8 +125,12 @@ class Inbox:
         system: str = "unknown",
         telemetry: Telemetry | None = None,
         limits: Limits | None = None,
+        standby: StandbyGate | None = None,
     ) -> None:
         self._store = store
+        #: subscriptions with ``wait_for_standby``: a batch returns (and may be acknowledged)
+        #: only once a standby has flushed its commit
+        self._standby = standby
         self._decoder = decoder
         self._pool = pool
         self._system = system
@@ -191,6 +196,9 @@ class Inbox:
             ]
             if fresh:
                 self._pool.hand_off(fresh)
+        if self._standby is not None and self._standby.applies(subscription):
+            # Raises when no standby confirmed it in time: nothing of the batch is acked.
+            self._standby.wait(subscription, "ack")
         return outcomes
 
     def _ingest(

@@ -71,7 +71,8 @@ _FENCED_STATEMENTS: Final = (
 )
 _FENCE_CONDITION: Final = re.compile(r"\bfence\s*=\s*(?:%\(fence\)s|t\.fence)")
 _CLAIMED_CONDITION: Final = re.compile(r"\bstate\s*=\s*'claimed'")
-_FENCE_BUMP: Final = re.compile(r"\bfence\s*=\s*w\.fence\s*\+\s*1")
+#: the claim's fence: the next one, from its epoch (migration 0029)
+_FENCE_BUMP: Final = re.compile(r"\bfence\s*=\s*fencebridge_next_fence\(w\.fence\)")
 _DATABASE_LEASE: Final = re.compile(
     r"lease_expires_at\s*=\s*coalesce\(%\(now\)s::timestamptz, now\(\)\)"
 )
@@ -142,6 +143,20 @@ class DatabaseFacts:
     payload_table: bool
     erasure_audit: bool
     erasure_function: bool
+    #: replication, for control 10 (``store/check_durability.sql``)
+    synchronous_standby_names: str = ""
+    synchronous_commit: str = "on"
+    standbys: int = 0
+    standby_positions_readable: int = 0
+
+    @property
+    def synchronous(self) -> bool:
+        """Commits wait for a standby: a failover loses nothing acknowledged."""
+        return bool(self.synchronous_standby_names.strip()) and self.synchronous_commit in (
+            "on",
+            "remote_write",
+            "remote_apply",
+        )
 
     @property
     def schema_problem(self) -> str | None:
@@ -159,6 +174,9 @@ def read_database(conn: Connection) -> DatabaseFacts:
     with translate_errors("check"):
         row = conn.execute(sql.statement("check_catalog")).fetchone()
     assert row is not None
+    with translate_errors("check"):
+        replication = conn.execute(sql.statement("check_durability")).fetchone()
+    assert replication is not None
     (pk, hash_not_null, sha256, immutable, claim_index, fence, states, rls, no_body, payload,
      erasure_audit, erasure_function) = row  # fmt: skip
     return DatabaseFacts(
@@ -176,6 +194,10 @@ def read_database(conn: Connection) -> DatabaseFacts:
         payload_table=bool(payload),
         erasure_audit=bool(erasure_audit),
         erasure_function=bool(erasure_function),
+        synchronous_standby_names=str(replication[0]),
+        synchronous_commit=str(replication[1]),
+        standbys=int(replication[2]),
+        standby_positions_readable=int(replication[3]),
     )
 
 
@@ -274,7 +296,7 @@ class JobEvidence:
     brokers: Mapping[str, BrokerLook] | None = None
 
 
-# -- the nine controls ------------------------------------------------------------------------
+# -- the ten controls -------------------------------------------------------------------------
 
 
 def identity(e: JobEvidence) -> Verdict:
@@ -327,7 +349,9 @@ def atomic_claim(e: JobEvidence) -> Verdict:
         elif not _DATABASE_LEASE.search(text):
             problems.append(f"store/{name}.sql does not take the lease from the database clock")
     if not problems:
-        seen.append("one statement: FOR UPDATE SKIP LOCKED, fence + 1, lease from now()")
+        seen.append(
+            "one statement: FOR UPDATE SKIP LOCKED, fence + 1 (from its epoch), lease from now()"
+        )
     if e.db.claim_index_predicate is None:
         problems.append(e.db.schema_problem or "the claim index work_item_due is missing")
     else:
@@ -525,6 +549,40 @@ def retention(e: JobEvidence) -> Verdict:
     return _verdict(problems, seen)
 
 
+def durability(e: JobEvidence) -> Verdict:
+    """10. What a failover can cost is known, and a class D intent cannot be lost to one."""
+    db = e.db
+    waiting = [sub.name for sub in e.subscriptions if sub.wait_for_standby]
+    open_acks = [sub.name for sub in e.subscriptions if not sub.wait_for_standby]
+    if db.synchronous:
+        return Verdict(
+            True,
+            f"synchronous replication ({db.synchronous_standby_names}, synchronous_commit "
+            f"{db.synchronous_commit}): a failover loses nothing acknowledged",
+        )
+    seen = [f"{db.standbys} standby(s) streaming, asynchronous"]
+    if db.standbys == 0:
+        seen = ["no standby streams from this server (standalone, or replicated below it)"]
+    if waiting and db.standbys > db.standby_positions_readable:
+        return Verdict(
+            False,
+            f"{', '.join(waiting)} wait(s) for a standby, but this role cannot read the "
+            "standbys' positions: grant pg_read_all_stats",
+        )
+    if waiting:
+        seen.append(f"acks wait for a standby: {', '.join(waiting)}")
+    if open_acks and db.standbys:
+        lost = f"a failover can lose acknowledged deliveries of {', '.join(open_acks)}"
+        if e.job.target_class is TargetClass.D:
+            return Verdict(
+                False,
+                f"{'; '.join(seen)}: {lost} and their class D intents (a second call); set "
+                "wait_for_standby or use synchronous replication",
+            )
+        seen.append(f"{lost} (set wait_for_standby)")
+    return _verdict([], seen)
+
+
 CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
     (Control(1, "identity durable, tenant-scoped"), identity),
     (Control(2, "payload hash bound"), payload_binding),
@@ -535,6 +593,7 @@ CHECKS: Final[tuple[tuple[Control, Callable[[JobEvidence], Verdict]], ...]] = (
     (Control(7, "bounded attempts, owner"), terminal_states),
     (Control(8, "ack after commit"), ack_after_commit),
     (Control(9, "retention and erasure"), retention),
+    (Control(10, "durability across a failover"), durability),
 )
 
 

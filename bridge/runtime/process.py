@@ -45,6 +45,8 @@ from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
 from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import require_current
+from bridge.store.replication import StandbyWait
+from bridge.store.session_check import require_session
 from bridge.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,14 @@ class Bridge:
         self.store = store
         self.hasher = hasher
         self.registry = registry or build_registry(config)
+        waits = {
+            name: sub.wait_for_standby_seconds
+            for name, sub in config.subscriptions.items()
+            if sub.wait_for_standby and not sub.shadow
+        }
+        self.standby: StandbyWait | None = None
+        if waits:
+            self.standby = StandbyWait(store, waits, observe=self.telemetry.standby_waited)
         self.pool = WorkerPool(
             store,
             self.registry,
@@ -92,6 +102,7 @@ class Bridge:
             events=events,
             telemetry=self.telemetry,
             limits=limits,
+            standby=self.standby,
         )
         self.sweeper = Sweeper(
             store.settle,
@@ -119,6 +130,7 @@ class Bridge:
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
+                standby=self.standby,
             )
             consumers.append(sources.adapter(sub.source).open(sub, inbox, store.inbox))
         self.consumers = Consumers(consumers)
@@ -240,6 +252,7 @@ def open_bridge(
     record_first_key: bool = True,
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
+    require_session(database_url, config.bridge.session_timeouts())
     store = PostgresStore.connect(
         database_url,
         max_size=pool_size(config),

@@ -75,6 +75,7 @@ from bridge.identity import IdentityHasher
 from bridge.runtime.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
 from bridge.store.postgres import PostgresStore
+from bridge.store.replication import StandbyGate
 from bridge.telemetry import Telemetry
 from bridge.types import Claim, InsertClaim, Key, State, TargetClass, Ticket
 
@@ -118,6 +119,7 @@ class WorkerPool:
         telemetry: Telemetry | None = None,
         backoff: Backoff | None = None,
         limits: Limits | None = None,
+        standby: StandbyGate | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("a worker pool needs at least one thread")
@@ -133,6 +135,7 @@ class WorkerPool:
         receivers += [r for r in (events, telemetry) if r is not None]
         self._events: WorkEvents = FanOut(*receivers) if len(receivers) > 1 else self.counts
         self._telemetry = telemetry
+        self._standby = standby
         self._store = store
         self._registry = registry
         self._hasher = hasher
@@ -666,7 +669,17 @@ class WorkerPool:
         end.settler = settler
         try:
             with end.current(record=True):
-                execute(Run(self._store.settle, claim, spec, ctx, run_events, settler))
+                execute(
+                    Run(
+                        self._store.settle,
+                        claim,
+                        spec,
+                        ctx,
+                        run_events,
+                        settler,
+                        standby=self._standby,
+                    )
+                )
         finally:
             entry.running = False  # its thread is free; a stuck run is one still on its thread
             if settler is None or not settler.submitted:

@@ -242,7 +242,7 @@ class IngestStore:
         except psycopg.DatabaseError as exc:
             _refuse_if_keys_missed(exc)
             raise
-        inserted = {Key(t, o) for t, o, _, _ in rows}
+        inserted = {Key(t, o) for t, o, *_ in rows}
         erased = self._erased(conn, inserted, hits)
         claims = _written_claimed(firsts, rows)
         for key in erased:
@@ -471,9 +471,10 @@ def _written_claimed(
     firsts: dict[Key, Delivery], rows: Sequence[tuple[Any, ...]]
 ) -> dict[Key, Claim]:
     """The claims of the rows an insert wrote claimed (a lease returned), made from their
-    deliveries: the first claim of a new row, fence 1, attempt 1, no intent, no takeover."""
+    deliveries: the first claim of a new row, fence 1 of the fence's epoch (as written),
+    attempt 1, no intent, no takeover."""
     claims: dict[Key, Claim] = {}
-    for tenant_id, operation_id, lease_expires_at, identity_key_id, *_ in rows:
+    for tenant_id, operation_id, lease_expires_at, identity_key_id, fence, *_ in rows:
         if lease_expires_at is None:
             continue
         key = Key(tenant_id, operation_id)
@@ -481,7 +482,7 @@ def _written_claimed(
         claims[key] = Claim(
             tenant_id=tenant_id,
             operation_id=operation_id,
-            fence=1,
+            fence=fence,
             attempts=1,
             max_attempts=d.max_attempts,
             subscription=d.subscription,

@@ -39,7 +39,7 @@ import psycopg
 from bridge import sql
 from bridge.database import Connection, milliseconds
 from bridge.deadline import TransactionDeadline
-from bridge.errors import DeadlineExceeded
+from bridge.errors import DeadlineExceeded, LeaseLost
 from bridge.store.db import Database, lost, ticket_params, tickets_params
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
@@ -207,6 +207,16 @@ class SettleStore:
     def release(self, ticket: Ticket) -> None:
         """Give back a claim whose handler never started; the attempt is not counted."""
         self._db.fenced_write("release", "release", ticket)
+
+    def withdraw_intent(self, ticket: Ticket) -> bool:
+        """Give the row back with this claim's intent withdrawn (its class D call was not made:
+        no standby confirmed the intent, :mod:`bridge.store.replication`) and the attempt not
+        counted; False if the claim is gone."""
+        try:
+            self._db.fenced_write("withdraw intent", "withdraw_intent", ticket)
+        except LeaseLost:
+            return False
+        return True
 
     @contextmanager
     def fenced_transaction(

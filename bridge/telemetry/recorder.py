@@ -167,6 +167,12 @@ class Telemetry:
             description="Broker receive to acknowledgement",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
+        self._standby_wait = meter.create_histogram(
+            n.METRIC_STANDBY_WAIT,
+            unit="s",
+            description="Wait for a standby to flush a commit (wait_for_standby)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
+        )
         self._claim_to_settle = meter.create_histogram(
             n.METRIC_CLAIM_TO_SETTLE,
             unit="s",
@@ -284,6 +290,19 @@ class Telemetry:
     def acked(self, subscription: str, seconds: float) -> None:
         """A consumer acknowledged a delivery ``seconds`` after receiving it."""
         self._receive_to_ack.record(seconds, {n.LABEL_SUBSCRIPTION: subscription})
+
+    def standby_waited(
+        self, subscription: str, purpose: str, seconds: float, confirmed: bool
+    ) -> None:
+        """A ``wait_for_standby`` wait ended: confirmed, or given up after its bound."""
+        self._standby_wait.record(
+            seconds,
+            {
+                n.LABEL_SUBSCRIPTION: subscription,
+                n.LABEL_PURPOSE: purpose,
+                n.LABEL_OUTCOME: "confirmed" if confirmed else "timed_out",
+            },
+        )
 
     # -- worker tier -------------------------------------------------------------------------------
 

@@ -151,14 +151,17 @@ DECLARE
     -- fencebridge_expect_new_batch: the inbox's check that a batch it wrote in one round trip
     -- was all new; fencebridge_expect_tombstone_keys: its check that it could find every
     -- tombstone; fencebridge_identity_key_recorded: the trigger that makes a new identity key
-    -- wait for the erasures in progress; they run with their caller's rights, so anyone may
+    -- wait for the erasures in progress; fencebridge_fence_epoch and fencebridge_next_fence: the
+    -- fence's epoch every claim counts from; they run with their caller's rights, so anyone may
     -- call them).
     functions constant text[] := ARRAY['work_item_identity_immutable()',
                                        'fencebridge_expect(boolean, text)',
                                        'fencebridge_expect_new_batch(bigint, bigint, smallint[], '
                                        'bytea[], boolean)',
                                        'fencebridge_expect_tombstone_keys(smallint[])',
-                                       'fencebridge_identity_key_recorded()'] || bridge_functions;
+                                       'fencebridge_identity_key_recorded()',
+                                       'fencebridge_fence_epoch()',
+                                       'fencebridge_next_fence(bigint)'] || bridge_functions;
     -- Functions a later migration drops, revoked from everyone until it has run: the erasure
     -- without tombstones (0002; dropped by 0024), which would let a redelivery of what it
     -- erased become new work.

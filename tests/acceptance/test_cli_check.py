@@ -1,4 +1,4 @@
-"""``fencebridge check`` as an operator runs it: the nine controls per job type, all required.
+"""``fencebridge check`` as an operator runs it: the ten controls per job type, all required.
 
 Each configuration below differs from a passing one in one respect, and the check must answer
 no-go for exactly the job type and the control that respect belongs to, with its evidence, and
@@ -31,7 +31,7 @@ from tests.support.postgres import create_database, drop_database, unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "tests.acceptance.test_cli_check"
-ROW = re.compile(r"^(\S+)\s+(\d)\s+(.+?)\s{2,}(go|NO-GO|not probed)\s{2,}(.*)$")
+ROW = re.compile(r"^(\S+)\s+(\d+)\s+(.+?)\s{2,}(go|NO-GO|not probed)\s{2,}(.*)$")
 
 
 class Charge(IdempotentApiHandler):
@@ -164,7 +164,7 @@ def verdict_column(out: str) -> dict[tuple[str, int], str]:
 def test_a_complete_configuration_is_go_on_every_control(check: Any) -> None:
     code, rows, out = check(config())
     assert code == 0, out
-    assert set(rows) == {(job, n) for job in JOBS for n in range(1, 10)}
+    assert set(rows) == {(job, n) for job in JOBS for n in range(1, 11)}
     assert no_go(rows) == set()
     # the headline counts what ran: never "all 9 hold" over a control that was not probed
     assert out.splitlines()[-1] == (

@@ -186,7 +186,9 @@ def test_a_settlement_without_the_fence_condition_lets_a_stale_write_through(
 def test_a_claim_that_does_not_advance_the_fence_is_no_go_on_fenced_writes(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
-    report = probe.run(db_url, bridge_config, statements=claim_with("fence = w.fence + 1,", ""))
+    report = probe.run(
+        db_url, bridge_config, statements=claim_with("fence = fencebridge_next_fence(w.fence),", "")
+    )
     assert not report.fence.go
     assert "the takeover did not advance the fence (0 -> 0)" in report.fence.ran
     assert "the stale worker's settlement under fence 0 applied" in report.fence.ran

@@ -521,7 +521,7 @@ def test_the_checks_are_the_go_no_go_checks_report(console: Console, db_url: str
         (f.job_type, f.control.number, f.verdict.go, f.verdict.evidence) for f in report.findings
     ]
     assert checks["job_types"] == ["charge", "mail"]
-    assert len(checks["findings"]) == 18
+    assert len(checks["findings"]) == 20
     # the test configuration names no owner (7) and no retention plan (9)
     assert (checks["go"], checks["summary"]) == (
         False,

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import conninfo
 
 from bridge.database import Connection, SessionTimeouts
 from bridge.demo import invoices
@@ -388,3 +389,39 @@ def test_class_a_past_its_deadline_is_rolled_back_and_never_unknown_even_on_the_
     assert last["outcome_code"] == "attempts_exhausted"
     assert db.execute("SELECT count(*) FROM deadline_effect").fetchone() == (0,)
     assert len(handler.progress_errors) == 2, "progress() said the deadline passed, each time"
+
+
+def test_pooled_connections_carry_tcp_keepalives_and_a_user_timeout_unless_the_url_sets_them(
+    db_url: str,
+) -> None:
+    """A silent partition (packets dropped, no reset) is noticed by the client's TCP settings
+    alone: the server's limits cannot end a statement whose answer never arrives."""
+    names = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count")
+    default = PostgresStore.connect(db_url, max_size=1, timeouts=SessionTimeouts())
+    own = PostgresStore.connect(
+        conninfo.make_conninfo(db_url, keepalives_idle="77"),
+        max_size=1,
+        timeouts=SessionTimeouts(tcp_user_timeout=timedelta(seconds=4), keepalives_count=None),
+    )
+    try:
+        with default.pool.connection() as conn:
+            found = conn.info.get_parameters()
+        assert [found.get(n) for n in (*names, "tcp_user_timeout")] == [
+            "1",
+            "10",
+            "5",
+            "3",
+            "30000",
+        ]
+        with own.pool.connection() as conn:
+            found = conn.info.get_parameters()
+        assert [found.get(n) for n in (*names, "tcp_user_timeout")] == [
+            "1",
+            "77",
+            "5",
+            None,
+            "4000",
+        ]
+    finally:
+        default.close()
+        own.close()

@@ -16,9 +16,11 @@ from xdist.scheduler import LoadFileScheduling
 #: the files holding tests marked ``alone``; collection fails if a marked test is elsewhere
 ALONE_FILES = frozenset(
     {
+        "tests/acceptance/test_failover.py",
         "tests/acceptance/test_pubsub_bridge.py",
         "tests/acceptance/test_pubsub_key_order.py",
         "tests/acceptance/test_pubsub_ordered.py",
+        "tests/acceptance/test_skewed_clock.py",
         "tests/acceptance/test_sqs_held.py",
         "tests/acceptance/test_sqs_quota.py",
     }

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -206,13 +206,21 @@ class BridgeProcess(ChildProcess):
     """A started ``fencebridge run`` and the test's controls over it (its database's identity
     key recorded first, as a deployment's first step does)."""
 
-    def __init__(self, config: Path, env: Mapping[str, str], *, health_port: int) -> None:
+    def __init__(
+        self,
+        config: Path,
+        env: Mapping[str, str],
+        *,
+        health_port: int,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """``prefix``: a command the bridge runs under (``faketime -f +600s``, say)."""
         record_identity_key(env)
         self.log_path = config.with_name(f"{config.stem}-{time.monotonic_ns()}.log")
         self._log: IO[bytes] = self.log_path.open("wb")
         self.health_port = health_port
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "bridge", "run", "--config", str(config)],
+            [*prefix, sys.executable, "-m", "bridge", "run", "--config", str(config)],
             cwd=REPO,
             env=dict(env),
             stdin=subprocess.DEVNULL,

@@ -61,8 +61,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Cluster:
     """One PostgreSQL data directory and, while it runs, its postmaster."""
 
-    def __init__(self, base: Path, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, base: Path, *, host: str = "127.0.0.1", settings: dict[str, str] | None = None
+    ) -> None:
         self.base = base
+        #: the server's settings, given on its command line (``-c``) at every start
+        self.settings = {**SETTINGS, **(settings or {})}
         self.host = host
         self.port = free_port(host)
         self.data = base / "data"
@@ -122,7 +126,7 @@ class Cluster:
                         str(self.sockets),
                         *(
                             arg
-                            for name, value in SETTINGS.items()
+                            for name, value in self.settings.items()
                             for arg in ("-c", f"{name}={value}")
                         ),
                     ]

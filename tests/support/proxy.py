@@ -3,8 +3,12 @@
 Put it between a client and PostgreSQL, point the client at :attr:`Proxy.port`, and the test
 decides when the network fails: :meth:`Proxy.stop` closes the listener and cuts every open
 connection abruptly (the client sees the server vanish mid-conversation; the server sees its
-client go away), :meth:`Proxy.start` listens again on the same port. Plain sockets and threads,
-so it runs wherever the tests run.
+client go away), :meth:`Proxy.start` listens again on the same port. :meth:`Proxy.hang` is the
+other kind of failure, a silent one: every connection stays open and nothing is forwarded
+either way, as when a route drops packets (no RST, no FIN; each side sees only silence, and new
+connections get as far as the proxy and no further); :meth:`Proxy.heal` lets the held bytes
+through and forwarding resumes. :attr:`Proxy.latency` delays every chunk forwarded. Plain sockets
+and threads, so it runs wherever the tests run.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class _Pair:
             except OSError:
                 pass  # already closed by the peer or by a pump
 
+    @property
+    def is_cut(self) -> bool:
+        return self._cut
+
     def pump_done(self) -> bool:
         """Count a finished direction; True for the last one, which then owns closing."""
         with self._lock:
@@ -81,6 +89,36 @@ class Proxy:
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._acceptor: threading.Thread | None = None
+        #: seconds each forwarded chunk is held before it is passed on (added latency)
+        self.latency = 0.0
+        self._flowing = threading.Condition()
+        self._hung = False
+
+    @property
+    def hung(self) -> bool:
+        return self._hung
+
+    def hang(self) -> None:
+        """Stop forwarding in both directions without closing anything (a silent partition).
+
+        Bytes already read are held, further ones stay in the kernel's buffers until those
+        fill; neither side is told. Connections accepted meanwhile reach the proxy only.
+        """
+        with self._flowing:
+            self._hung = True
+
+    def heal(self) -> None:
+        """Forward again: the held bytes go first, in order."""
+        with self._flowing:
+            self._hung = False
+            self._flowing.notify_all()
+
+    def _wait_flowing(self, pair: _Pair) -> bool:
+        """Block while the proxy hangs; False when the pair was cut meanwhile."""
+        with self._flowing:
+            while self._hung and not pair.is_cut:
+                self._flowing.wait(0.1)
+        return not pair.is_cut
 
     @property
     def running(self) -> bool:
@@ -169,6 +207,9 @@ class Proxy:
             thread.start()
 
     def _connect(self, pair: _Pair) -> None:
+        if not self._wait_flowing(pair):  # a hung route: the connection gets no further
+            self._finish(pair, last=True)
+            return
         try:
             server = socket.create_connection(self.target, timeout=_JOIN_SECONDS)
             server.settimeout(None)
@@ -186,6 +227,10 @@ class Proxy:
     def _pump(self, pair: _Pair, source: socket.socket, sink: socket.socket) -> None:
         try:
             while chunk := source.recv(_CHUNK):
+                if self.latency > 0:
+                    time.sleep(self.latency)  # the fault itself: each chunk arrives late
+                if not self._wait_flowing(pair):
+                    break
                 sink.sendall(chunk)
             sink.shutdown(socket.SHUT_WR)  # pass an orderly close on to the other side
         except OSError:

@@ -12,7 +12,7 @@ WITH wanted AS (
 claimed AS (
     UPDATE work_item w
        SET state = 'claimed',
-           fence = w.fence + 1,
+           fence = fencebridge_next_fence(w.fence),
            attempts = w.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,

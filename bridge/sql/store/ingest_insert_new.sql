@@ -16,7 +16,7 @@
 -- Before 0023 the check was a second statement sent with the insert in one pipeline, which
 -- cost the client more than the insert itself (docs/benchmarks.md, "Inbox to settle").
 \i ingest_insert_rows
-SELECT tenant_id, operation_id, lease_expires_at, identity_key_id
+SELECT tenant_id, operation_id, lease_expires_at, identity_key_id, fence
   FROM inserted
  WHERE (SELECT fencebridge_expect_new_batch((SELECT count(*) FROM inserted), %(expected)s::bigint,
                                             %(key_id)s::smallint[], %(operation_hash)s::bytea[],

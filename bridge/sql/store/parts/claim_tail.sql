@@ -1,9 +1,11 @@
 -- The end of every claim of due rows and takeovers (claim.sql, claim_fair.sql,
--- claim_limited.sql): the claim itself over its candidate rows, and the attempt history.
+-- claim_limited.sql): the claim itself over its candidate rows, and the attempt history. The
+-- fence counts on from its epoch (migration 0029) after a failover. RETURNING names the table
+-- only where a candidate has the column too: the claims stay within psycopg's statement cache.
 claimed AS (
     UPDATE work_item w
        SET state = 'claimed',
-           fence = w.fence + 1,
+           fence = fencebridge_next_fence(w.fence),
            attempts = w.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval,
@@ -12,12 +14,12 @@ claimed AS (
       FROM candidate c
      WHERE w.tenant_id = c.tenant_id
        AND w.operation_id = c.operation_id
-    RETURNING w.tenant_id, w.operation_id, w.fence, w.attempts, w.max_attempts, w.subscription,
-              w.job_type, w.target_class, w.schema_version, w.payload_hash, w.lease_expires_at,
-              w.intent_fence, c.takeover, w.trace_context, w.broker_message_id, w.receive_count,
-              w.ordering_key,
+    RETURNING w.tenant_id, w.operation_id, w.fence, attempts, max_attempts, subscription,
+              w.job_type, target_class, schema_version, payload_hash, lease_expires_at,
+              intent_fence, c.takeover, trace_context, broker_message_id, receive_count,
+              ordering_key,
               (SELECT p.body FROM payload p WHERE p.payload_ref = w.payload_ref) AS payload,
-              w.identity_key_id
+              identity_key_id
 ),
 -- Attempt history (%(history)s newest per row; 0 writes none): an attempt is recorded when it
 -- ends, by the statement that ends it (settle_many.sql and its siblings); the attempt still

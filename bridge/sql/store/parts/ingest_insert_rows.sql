@@ -16,7 +16,8 @@
 --
 -- A delivery the process's own pool has a free slot for comes with a lease (its last column,
 -- in seconds; null: none) and is written claimed, as the hand-off claim (claim_keys.sql) would
--- claim it a moment later: fence 1, attempt 1, leased to %(worker)s from the same clock. The
+-- claim it a moment later: fence 1 of its epoch (migration 0029), attempt 1, leased to
+-- %(worker)s from the same clock. The
 -- store asks this only for a row that claim would take (a job type the pool runs, with no
 -- concurrency limit or token rate, no ordering key, under an identity key the process holds);
 -- a row whose (job type, tenant) waits out a target's rate limit (rate_wait) is written queued
@@ -57,7 +58,8 @@ inserted AS (
                     (SELECT max(k.key_id) FROM identity_key k), 1),
            priority, coalesce(%(now)s::timestamptz, now())
                      - make_interval(secs => priority * %(aging)s::float8),
-           CASE WHEN taken THEN 'claimed' ELSE 'queued' END, taken::int, taken::int,
+           CASE WHEN taken THEN 'claimed' ELSE 'queued' END,
+           CASE WHEN taken THEN fencebridge_next_fence(0) ELSE 0 END, taken::int,
            CASE WHEN taken THEN %(worker)s::text END,
            CASE WHEN taken
                 THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => lease_seconds)
@@ -66,7 +68,7 @@ inserted AS (
       FROM taking
      ORDER BY tenant_id, operation_id
         ON CONFLICT (tenant_id, operation_id) DO NOTHING
-    RETURNING tenant_id, operation_id, payload_ref, lease_expires_at, identity_key_id
+    RETURNING tenant_id, operation_id, payload_ref, lease_expires_at, identity_key_id, fence
 ),
 stored AS (
     INSERT INTO payload (payload_ref, tenant_id, body)
