@@ -14,8 +14,8 @@ prints it: the console shows what the check decides and decides nothing itself.
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,7 +24,7 @@ from typing import Any
 from bridge import keyring
 from bridge.config import BridgeConfig
 from bridge.console.auth import Principal, Role
-from bridge.console.openapi import document
+from bridge.console.sessions import Signer
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
@@ -33,6 +33,8 @@ from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
 log = logging.getLogger(__name__)
+#: who looked which operation up by its raw ids (hashes only): the lookups' audit trail
+audit = logging.getLogger("bridge.console.audit")
 
 PREFIX = "/api/v1"
 PAGE_DEFAULT = 50
@@ -98,17 +100,15 @@ class ConsoleApi:
         hasher: IdentityHasher,
         *,
         checks: Callable[[], Report],
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer or Signer()
         self._store = store
         self._config = config
         self._hasher = hasher
         self._checks = checks
 
     # -- reads ---------------------------------------------------------------------------------
-
-    def openapi(self, request: Request) -> dict[str, Any]:
-        _no_query(request, ())
-        return document()
 
     def counts(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -136,7 +136,7 @@ class ConsoleApi:
         except ValueError:
             raise bad_request(f"unknown state: expected one of {', '.join(_STATES)}") from None
         limit = _limit(request)
-        after = _cursor(request, "rows")
+        after = self._cursor(request, "rows")
         page = self._store.rows_page(
             state,
             after=after,
@@ -165,7 +165,7 @@ class ConsoleApi:
                 }
                 for r in page
             ],
-            "next_cursor": _encode_cursor("rows", page[-1].seq) if more else None,
+            "next_cursor": self._signer.sign("rows", page[-1].seq) if more else None,
         }
 
     def rejected(self, request: Request) -> dict[str, Any]:
@@ -178,7 +178,7 @@ class ConsoleApi:
             raise bad_request("open must be true or false")
         limit = _limit(request)
         page = self._store.rejected_page(
-            after=_cursor(request, "rejected"),
+            after=self._cursor(request, "rejected"),
             limit=limit + 1,
             kind=kind,
             open_only=open_text == "true",
@@ -201,14 +201,25 @@ class ConsoleApi:
                 }
                 for r in page
             ],
-            "next_cursor": _encode_cursor("rejected", page[-1].id) if more else None,
+            "next_cursor": self._signer.sign("rejected", page[-1].id) if more else None,
         }
 
     def operation(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id"})
         tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
-        return self._history(self._store.history(Key(tenant, operation)))
+        key = Key(tenant, operation)
+        history = self._store.history(key)
+        audit.info(
+            "console lookup by %s of operation %s: %s",
+            request.principal.name,
+            self._hasher.operation(tenant, operation),
+            "found" if history.found or history.rejected else "nothing",
+        )
+        if history.row is None and not history.rejected and not history.redrives:
+            # no hash of ids the database does not hold: a guess cannot be confirmed here
+            raise ApiError(404, "not found", "no such operation")
+        return self._history(history)
 
     def _history(self, history: OperationHistory) -> dict[str, Any]:
         row = history.row
@@ -230,7 +241,7 @@ class ConsoleApi:
                 "next_attempt_at": _time(row.next_attempt_at),
                 "intent_fence": row.intent_fence,
                 "outcome_code": row.outcome_code,
-                "payload_hash": row.payload_hash.hex(),
+                "payload_hash": self._hasher.payload(history.key.tenant_id, row.payload_hash),
                 "payload_bytes": row.payload_bytes,
                 "created_at": _time(row.created_at),
                 "claimed_at": _time(row.claimed_at),
@@ -276,7 +287,9 @@ class ConsoleApi:
                     "kind": r.kind,
                     "reason": r.reason,
                     "subscription": r.subscription,
-                    "payload_hash": r.payload_hash.hex() if r.payload_hash is not None else None,
+                    "payload_hash": self._hasher.payload(history.key.tenant_id, r.payload_hash)
+                    if r.payload_hash is not None
+                    else None,
                     "created_at": _time(r.created_at),
                     "redriven_at": _time(r.redriven_at),
                     "redrive_outcome": r.redrive_outcome,
@@ -350,7 +363,7 @@ class ConsoleApi:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id", "reason"})
         key = Key(_required(body, "tenant_id"), _required(body, "operation_id"))
-        reason = _required(body, "reason")
+        reason = _printable(_required(body, "reason"))
         view = self._store.view_payload(key, actor=request.principal.name, reason=reason)
         if view is None:
             raise ApiError(404, "not found", "no work row for this operation: nothing to show")
@@ -391,7 +404,7 @@ class ConsoleApi:
             "confirm_not_called",
         }
         body = _object(request.body, fields)
-        reason = _required(body, "reason")
+        reason = _printable(_required(body, "reason"))
         dry_run = body.get("dry_run")
         if not isinstance(dry_run, bool):
             raise bad_request("dry_run is required: true to preview, false to redrive")
@@ -462,6 +475,19 @@ class ConsoleApi:
             ],
         }
 
+    def _cursor(self, request: Request, kind: str) -> int:
+        """The position after which a page starts; a cursor is signed, and only one this list
+        handed out is accepted."""
+        text = _one(request, "cursor")
+        if text is None:
+            return 0
+        position = self._signer.unsign(kind, text)
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise bad_request(
+                "bad cursor: pass back the next_cursor of the previous page unchanged"
+            )
+        return position
+
     def _hashes(self, key: Key | None) -> dict[str, str | None]:
         if key is None:
             return {"tenant": None, "operation": None}
@@ -471,9 +497,8 @@ class ConsoleApi:
         }
 
 
-#: every route the console answers; the OpenAPI document describes each one
+#: every route the console answers (served and described by :mod:`.web`)
 ROUTES: tuple[Route, ...] = (
-    Route("GET", f"{PREFIX}/openapi.json", Role.VIEWER, ConsoleApi.openapi),
     Route("GET", f"{PREFIX}/counts", Role.VIEWER, ConsoleApi.counts),
     Route("GET", f"{PREFIX}/rows", Role.VIEWER, ConsoleApi.rows),
     Route("GET", f"{PREFIX}/rejected", Role.VIEWER, ConsoleApi.rejected),
@@ -507,29 +532,9 @@ def _limit(request: Request) -> int:
     text = _one(request, "limit")
     if text is None:
         return PAGE_DEFAULT
-    if not text.isdigit() or not 1 <= int(text) <= PAGE_MAX:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= PAGE_MAX:
         raise bad_request(f"limit must be a whole number from 1 to {PAGE_MAX}")
     return int(text)
-
-
-def _encode_cursor(kind: str, position: int) -> str:
-    return base64.urlsafe_b64encode(f"{kind}:{position}".encode()).decode().rstrip("=")
-
-
-def _cursor(request: Request, kind: str) -> int:
-    """The position after which a page starts; a cursor is opaque, and only one this list
-    handed out is accepted."""
-    text = _one(request, "cursor")
-    if text is None:
-        return 0
-    try:
-        decoded = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
-    except (binascii.Error, ValueError):
-        decoded = ""
-    prefix, _, position = decoded.partition(":")
-    if prefix != kind or not position.isdigit() or len(position) > 18:
-        raise bad_request("bad cursor: pass back the next_cursor of the previous page unchanged")
-    return int(position)
 
 
 def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
@@ -552,6 +557,13 @@ def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str 
     if len(value) > TEXT_MAX or "\x00" in value:
         raise bad_request(f"{name} must be at most {TEXT_MAX} characters, without NUL")
     return value
+
+
+def _printable(reason: str) -> str:
+    """A reason goes into the audit and onto terminals: no control or format characters."""
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in reason):
+        raise bad_request("reason must not hold control characters")
+    return reason
 
 
 def _required(body: Mapping[str, Any], name: str) -> str:

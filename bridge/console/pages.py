@@ -9,11 +9,17 @@ Authentication: ``POST /login`` takes a console token and answers a session cook
 (``HttpOnly``, ``SameSite=Strict``, ``Path=/``, ``Secure`` unless the console is bound to
 loopback) holding a random id; the principal stays on the server (:mod:`.sessions`).
 
+Cookies are read strictly (``name=value`` pairs whose values look like what the console issues;
+nothing is unquoted) and written only with values the console made, so no header a browser
+sends can reach a header the console answers.
+
 CSRF: every state-changing form carries the session's CSRF token in a hidden field, compared in
 constant time; a POST without it or with another is refused 403. The login form, before any
 session exists, is protected by a double-submit token: ``GET /login`` sets a random value in a
 ``SameSite=Strict`` cookie and the same value in the form, and ``POST /login`` needs both to
-agree (a cross-site page can neither read nor send that cookie). In addition every POST whose
+agree (a cross-site page can neither read nor send that cookie) and the value to be one this
+console issued and nobody used yet. Failed logins are throttled per address and logged
+(:mod:`.throttle`). In addition every POST whose
 browser says where it came from (``Sec-Fetch-Site``, ``Origin``) must come from the console's
 own origin.
 
@@ -28,10 +34,10 @@ page is rendered, and the form names the operation by a server-side handle.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -40,7 +46,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ApiError, ConsoleApi, Request
 from bridge.console.auth import Principal, Role, Tokens
-from bridge.console.sessions import Selection, Session, Sessions
+from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
+from bridge.console.throttle import Throttle
 
 SESSION_COOKIE = "fencebridge_session"
 LOGIN_COOKIE = "fencebridge_login"
@@ -68,6 +75,8 @@ class PageRequest:
     host: str
     #: the user a trusted proxy named in its header (already checked), if any
     proxied: Principal | None = None
+    #: the connection's peer address (failed logins are throttled by it)
+    peer: str = ""
 
 
 @dataclass(slots=True)
@@ -103,9 +112,16 @@ class ConsolePages:
     """The pages over one :class:`ConsoleApi`, the console's tokens and its sessions."""
 
     def __init__(
-        self, api: ConsoleApi, tokens: Tokens, sessions: Sessions, *, secure_cookies: bool
+        self,
+        api: ConsoleApi,
+        tokens: Tokens,
+        sessions: Sessions,
+        *,
+        secure_cookies: bool,
+        throttle: Throttle | None = None,
     ) -> None:
         self._api = api
+        self._throttle = throttle or Throttle()
         self._tokens = tokens
         self._sessions = sessions
         self._secure = secure_cookies
@@ -161,7 +177,7 @@ class ConsolePages:
         Behind the proxy the header's user decides: a session of another user is dropped, and
         a GET opens one for the user; a POST must arrive with the user's session (its CSRF
         token was issued to it)."""
-        session = self._sessions.get(_cookies(request.cookie_header).get(SESSION_COOKIE))
+        session = self._sessions.from_cookie(_cookies(request.cookie_header).get(SESSION_COOKIE))
         user = request.proxied
         if user is None:
             return session, None
@@ -169,7 +185,7 @@ class ConsolePages:
             self._sessions.drop(session.id)
             session = None
         if session is None and request.method == "GET":
-            opened = self._sessions.create(user)
+            opened = self._open(user)
             return opened, opened
         return session, None
 
@@ -180,7 +196,7 @@ class ConsolePages:
 
     def refusal(self, error: PageError, cookie_header: str) -> PageAnswer:
         """``error`` as a page, for what the server refuses before a page is chosen."""
-        session = self._sessions.get(_cookies(cookie_header).get(SESSION_COOKIE))
+        session = self._sessions.from_cookie(_cookies(cookie_header).get(SESSION_COOKIE))
         return self._error(error.status, error.title, error.detail, session)
 
     def _same_origin(self, request: PageRequest) -> None:
@@ -200,38 +216,52 @@ class ConsolePages:
 
     def _login(self, request: PageRequest) -> PageAnswer:
         if request.method == "GET":
-            # the same value while the cookie lives: a second tab or a reload keeps both forms
-            # valid (a browser may fetch the page again by itself)
-            nonce = _cookies(request.cookie_header).get(LOGIN_COOKIE) or ""
-            if len(nonce) < 32:
-                nonce = secrets.token_urlsafe(32)
+            # a fresh value each time, good once: a second tab loads its own
+            nonce = self._sessions.issue_nonce()
             answer = self._render(200, "login.html", None, title="Log in", login_csrf=nonce)
             answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
             return answer
         if request.method != "POST":
             raise PageError(405, "method not allowed", "use GET, POST")
         self._same_origin(request)
+        wait = self._throttle.wait(request.peer)
+        if wait > 0:
+            raise PageError(429, "too many attempts", f"try again in {int(wait) + 1} seconds")
         expected = _cookies(request.cookie_header).get(LOGIN_COOKIE)
         presented = _field(request.form, "login_csrf")
-        if not expected or not presented or not secrets.compare_digest(expected, presented):
+        if (
+            not expected
+            or not presented
+            or not secrets.compare_digest(expected, presented)
+            or not self._sessions.take_nonce(presented)
+        ):
             raise PageError(403, "forbidden", "the login form expired: load it again")
         principal = self._tokens.authenticate((_field(request.form, "token") or "").strip())
         if principal is None:
-            nonce = secrets.token_urlsafe(32)
+            self._throttle.failed(request.peer, "login")
+            nonce = self._sessions.issue_nonce()
             answer = self._render(
                 401, "login.html", None, title="Log in", login_csrf=nonce, refused=True
             )
             answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
             return answer
-        session = self._sessions.create(principal)
+        session = self._open(principal)
+        self._throttle.succeeded(request.peer, "login", principal.name, principal.role.value)
         answer = _redirect("/")
         answer.headers.append(self._session_cookie(session))
         answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, "", 0)))
         return answer
 
+    def _open(self, principal: Principal) -> Session:
+        try:
+            return self._sessions.create(principal)
+        except SessionsFullError:
+            raise PageError(503, "busy", "too many sessions are open: try again later") from None
+
     def _session_cookie(self, session: Session) -> tuple[str, str]:
         lifetime = int(self._sessions.lifetime)
-        return ("Set-Cookie", self._cookie(SESSION_COOKIE, session.id, lifetime))
+        value = self._sessions.cookie_value(session)
+        return ("Set-Cookie", self._cookie(SESSION_COOKIE, value, lifetime))
 
     def logout(self, request: PageRequest, session: Session) -> PageAnswer:
         self._sessions.drop(session.id)
@@ -240,6 +270,8 @@ class ConsolePages:
         return answer
 
     def _cookie(self, name: str, value: str, max_age: int) -> str:
+        if value and TOKEN_SHAPE.fullmatch(value) is None:  # only values the console made
+            raise ValueError("a cookie value the console did not make")
         secure = "; Secure" if self._secure else ""
         return f"{name}={value}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
 
@@ -499,13 +531,18 @@ def _api_request(session: Session, query: Mapping[str, Sequence[str]], body: Any
     return Request(session.principal, query, body)
 
 
+_COOKIE_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+
+
 def _cookies(header: str) -> dict[str, str]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except Exception:  # noqa: BLE001  (a malformed Cookie header is no session)
-        return {}
-    return {name: morsel.value for name, morsel in jar.items()}
+    """The console's cookies in a ``Cookie`` header: plain ``name=value`` pairs whose value has
+    the shape of one the console issues; anything else (quoted, escaped, odd) is ignored."""
+    found: dict[str, str] = {}
+    for part in header.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep and _COOKIE_NAME.fullmatch(name) and TOKEN_SHAPE.fullmatch(value):
+            found.setdefault(name, value)
+    return found
 
 
 def _field(form: Mapping[str, Sequence[str]], name: str) -> str | None:
