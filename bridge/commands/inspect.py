@@ -18,6 +18,7 @@ from bridge.commands.session import (
     print_json,
 )
 from bridge.identity import IDENTITY_KEY_ENV
+from bridge.operator.views import printable
 from bridge.types import State
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         lines[-1:-1] = _outbox_lines(outbox, resends)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
-        print("\n".join(lines))
+        print("\n".join(printable(line) for line in lines))
     return 0 if history.found else 1
 
 

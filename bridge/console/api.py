@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,6 +27,7 @@ from bridge.console.sessions import Signer
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
+from bridge.operator.views import printable, reason_problem
 from bridge.store.operator import OperatorStore
 from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
@@ -525,6 +525,8 @@ def _one(request: Request, name: str) -> str | None:
         return None
     if len(values) > 1:
         raise bad_request(f"{name} given more than once")
+    if printable(values[0]) != values[0]:
+        raise bad_request(f"{name} must not hold control characters")
     return values[0]
 
 
@@ -561,8 +563,9 @@ def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str 
 
 def _printable(reason: str) -> str:
     """A reason goes into the audit and onto terminals: no control or format characters."""
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in reason):
-        raise bad_request("reason must not hold control characters")
+    problem = reason_problem(reason)
+    if problem is not None:
+        raise bad_request(f"reason {problem}")
     return reason
 
 
