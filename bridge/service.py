@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import tenacity
 
@@ -57,6 +57,8 @@ BACKOFF_CAP_DEFAULT = 5.0
 UNHEALTHY_AFTER_SECONDS_DEFAULT = 300.0
 #: ... or after this many restarts in a row
 UNHEALTHY_AFTER_RESTARTS_DEFAULT = 50
+#: what the parts already started get to stop when a later one fails to start
+STOP_AFTER_FAILED_START_SECONDS = 10.0
 
 
 class Deadline:
@@ -394,3 +396,46 @@ class ServiceGroup(Service):
         first = bad[0]
         reason = f"{len(bad)} of {len(statuses)} not ready; {first.name}: {first.reason}"
         return ServiceStatus(self.name, False, live, reason, restarts, failures)
+
+
+class Part(Protocol):
+    """What a stage holds: anything that starts, and stops by a deadline (a service, the pool)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, deadline: float | Deadline = ...) -> object: ...
+
+
+class Stages:
+    """A process's parts in the order the work flows through them, declared once.
+
+    Stopped first to last: each stage has stopped (or used up what is left of the one deadline)
+    before the next is told to, so nothing that hands work on stops after what it hands to.
+    Started last to first for the same reason; a start that fails stops the stages already
+    started, in order, before the error goes on. A stage that fails to stop is logged, and the
+    ones after it still stop.
+    """
+
+    def __init__(self, stages: Sequence[tuple[str, Part]]) -> None:
+        self.stages = list(stages)
+
+    def start(self) -> None:
+        started: list[tuple[str, Part]] = []
+        try:
+            for name, part in reversed(self.stages):
+                part.start()
+                started.append((name, part))
+        except BaseException:
+            Stages(list(reversed(started))).stop(Deadline(STOP_AFTER_FAILED_START_SECONDS))
+            raise
+
+    def stop(self, deadline: float | Deadline) -> dict[str, object]:
+        """Each stage's own answer to its stop, by name (the pool's says what it released)."""
+        until = Deadline.of(deadline)
+        answers: dict[str, object] = {}
+        for name, part in self.stages:
+            try:
+                answers[name] = part.stop(until)
+            except Exception as exc:  # noqa: BLE001  (the stages after it still stop)
+                log.warning("%s did not stop cleanly (%s)", name, describe(exc))
+        return answers

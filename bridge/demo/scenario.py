@@ -503,7 +503,7 @@ def _watch(w: Watched, out: Callable[[str], None]) -> bool:
 
 def _consumer_counts(bridge: Bridge) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for consumer in bridge.consumers:
+    for consumer in bridge.consumers.members:
         for name, n in getattr(consumer, "counts", {}).items():
             counts[name] = counts.get(name, 0) + n
     return counts

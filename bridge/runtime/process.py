@@ -1,13 +1,15 @@
 """The running bridge: consumers, the worker pool, the sweeper and the health endpoint.
 
-Start order: check the schema version, build every handler
+Start: check the schema version, build every handler
 (:func:`bridge.executors.registry.build_job`, which ``fencebridge check`` runs too: a typo or a
 handler that cannot be built fails here, with the job type and the reason), compare the identity key
 with the one the database was written under (:func:`bridge.keyring.attach`: another key refuses the
-start), start the pool and the sweeper, then the consumers, then the health endpoint. Stop order is
-the reverse of the work's flow: consumers stop receiving (whatever they already received is written
-and acknowledged), the pool releases claims that never started and gives running handlers until the
-deadline, then the sweeper and the endpoint stop.
+start), then start the stages. The stages are declared once, in the order the work flows
+(:attr:`Bridge.stages`): consumers, the worker pool, the outbox relay, the sweeper, the health
+endpoint. They start last to first and stop first to last: consumers stop receiving (whatever they
+already received is written and acknowledged), the pool releases claims that never started and
+gives running handlers until the deadline, the relay sends what the pool's last runs committed,
+then the sweeper and the endpoint stop.
 
 One deadline covers the whole stop: every consumer is told to stop at once and each gets what
 is left of it, the pool gets what the consumers left, the rest what the pool left. Every
@@ -35,10 +37,11 @@ from bridge.ingest.inbox import Inbox
 from bridge.ingest.shadow import ShadowWrites
 from bridge.keyring import attach
 from bridge.outbox.relay import OutboxStore, Relay
+from bridge.runtime.consumers import Consumers
 from bridge.runtime.health import HealthServer
 from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
-from bridge.service import Deadline, Limits, Service, describe
+from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
 from bridge.store.migrate import require_current
 from bridge.store.work import WorkStore
@@ -103,7 +106,7 @@ class Bridge:
                 limits=limits,
                 on_restart=self.telemetry.thread_restarted,
             )
-        self.consumers: list[sources.Consumer] = []
+        consumers: list[sources.Consumer] = []
         for name, sub in config.subscriptions.items():
             # A shadow subscription writes to the shadow record, which no claim reads, and
             # hands nothing to the pool: fixed here, at construction, for the process's life.
@@ -115,11 +118,12 @@ class Bridge:
                 telemetry=self.telemetry,
                 limits=limits,
             )
-            self.consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
+            consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
+        self.consumers = Consumers(consumers)
         self.health: HealthServer | None = None
         if settings.health_port:
             checks = {"database": self._database_ready}
-            for consumer in self.consumers:
+            for consumer in self.consumers.members:
                 checks[f"subscription:{consumer.subscription}"] = consumer.status
             self.health = HealthServer(
                 settings.health_host,
@@ -129,6 +133,14 @@ class Bridge:
                 limits=limits,
                 on_restart=self.telemetry.thread_restarted,
             )
+        # the order the work flows through them: started last to first, stopped first to last
+        stages: list[tuple[str, Part]] = [("consumers", self.consumers), ("pool", self.pool)]
+        if self.relay is not None:
+            stages.append(("relay", self.relay))
+        stages.append(("sweeper", self.sweeper))
+        if self.health is not None:
+            stages.append(("health", self.health))
+        self.stages = Stages(stages)
         self._stopped = threading.Event()
 
     def services(self) -> list[Service]:
@@ -136,8 +148,7 @@ class Bridge:
         found = [*self.pool.services(), self.sweeper.service]
         if self.relay is not None:
             found.extend(self.relay.services())
-        for consumer in self.consumers:
-            found.extend(consumer.services())
+        found.extend(self.consumers.services())
         if self.telemetry.gauges is not None:
             found.append(self.telemetry.gauges)
         return found
@@ -149,17 +160,10 @@ class Bridge:
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
         attach(self.store, self.hasher, used_by="fencebridge run")
-        self.pool.start()
-        self.sweeper.start()
-        if self.relay is not None:
-            self.relay.start()
-        for consumer in self.consumers:
-            consumer.start()
-        if self.health is not None:
-            self.health.start()
+        self.stages.start()
         log.info(
             "bridge started: %d subscription(s), %d job type(s), %d worker thread(s)",
-            len(self.consumers),
+            len(self.consumers.members),
             len(self.registry.job_types),
             self.config.bridge.worker_threads,
         )
@@ -172,39 +176,13 @@ class Bridge:
         until = Deadline.of(
             self.config.bridge.shutdown_deadline_seconds if deadline is None else deadline
         )
-        stopping = [
-            threading.Thread(
-                target=self._stop_consumer,
-                args=(consumer, until),
-                name=f"fencebridge-stop-{consumer.subscription}",
-                daemon=True,
-            )
-            for consumer in self.consumers
-        ]
-        for t in stopping:
-            t.start()
-        for t in stopping:
-            t.join(timeout=until.remaining())
-        late = [t.name for t in stopping if t.is_alive()]
-        if late:
-            log.warning("%d consumer(s) still stopping at the deadline", len(late))
-        report = self.pool.stop(until)
-        if self.relay is not None:
-            # after the pool: what its last runs committed is sent now or by the next relay
-            self.relay.stop(until)
-        self.sweeper.stop(until)
-        if self.health is not None:
-            self.health.stop(until)
+        answers = self.stages.stop(until)
+        report = answers.get("pool")
+        if not isinstance(report, StopReport):  # the pool's stop raised: it was logged
+            report = StopReport(released=0, finished=0, abandoned=0)
         self._stopped.set()
         log.info("bridge stopped: %d released, %d abandoned", report.released, report.abandoned)
         return report
-
-    @staticmethod
-    def _stop_consumer(consumer: sources.Consumer, until: Deadline) -> None:
-        try:
-            consumer.stop(until.remaining())
-        except Exception as exc:  # noqa: BLE001  (the others and the pool still stop)
-            log.warning("%s did not stop cleanly (%s)", consumer.subscription, describe(exc))
 
     def run_until_signalled(self) -> StopReport:
         """Start, wait for SIGTERM or SIGINT, drain within the deadline, return."""

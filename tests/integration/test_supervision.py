@@ -531,7 +531,7 @@ def test_every_consumer_and_the_pool_share_one_shutdown_deadline(
     clock = FakeClock()
     state: dict[str, Any] = {"lock": threading.Lock(), "all_in": threading.Event(), "stopping": 0}
     consumers = [SlowToStop(f"sub-{i}", clock, 3, state) for i in range(3)]
-    bridge.consumers = list(consumers)
+    bridge.consumers.members[:] = consumers
     store.ingest([for_job(registry, "steady", "running")])
     bridge.start()
     try:

@@ -23,6 +23,7 @@ from bridge.service import (
     Limits,
     ServiceGroup,
     ServiceStatus,
+    Stages,
     Supervised,
     describe,
 )
@@ -314,3 +315,60 @@ def test_describe_shows_types_and_sqlstates_never_foreign_text() -> None:
 def test_backoff_rejects_an_empty_window() -> None:
     with pytest.raises(ValueError, match="0 < initial <= cap"):
         Backoff(initial=1.0, cap=0.5)
+
+
+class _Part:
+    """A stage that writes down when it starts and stops, and fails where told."""
+
+    def __init__(self, name: str, journal: list[str], *, fail: str = "") -> None:
+        self.name, self.journal, self.fail = name, journal, fail
+
+    def start(self) -> None:
+        if self.fail == "start":
+            raise RuntimeError("cannot start")
+        self.journal.append(f"start {self.name}")
+
+    def stop(self, deadline: float | Deadline = 1.0) -> str:
+        self.journal.append(f"stop {self.name}")
+        if self.fail == "stop":
+            raise RuntimeError("cannot stop")
+        return f"{self.name} stopped"
+
+
+def test_stages_start_last_to_first_and_stop_first_to_last_under_one_deadline() -> None:
+    journal: list[str] = []
+    stages = Stages([(n, _Part(n, journal)) for n in ("consumers", "pool", "sweeper")])
+    stages.start()
+    answers = stages.stop(Deadline(5))
+    assert journal == [
+        "start sweeper",
+        "start pool",
+        "start consumers",
+        "stop consumers",
+        "stop pool",
+        "stop sweeper",
+    ]
+    assert answers["pool"] == "pool stopped"
+
+
+def test_a_failed_start_stops_the_stages_already_started_in_flow_order() -> None:
+    journal: list[str] = []
+    parts = [_Part("consumers", journal, fail="start"), _Part("pool", journal)]
+    stages = Stages([*[(p.name, p) for p in parts], ("sweeper", _Part("sweeper", journal))])
+    with pytest.raises(RuntimeError, match="cannot start"):
+        stages.start()
+    assert journal == ["start sweeper", "start pool", "stop pool", "stop sweeper"]
+
+
+def test_a_stage_that_fails_to_stop_is_logged_and_the_next_still_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    journal: list[str] = []
+    stages = Stages(
+        [("pool", _Part("pool", journal, fail="stop")), ("health", _Part("health", journal))]
+    )
+    with caplog.at_level(logging.WARNING):
+        answers = stages.stop(Deadline(5))
+    assert journal == ["stop pool", "stop health"]
+    assert "pool" not in answers
+    assert "pool did not stop cleanly (RuntimeError" in caplog.text
