@@ -27,9 +27,8 @@ from bridge.console.sessions import Signer
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
-from bridge.operator.views import printable, reason_problem
+from bridge.operator.views import operation_view, printable, reason_problem, status_view
 from bridge.store.operator import OperatorStore
-from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
 log = logging.getLogger(__name__)
@@ -126,6 +125,11 @@ class ConsoleApi:
             "totals": totals,
         }
 
+    def status(self, request: Request) -> dict[str, Any]:
+        """``fencebridge status``'s document (its own view), without the CLI's extras."""
+        _no_query(request, ())
+        return status_view(self._store.stats(), self._hasher.tenant)
+
     def rows(self, request: Request) -> dict[str, Any]:
         _no_query(request, ("state", "subscription", "job_type", "limit", "cursor"))
         raw_state = _one(request, "state")
@@ -219,85 +223,12 @@ class ConsoleApi:
         if history.row is None and not history.rejected and not history.redrives:
             # no hash of ids the database does not hold: a guess cannot be confirmed here
             raise ApiError(404, "not found", "no such operation")
-        return self._history(history)
-
-    def _history(self, history: OperationHistory) -> dict[str, Any]:
-        row = history.row
-        return {
-            **self._hashes(history.key),
-            "row": None
-            if row is None
-            else {
-                "subscription": row.subscription,
-                "job_type": row.job_type,
-                "target_class": row.target_class.value,
-                "schema_version": row.schema_version,
-                "state": row.state.value,
-                "fence": row.fence,
-                "attempts": row.attempts,
-                "max_attempts": row.max_attempts,
-                "lease_owner": row.lease_owner,
-                "lease_expires_at": _time(row.lease_expires_at),
-                "next_attempt_at": _time(row.next_attempt_at),
-                "intent_fence": row.intent_fence,
-                "outcome_code": row.outcome_code,
-                "payload_hash": self._hasher.payload(history.key.tenant_id, row.payload_hash),
-                "payload_bytes": row.payload_bytes,
-                "created_at": _time(row.created_at),
-                "claimed_at": _time(row.claimed_at),
-                "settled_at": _time(row.settled_at),
-                "updated_at": _time(row.updated_at),
-            },
-            "attempts": [
-                {
-                    "kind": a.kind,
-                    "fence": a.fence,
-                    "worker": a.worker,
-                    "takeover": a.takeover,
-                    "started_at": _time(a.started_at),
-                    "ended_at": _time(a.ended_at),
-                    "outcome": a.outcome,
-                    "outcome_code": a.outcome_code,
-                    "error_class": a.error_class,
-                    "finding": a.finding,
-                }
-                for a in history.attempts
-            ],
-            "redrives": [
-                {
-                    "at": _time(r.at),
-                    "actor": r.actor,
-                    "reason": r.reason,
-                    "from_state": r.from_state,
-                    "to_state": r.to_state,
-                    "fence": r.fence,
-                    "attempts": r.attempts,
-                }
-                for r in history.redrives
-                if r.to_state != PAYLOAD_VIEWED
-            ],
-            "payload_views": [
-                {"at": _time(r.at), "actor": r.actor, "reason": r.reason}
-                for r in history.redrives
-                if r.to_state == PAYLOAD_VIEWED
-            ],
-            "rejected": [
-                {
-                    "id": r.id,
-                    "kind": r.kind,
-                    "reason": r.reason,
-                    "subscription": r.subscription,
-                    "payload_hash": self._hasher.payload(history.key.tenant_id, r.payload_hash)
-                    if r.payload_hash is not None
-                    else None,
-                    "created_at": _time(r.created_at),
-                    "redriven_at": _time(r.redriven_at),
-                    "redrive_outcome": r.redrive_outcome,
-                    "resolved_at": _time(r.resolved_at),
-                }
-                for r in history.rejected
-            ],
-        }
+        return operation_view(
+            history,
+            **self._hashes(key),
+            digest=self._hasher.payload,
+            absence="no work row: only the rejected deliveries below are recorded under its key",
+        )
 
     def checks(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -500,6 +431,7 @@ class ConsoleApi:
 #: every route the console answers (served and described by :mod:`.web`)
 ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/counts", Role.VIEWER, ConsoleApi.counts),
+    Route("GET", f"{PREFIX}/status", Role.VIEWER, ConsoleApi.status),
     Route("GET", f"{PREFIX}/rows", Role.VIEWER, ConsoleApi.rows),
     Route("GET", f"{PREFIX}/rejected", Role.VIEWER, ConsoleApi.rejected),
     Route("POST", f"{PREFIX}/operation", Role.VIEWER, ConsoleApi.operation),

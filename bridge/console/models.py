@@ -118,6 +118,22 @@ class Counts(BaseModel):
     totals: StateCounts
 
 
+class StatusGroup(BaseModel):
+    subscription: str
+    tenant: Hash
+    states: StateCounts
+
+
+class Status(BaseModel):
+    """``fencebridge status --json``'s counts and figures."""
+
+    counts: list[StatusGroup]
+    totals: StateCounts
+    stalled_claims: int = Field(description="held claims whose lease has expired")
+    oldest_unknown_seconds: float | None
+    rejected: dict[str, int] = Field(description="rejected deliveries awaiting a person, by kind")
+
+
 class RowItem(BaseModel):
     tenant: Hash
     operation: Hash
@@ -149,11 +165,12 @@ class RejectedPage(BaseModel):
 class Operation(BaseModel):
     tenant: Hash
     operation: Hash
-    row: dict[str, Any] | None = Field(description="null: no such row")
+    work_row: dict[str, Any] | None = Field(description="null: no such row")
+    absence: str | None = Field(description="without a work row: why, as far as is known")
     attempts: list[dict[str, Any]] = Field(description="the newest attempts, oldest first")
     redrives: list[dict[str, Any]]
     payload_views: list[dict[str, Any]] = Field(description="audited views of its payload")
-    rejected: list[dict[str, Any]]
+    rejected_deliveries: list[dict[str, Any]]
 
 
 class RedriveReport(BaseModel):

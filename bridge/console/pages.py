@@ -365,7 +365,7 @@ class ConsolePages:
             _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
         )
         handle = payload_handle = None
-        row = found["row"]
+        row = found["work_row"]
         if session.principal.role.allows(Role.PAYLOAD) and row is not None:
             assert tenant is not None  # the lookup refused a missing one
             assert op is not None

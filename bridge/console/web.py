@@ -344,6 +344,11 @@ def create_app(
         """row counts by state per subscription, job type and tenant hash"""
         return console().counts(ApiRequest(principal, {}))
 
+    @app.get(f"{PREFIX}/status", response_model=m.Status, responses=PROBLEMS, dependencies=viewer)
+    def status(principal: Viewer) -> dict[str, Any]:
+        """`fencebridge status`: counts, stalled claims, oldest unknown, rejected awaiting"""
+        return console().status(ApiRequest(principal, {}))
+
     @app.get(f"{PREFIX}/rows", response_model=m.RowPage, responses=PROBLEMS, dependencies=viewer)
     def rows(
         request: Request,

@@ -290,8 +290,8 @@ def test_one_operation_and_the_rejected_list_show_hashes_only(console: Console) 
     assert status == 200
     assert found["tenant"] == HASHER.tenant(tenant)
     assert found["operation"] == HASHER.operation(tenant, op)
-    assert found["row"]["state"] == "succeeded"
-    assert [r["kind"] for r in found["rejected"]] == ["conflict"]
+    assert found["work_row"]["state"] == "succeeded"
+    assert [r["kind"] for r in found["rejected_deliveries"]] == ["conflict"]
 
     status, rejected = console.call("GET", "/api/v1/rejected?limit=1", token=VIEWER)
     assert status == 200

@@ -187,7 +187,7 @@ def test_a_viewer_sees_no_plain_digest_of_a_payload(console: Console, db: Db) ->
         assert status == 200
         digest = hashlib.sha256(bytes(body)).hexdigest()
         assert digest.encode() not in console.bodies[-1]
-        shown.setdefault(found["row"]["payload_hash"], []).append(tenant)
+        shown.setdefault(found["work_row"]["payload_hash"], []).append(tenant)
     # equal payloads of two tenants do not look equal
     assert all(len(set(tenants)) == 1 for tenants in shown.values())
 
