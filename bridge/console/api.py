@@ -22,12 +22,16 @@ from typing import Any
 
 from bridge import keyring
 from bridge.config import BridgeConfig
-from bridge.console.auth import Principal, Role
+from bridge.console.auth import Role
+from bridge.console.oncall_api import GROUP_RATE, OnCall
+from bridge.console.problems import ApiError, Request, bad_request
 from bridge.console.sessions import Signer
+from bridge.console.throttle import RateCap
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
-from bridge.operator.views import operation_view, printable, reason_problem, status_view
+from bridge.operator.views import printable, reason_problem, status_view
+from bridge.store.console import ConsoleReads
 from bridge.store.operator import OperatorStore
 from bridge.types import Key, RedriveFilter, State
 
@@ -54,28 +58,6 @@ WINDOW_DEFAULT = "1h"
 PAYLOAD_VIEWED = "payload_viewed"
 
 
-class ApiError(Exception):
-    """An answer other than 200: its status, a short title and the specific reason."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
-
-
-def bad_request(detail: str) -> ApiError:
-    return ApiError(400, "bad request", detail)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    principal: Principal
-    query: Mapping[str, Sequence[str]]
-    #: the parsed JSON body of a POST (None for a GET)
-    body: Any = None
-
-
 Handler = Callable[["ConsoleApi", Request], dict[str, Any]]
 
 
@@ -84,10 +66,11 @@ class Route:
     method: str
     path: str
     role: Role
-    handler: Handler
+    #: None: the route takes more than the request (:mod:`.oncall_routes`)
+    handler: Handler | None
 
 
-class ConsoleApi:
+class ConsoleApi(OnCall):
     """The routes over one store, configuration (for the handlers a redrive's lookups need),
     identity hasher (already compared with the database's keys) and the go/no-go check
     (``checks`` runs it afresh: the catalog and the handlers can change under a console)."""
@@ -100,8 +83,12 @@ class ConsoleApi:
         *,
         checks: Callable[[], Report],
         signer: Signer | None = None,
+        reads: ConsoleReads | None = None,
     ) -> None:
         self._signer = signer or Signer()
+        pool = getattr(store, "pool", None)
+        self._reads = reads or (ConsoleReads(pool) if pool is not None else None)
+        self._rate = RateCap(GROUP_RATE)
         self._store = store
         self._config = config
         self._hasher = hasher
@@ -154,6 +141,7 @@ class ConsoleApi:
                 {
                     "tenant": self._hasher.tenant(r.key.tenant_id),
                     "operation": self._hasher.operation(r.key.tenant_id, r.key.operation_id),
+                    "handle": self.row_handle(r.seq),
                     "subscription": r.subscription,
                     "job_type": r.job_type,
                     "target_class": r.target_class.value,
@@ -196,6 +184,7 @@ class ConsoleApi:
                     "reason": r.reason,
                     "subscription": r.subscription,
                     **self._hashes(r.key),
+                    "handle": self.rejected_handle(r.id) if r.key is not None else None,
                     "created_at": _time(r.created_at),
                     "redriven_at": _time(r.redriven_at),
                     "redriven_by": r.redriven_by,
@@ -223,12 +212,7 @@ class ConsoleApi:
         if history.row is None and not history.rejected and not history.redrives:
             # no hash of ids the database does not hold: a guess cannot be confirmed here
             raise ApiError(404, "not found", "no such operation")
-        return operation_view(
-            history,
-            **self._hashes(key),
-            digest=self._hasher.payload,
-            absence="no work row: only the rejected deliveries below are recorded under its key",
-        )
+        return self.operation_document(history)
 
     def checks(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -439,6 +423,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/checks", Role.VIEWER, ConsoleApi.checks),
     Route("GET", f"{PREFIX}/figures", Role.VIEWER, ConsoleApi.figures),
     Route("POST", f"{PREFIX}/payload", Role.PAYLOAD, ConsoleApi.payload),
+    Route("GET", f"{PREFIX}/awaiting", Role.VIEWER, ConsoleApi.awaiting),
+    Route("GET", f"{PREFIX}/operations/{{handle}}", Role.VIEWER, None),
+    Route("GET", f"{PREFIX}/groups", Role.VIEWER, ConsoleApi.failure_groups),
+    Route("GET", f"{PREFIX}/groups/{{handle}}", Role.VIEWER, None),
+    Route("POST", f"{PREFIX}/groups/{{handle}}/redrive", Role.OPERATOR, None),
+    Route("POST", f"{PREFIX}/resolve", Role.OPERATOR, None),
 )
 
 

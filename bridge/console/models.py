@@ -220,3 +220,80 @@ class Payload(BaseModel):
     viewed_at: Time
     viewed_by: str
     reason: str
+
+
+# -- on call -------------------------------------------------------------------------------------
+
+
+class AwaitingItem(BaseModel):
+    what: Literal["row", "delivery"]
+    kind: str = Field(description="the rows' state, or the deliveries' kind")
+    count: int
+    oldest_at: Time
+    oldest_seconds: float | None = Field(description="the oldest one's age")
+
+
+class Awaiting(BaseModel):
+    """Parked and failed rows, open conflicts and quarantined deliveries: what awaits a person."""
+
+    awaiting: list[AwaitingItem]
+
+
+class GroupItem(BaseModel):
+    handle: str = Field(description="opens the group (signed)")
+    job_type: str
+    state: StateName
+    outcome_code: str | None
+    error_class: str | None
+    count: int
+    first_seen: Time
+    last_seen: Time
+    redrivable: bool
+
+
+class Groups(BaseModel):
+    groups: list[GroupItem]
+
+
+class GroupRow(BaseModel):
+    tenant: Hash
+    operation: Hash
+    fence: int
+
+
+class GroupRows(BaseModel):
+    job_type: str
+    state: StateName
+    outcome_code: str | None
+    error_class: str | None
+    rows: list[GroupRow]
+
+
+class GroupRedriveRequest(Strict):
+    reason: Reason
+    dry_run: StrictBool
+    limit: StrictInt = Field(default=100, ge=1, le=100, description="the group's oldest rows")
+
+
+class GroupRedriveReport(BaseModel):
+    job_type: str
+    state: StateName
+    outcome_code: str | None
+    error_class: str | None
+    selected: int
+    dry_run: bool
+    moved: int
+    left: int
+    rate_per_minute: int
+
+
+class ResolveRequest(Strict):
+    delivery: Text = Field(description="the rejected delivery's handle")
+    reason: Reason
+    dry_run: StrictBool
+
+
+class ResolveReport(BaseModel):
+    dry_run: bool
+    resolved: int
+    not_open: list[str]

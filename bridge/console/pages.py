@@ -44,8 +44,9 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ApiError, ConsoleApi, Request
+from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
+from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
 from bridge.console.throttle import Throttle
 

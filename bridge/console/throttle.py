@@ -82,3 +82,29 @@ class Throttle:
         with self._lock:
             self._by_peer.pop(peer, None)
         log.info("console %s: %s (%s) signed in from %s", where, name, role, peer)
+
+
+class RateCap:
+    """At most ``per_minute`` units (rows redriven) in any minute, across the console."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._taken: deque[tuple[float, int]] = deque()
+
+    @property
+    def per_minute(self) -> int:
+        return self._per_minute
+
+    def take(self, units: int) -> bool:
+        """Whether ``units`` fit in the last minute's budget; taken if they do."""
+        now = self._clock()
+        with self._lock:
+            while self._taken and self._taken[0][0] <= now - 60.0:
+                self._taken.popleft()
+            used = sum(n for _, n in self._taken)
+            if used + units > self._per_minute:
+                return False
+            self._taken.append((now, units))
+        return True

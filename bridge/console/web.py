@@ -15,24 +15,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bridge.console import models as m
-from bridge.console.api import PREFIX, ROUTES, ApiError, ConsoleApi
-from bridge.console.api import Request as ApiRequest
-from bridge.console.auth import Principal, ProxyAuth, ProxyError, Role, Tokens
+from bridge.console import oncall_routes
+from bridge.console.api import PREFIX, ROUTES, ConsoleApi
+from bridge.console.auth import Principal, ProxyAuth, ProxyError, Tokens
 from bridge.console.pages import PAGE_POLICY, PAGE_ROUTES, ConsolePages, PageError, PageRequest
+from bridge.console.problems import ApiError
+from bridge.console.problems import Request as ApiRequest
+from bridge.console.routing import (
+    PROBLEM,
+    PROBLEMS,
+    STRICT,
+    TITLES,
+    Cursor,
+    Limit,
+    Operator,
+    PayloadReader,
+    Viewer,
+    WindowQuery,
+    problem,
+)
 from bridge.console.throttle import Throttle
 
 log = logging.getLogger("bridge.console.server")
@@ -49,31 +63,7 @@ SECURITY_HEADERS = {
 PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": PAGE_POLICY}
 FORM_FIELDS_MAX = 50
 #: the API paths that take a POST (and so a JSON body); a POST elsewhere is a 404 or 405
-POSTS = frozenset(r.path for r in ROUTES if r.method == "POST")
-PROBLEM = "application/problem+json"
-_TITLES = {
-    400: "bad request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not found",
-    405: "method not allowed",
-    413: "too large",
-    415: "unsupported media type",
-    429: "too many attempts",
-    500: "internal error",
-    503: "busy",
-}
-#: every refusal the API may answer, documented on every route
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": m.Problem, "description": title, "content": {PROBLEM: {}}}
-    for status, title in _TITLES.items()
-}
-
-
-def problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    title = _TITLES.get(status, "error")
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    return JSONResponse(body, status, headers=headers, media_type=PROBLEM)
+POSTS = frozenset(r.path for r in ROUTES if r.method == "POST" and "{" not in r.path)
 
 
 def _is_api(path: str) -> bool:
@@ -189,7 +179,7 @@ class Gate:
                 title = "not logged in" if exc.status == 401 else "forbidden"
                 return _page(self.pages.refusal(PageError(exc.status, title, exc.detail), ""))
             scope.setdefault("state", {})["proxied"] = proxied
-        if scope["method"] == "POST" and (scope["path"] in POSTS or not _is_api(scope["path"])):
+        if scope["method"] == "POST" and (_posts(scope["path"]) or not _is_api(scope["path"])):
             return _body_refusal(headers, api=_is_api(scope["path"]))
         return None
 
@@ -219,6 +209,11 @@ class Gate:
         return principal
 
 
+def _posts(path: str) -> bool:
+    """Whether an API path takes a POST (and so a JSON body)."""
+    return path in POSTS or (path.startswith(f"{PREFIX}/groups/") and path.endswith("/redrive"))
+
+
 def _headers(scope: Scope) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for name, value in scope["headers"]:
@@ -242,26 +237,6 @@ def _body_refusal(headers: dict[str, list[str]], *, api: bool) -> Response | Non
     if int(length[0]) > BODY_MAX:
         return problem(413, f"the body is over {BODY_MAX} bytes")
     return None
-
-
-def role(needed: Role) -> Callable[[Request], Principal]:
-    """The request's principal, if its role allows ``needed`` (403 otherwise)."""
-
-    def check(request: Request) -> Principal:
-        principal: Principal = request.state.principal
-        if not principal.role.allows(needed):
-            raise ApiError(403, "forbidden", f"the {principal.role.value} role cannot do this")
-        return principal
-
-    return check
-
-
-Viewer = Annotated[Principal, Depends(role(Role.VIEWER))]
-Operator = Annotated[Principal, Depends(role(Role.OPERATOR))]
-PayloadReader = Annotated[Principal, Depends(role(Role.PAYLOAD))]
-Limit = Annotated[int, Query(ge=1, le=500, description="rows per page")]
-Cursor = Annotated[str | None, Query(description="the previous page's next_cursor, unchanged")]
-WindowQuery = Annotated[m.Window, Query(description="how far back: 15m, 1h, 6h or 24h")]
 
 
 # -- validation answers ------------------------------------------------------------------------
@@ -321,20 +296,7 @@ def create_app(
         assert api is not None  # an app for its document only is never served
         return api
 
-    def strict_query(request: Request) -> None:
-        route = request.scope.get("route")
-        known = (
-            {p.alias for p in route.dependant.query_params}
-            if isinstance(route, APIRoute)
-            else set()
-        )
-        for name in request.query_params:
-            if name not in known:
-                raise ApiError(400, "bad request", f"unknown query parameter: {name}")
-            if len(request.query_params.getlist(name)) > 1:
-                raise ApiError(400, "bad request", f"{name} given more than once")
-
-    viewer = [Depends(strict_query)]
+    viewer = STRICT
 
     def query_of(request: Request) -> dict[str, list[str]]:
         return {k: request.query_params.getlist(k) for k in request.query_params}
@@ -415,6 +377,7 @@ def create_app(
         """one operation's payload bytes (payload role), every view audited"""
         return console().payload(ApiRequest(principal, {}, query.model_dump()))
 
+    app.include_router(oncall_routes.router(console))
     _document(app)
     _errors(app, pages)
     if pages is not None:
@@ -483,7 +446,7 @@ def _errors(app: FastAPI, pages: ConsolePages | None) -> None:
             detail = "the request cannot be read" if status == 400 else str(exc.detail)
         if not _is_api(request.url.path) and pages is not None:
             cookie = request.headers.get("cookie", "")
-            title = _TITLES.get(status, "error")
+            title = TITLES.get(status, "error")
             answer = _page(pages.refusal(PageError(status, title, detail), cookie))
             answer.headers.update(headers)
             return answer

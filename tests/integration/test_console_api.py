@@ -395,16 +395,28 @@ def test_the_openapi_document_describes_exactly_the_routes_served(console: Conso
         (method.upper(), path) for path, item in document["paths"].items() for method in item
     }
     assert {(r.method, r.path) for r in ROUTES} == documented
+    row = console.call("GET", "/api/v1/rows?state=unknown")[1]["rows"][0]["handle"]
+    groups = console.call("GET", "/api/v1/groups")[1]["groups"]
+    group = next(g["handle"] for g in groups if g["redrivable"])
+    delivery = console.call("GET", "/api/v1/rejected")[1]["rejected"][0]["handle"]
     minimal = {
         "/api/v1/operation": {"tenant_id": TENANTS[0], "operation_id": "op-raw-0-0"},
         "/api/v1/redrive": PREVIEW,
         "/api/v1/rows": None,
         "/api/v1/payload": {"tenant_id": TENANTS[0], "operation_id": "op-raw-0-0", "reason": "r"},
+        "/api/v1/groups/{handle}/redrive": PREVIEW,
+        "/api/v1/resolve": {"delivery": delivery, **PREVIEW},
+    }
+    handles = {
+        "/api/v1/operations/{handle}": row,
+        "/api/v1/groups/{handle}": group,
+        "/api/v1/groups/{handle}/redrive": group,
     }
     for method, path in sorted(documented):
         query = "?state=queued" if path.endswith("/rows") else ""
         token = PAYLOAD if path.endswith("/payload") else OPERATOR
-        status, _ = console.call(method, path + query, minimal.get(path), token=token)
+        url = path.replace("{handle}", handles.get(path, ""))
+        status, _ = console.call(method, url + query, minimal.get(path), token=token)
         assert status == 200, (method, path)
 
 
