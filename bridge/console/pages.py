@@ -44,18 +44,20 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from bridge.console import oncall_pages
 from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
+from bridge.console.present import age, chart, when
 from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
 from bridge.console.throttle import Throttle
 
 SESSION_COOKIE = "fencebridge_session"
 LOGIN_COOKIE = "fencebridge_login"
-#: the pages' policy: no script at all, styles from the console's own stylesheet only
+#: the pages' policy: the console's own script (local times) and stylesheet, nothing inline
 PAGE_POLICY = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-    "base-uri 'none'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 _REDRIVABLE = ("unknown", "quarantined")
 
@@ -132,10 +134,23 @@ class ConsolePages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._css = resources.files("bridge.console").joinpath("static/console.css").read_bytes()
+        self._env.filters["when"] = when
+        self._env.filters["age"] = age
+        static = resources.files("bridge.console").joinpath("static")
+        self._css = static.joinpath("console.css").read_bytes()
+        self._js = static.joinpath("console.js").read_bytes()
         self._routes: dict[str, dict[str, PageRoute]] = {}
         for route in PAGE_ROUTES:
             self._routes.setdefault(route.path, {})[route.method] = route
+
+    @property
+    def api(self) -> ConsoleApi:
+        return self._api
+
+    def render(
+        self, code: int, template: str, session: Session | None, **values: Any
+    ) -> PageAnswer:
+        return self._render(code, template, session, **values)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -143,8 +158,9 @@ class ConsolePages:
         """The page for ``request``: a refusal is a page too, with its status."""
         session: Session | None = None
         try:
-            if request.path == "/static/console.css" and request.method == "GET":
-                return PageAnswer(200, self._css, "text/css; charset=utf-8")
+            static = self._static(request)
+            if static is not None:
+                return static
             if request.path == "/login" and request.proxied is None:
                 return self._login(request)
             session, opened = self._session(request)
@@ -154,7 +170,7 @@ class ConsolePages:
                 if request.method == "GET":
                     return _redirect("/login")
                 raise PageError(401, "not logged in", "log in first")
-            by_method = self._routes.get(request.path)
+            by_method = self._routes.get(request.path) or self._routes.get(_pattern(request.path))
             if by_method is None:
                 raise PageError(404, "not found", "there is no such page")
             route = by_method.get(request.method)
@@ -171,6 +187,16 @@ class ConsolePages:
             return self._with_cookie(route.handler(self, request, session), opened)
         except (ApiError, PageError) as exc:
             return self._error(exc.status, exc.title, exc.detail, session)
+
+    def _static(self, request: PageRequest) -> PageAnswer | None:
+        """The console's stylesheet and script."""
+        if request.method != "GET":
+            return None
+        if request.path == "/static/console.css":
+            return PageAnswer(200, self._css, "text/css; charset=utf-8")
+        if request.path == "/static/console.js":
+            return PageAnswer(200, self._js, "text/javascript; charset=utf-8")
+        return None
 
     def _session(self, request: PageRequest) -> tuple[Session | None, Session | None]:
         """The request's session, and the one opened for it now (to set in a cookie).
@@ -287,6 +313,7 @@ class ConsolePages:
                 states[state] = states.get(state, 0) + n
         window = _one(request.query, "window") or WINDOW_DEFAULT
         figures = self._api.figures(_api_request(session, {"window": [window]}))
+        times = [p["at"] for p in figures["series"]]
         return self._render(
             200,
             "overview.html",
@@ -298,9 +325,18 @@ class ConsolePages:
             figures=figures,
             windows=list(WINDOWS),
             charts=[
-                (name, label, _sparkline([p[name] for p in figures["series"]]))
-                for name, label in FIGURES
+                chart(
+                    name,
+                    label,
+                    unit=unit,
+                    values=[p[name] for p in figures["series"]],
+                    times=times,
+                    window=figures["window"],
+                )
+                for name, label, unit in FIGURES
             ],
+            awaiting=self._api.awaiting(_api_request(session, {}))["awaiting"],
+            **_refresh(request, "/"),
         )
 
     def checks(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -335,6 +371,7 @@ class ConsolePages:
             subscription=_one(filters, "subscription") or "",
             job_type=_one(filters, "job_type") or "",
             next_query=following,
+            **_refresh(request, f"/queues/{state}"),
         )
 
     def rejected(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -353,6 +390,7 @@ class ConsolePages:
             kind=_one(filters, "kind") or "",
             open_only=_one(filters, "open") == "true",
             next_query=following,
+            **_refresh(request, "/rejected"),
         )
 
     def operation_form(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -365,6 +403,13 @@ class ConsolePages:
         found = self._api.operation(
             _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
         )
+        return self.show_operation(session, found, tenant, op)
+
+    def show_operation(
+        self, session: Session, found: dict[str, Any], tenant: str | None, op: str | None
+    ) -> PageAnswer:
+        """The operation page of ``found``: its forms name the row by server-side handles,
+        each open rejected delivery by its signed handle."""
         handle = payload_handle = None
         row = found["work_row"]
         if session.principal.role.allows(Role.PAYLOAD) and row is not None:
@@ -399,6 +444,12 @@ class ConsolePages:
             selection=handle,
             payload_selection=payload_handle,
             class_d=row is not None and row["target_class"] == "D",
+            delivery_handles={
+                r["id"]: self._api.rejected_handle(r["id"])
+                for r in found["rejected_deliveries"]
+                if r["open"]
+            },
+            lookup=_lookup_reason(found),
         )
 
     def payload(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -500,32 +551,60 @@ PAGE_ROUTES: tuple[PageRoute, ...] = (
     PageRoute("POST", "/payload", Role.PAYLOAD, ConsolePages.payload),
     PageRoute("POST", "/redrive", Role.OPERATOR, ConsolePages.redrive),
     PageRoute("POST", "/logout", Role.VIEWER, ConsolePages.logout),
+    PageRoute("GET", "/operations/*", Role.VIEWER, oncall_pages.operation),
+    PageRoute("GET", "/groups", Role.VIEWER, oncall_pages.groups),
+    PageRoute("GET", "/groups/*", Role.VIEWER, oncall_pages.group),
+    PageRoute("POST", "/groups/redrive", Role.OPERATOR, oncall_pages.group_redrive),
+    PageRoute("POST", "/resolve", Role.OPERATOR, oncall_pages.resolve),
 )
 
 
-#: the figures the overview charts: (series field, label)
+def _pattern(path: str) -> str:
+    """The route pattern of a path that ends in a handle: ``/operations/<h>`` is
+    ``/operations/*``."""
+    head, _, tail = path.rpartition("/")
+    return f"{head}/*" if head in ("/operations", "/groups") and tail else path
+
+
+def _lookup_reason(found: Mapping[str, Any]) -> str | None:
+    """What the latest lookup of the provider found, in words, when a lookup was made."""
+    for a in reversed(found["attempts"]):
+        if a["finding"]:
+            words = {
+                "applied": "applied: the provider has it",
+                "not_applied": "not applied: the provider does not have it",
+                "cannot_tell": "cannot tell: the provider did not say",
+            }.get(a["finding"], a["finding"])
+            error = f", error {a['error_class']}" if a["error_class"] else ""
+            return f"{words} (attempt under fence {a['fence']}{error})"
+    return None
+
+
+#: the figures the overview charts: (series field, label, unit)
 FIGURES = (
-    ("stalled", "claimed but stalled"),
-    ("oldest_unknown_seconds", "oldest unknown (s)"),
-    ("quarantined", "quarantined per bucket"),
-    ("takeovers", "takeovers per bucket"),
+    ("stalled", "claimed but stalled", "rows"),
+    ("oldest_unknown_seconds", "oldest unknown", "s"),
+    ("quarantined", "quarantined per bucket", "rows"),
+    ("takeovers", "takeovers per bucket", "claims"),
 )
-SPARK_WIDTH = 240
-SPARK_HEIGHT = 40
+#: the auto-refresh periods a page offers, in seconds
+REFRESH = (15, 30, 60)
 
 
-def _sparkline(values: Sequence[float | int | None]) -> str:
-    """The points of an SVG polyline for ``values`` (a missing value draws as 0): drawn on the
-    server, so the page needs no script."""
-    if not values:
-        return ""
-    numbers = [float(v or 0) for v in values]
-    top = max(numbers) or 1.0
-    step = SPARK_WIDTH / max(len(numbers) - 1, 1)
-    return " ".join(
-        f"{i * step:.1f},{SPARK_HEIGHT - (n / top) * SPARK_HEIGHT:.1f}"
-        for i, n in enumerate(numbers)
-    )
+def _refresh(request: PageRequest, path: str) -> dict[str, Any]:
+    """A page's refresh: its own URL with every filter kept, and, when ``every`` asks for it,
+    the period the page reloads itself at (a ``<meta http-equiv=refresh>``: no script)."""
+    kept = {k: [v for v in values if v] for k, values in request.query.items() if k != "every"}
+    every_text = _one(request.query, "every") or ""
+    every = int(every_text) if every_text in {str(r) for r in REFRESH} else None
+    query = _query_string(kept)
+    here = f"{path}?{query}" if query else path
+    joiner = "&" if query else "?"
+    return {
+        "refresh_every": every,
+        "refresh_here": here,
+        "refresh_options": [(r, f"{here}{joiner}every={r}") for r in REFRESH],
+    }
 
 
 def _api_request(session: Session, query: Mapping[str, Sequence[str]], body: Any = None) -> Request:

@@ -476,9 +476,13 @@ def _pages(app: FastAPI, pages: ConsolePages) -> None:
         )
         return _page(await run_in_threadpool(pages.answer, page))
 
-    methods: dict[str, set[str]] = {"/login": {"GET", "POST"}, "/static/console.css": {"GET"}}
+    methods: dict[str, set[str]] = {
+        "/login": {"GET", "POST"},
+        "/static/console.css": {"GET"},
+        "/static/console.js": {"GET"},
+    }
     for route in PAGE_ROUTES:
-        methods.setdefault(route.path, set()).add(route.method)
+        methods.setdefault(route.path.replace("*", "{handle}"), set()).add(route.method)
     for path, allowed in methods.items():
         app.add_route(path, endpoint, methods=sorted(allowed), include_in_schema=False)
 
