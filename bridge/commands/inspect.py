@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.operator.resend import ResendAudit
     from bridge.outbox.relay import OutboxRecord
+    from bridge.store.evidence import DeliveryEvidence
     from bridge.store.records import AttemptRecord, ErasureRecord, OperationHistory
+    from bridge.types import Key
 
 
 def register(commands: Subcommands) -> None:
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         history = store.history(key)
         outbox = _outbox(store, key.tenant_id, key.operation_id)
         resends = _resends(store, key.tenant_id, key.operation_id)
+        evidence = _evidence(store, key)
         erasures = (
             store.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             operation=hasher.operation(key.tenant_id, key.operation_id) if hasher else None,
             digest=plain_digest,
             absence=absence,
+            evidence=evidence,
         ),
     }
     document["outbox"] = [
@@ -119,11 +123,28 @@ def run(args: argparse.Namespace) -> int:
         print_json(document)
     else:
         lines = _history_lines(history, absence)
+        if evidence is not None:
+            lines.insert(1, f"  deliveries     {_evidence_line(evidence)}")
         lines[-1:-1] = _outbox_lines(outbox, resends)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
         print("\n".join(printable(line) for line in lines))
     return 0 if history.found else 1
+
+
+def _evidence_line(e: DeliveryEvidence) -> str:
+    return (
+        f"{e.copies} cop{'y' if e.copies == 1 else 'ies'} arrived ({e.replays} replay(s), "
+        f"{e.conflicts} conflict(s)), first {moment(e.first_seen)}, last {moment(e.last_seen)}"
+    )
+
+
+def _evidence(store: object, key: Key) -> DeliveryEvidence | None:
+    """The operation's delivery evidence (the PostgreSQL store has it)."""
+    from bridge.store import PostgresStore
+    from bridge.store.evidence import evidence_of
+
+    return evidence_of(store.pool, key) if isinstance(store, PostgresStore) else None
 
 
 def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:

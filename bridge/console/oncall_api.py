@@ -100,6 +100,7 @@ class OnCall:
             operation=self._hasher.operation(key.tenant_id, key.operation_id),
             digest=self._hasher.payload,
             absence="no work row: only the rejected deliveries below are recorded under its key",
+            evidence=self._reads.evidence(key) if self._reads is not None else None,
         )
 
     # -- what awaits a person ------------------------------------------------------------------

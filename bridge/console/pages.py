@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -47,6 +47,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from bridge.console import oncall_pages
 from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
+from bridge.console.page_types import PageAnswer, PageError, PageRequest
 from bridge.console.present import age, chart, when
 from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
@@ -60,44 +61,6 @@ PAGE_POLICY = (
     "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 _REDRIVABLE = ("unknown", "quarantined")
-
-
-@dataclass(frozen=True, slots=True)
-class PageRequest:
-    """What a page needs of an HTTP request, already parsed by the server."""
-
-    method: str
-    path: str
-    query: Mapping[str, Sequence[str]]
-    #: the url-encoded form of a POST (empty for a GET)
-    form: Mapping[str, Sequence[str]]
-    cookie_header: str
-    #: the ``Origin`` and ``Sec-Fetch-Site`` headers, when the browser sent them
-    origin: str | None
-    fetch_site: str | None
-    host: str
-    #: the user a trusted proxy named in its header (already checked), if any
-    proxied: Principal | None = None
-    #: the connection's peer address (failed logins are throttled by it)
-    peer: str = ""
-
-
-@dataclass(slots=True)
-class PageAnswer:
-    status: int
-    body: bytes
-    content_type: str = "text/html; charset=utf-8"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-class PageError(Exception):
-    """A refusal rendered as a page: its status, a title and the reason."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
 
 
 PageHandler = Callable[["ConsolePages", PageRequest, Session], PageAnswer]

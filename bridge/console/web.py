@@ -31,7 +31,8 @@ from bridge.console import models as m
 from bridge.console import oncall_routes
 from bridge.console.api import PREFIX, ROUTES, ConsoleApi
 from bridge.console.auth import Principal, ProxyAuth, ProxyError, Tokens
-from bridge.console.pages import PAGE_POLICY, PAGE_ROUTES, ConsolePages, PageError, PageRequest
+from bridge.console.page_types import PageError, PageRequest
+from bridge.console.pages import PAGE_POLICY, PAGE_ROUTES, ConsolePages
 from bridge.console.problems import ApiError
 from bridge.console.problems import Request as ApiRequest
 from bridge.console.routing import (

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from bridge.store.evidence import DeliveryEvidence
 from bridge.store.records import (
     AttemptRecord,
     OperationHistory,
@@ -75,6 +76,7 @@ def operation_view(
     operation: str | None,
     digest: Digest,
     absence: str | None = None,
+    evidence: DeliveryEvidence | None = None,
 ) -> dict[str, Any]:
     """One operation as every face shows it: its hashes (``tenant``, ``operation``), work row,
     attempts, redrives, payload views, rejected deliveries and, without a row, why not."""
@@ -92,6 +94,18 @@ def operation_view(
             if r.to_state == PAYLOAD_VIEWED
         ],
         "rejected_deliveries": [rejected_view(r, tenant_id, digest) for r in history.rejected],
+        "delivery_evidence": None if evidence is None else evidence_view(evidence),
+    }
+
+
+def evidence_view(e: DeliveryEvidence) -> dict[str, Any]:
+    """How many copies of the operation's delivery arrived, when, and what each was."""
+    return {
+        "copies": e.copies,
+        "first_seen": iso(e.first_seen),
+        "last_seen": iso(e.last_seen),
+        "replays": e.replays,
+        "conflicts": e.conflicts,
     }
 
 

@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from bridge import sql
 from bridge.database import Connection, translate_errors
+from bridge.store.evidence import DeliveryEvidence, evidence_of
 from bridge.types import Key, State
 
 
@@ -97,3 +98,6 @@ class ConsoleReads:
                 sql.statement("console_key_of_rejected"), {"id": rejected_id}
             ).fetchone()
         return Key(row[0], row[1]) if row is not None else None
+
+    def evidence(self, key: Key) -> DeliveryEvidence:
+        return evidence_of(self._pool, key)

@@ -65,6 +65,7 @@ from bridge.errors import (
     StoreError,
     StoreUnavailable,
 )
+from bridge.store.evidence import record_replays
 from bridge.store.listing import (
     FigurePoint,
     GroupCount,
@@ -550,6 +551,7 @@ class PostgresStore:
 
         results: list[IngestResult] = []
         rejected: list[Rejection | Delivery | _ErasedConflict] = []
+        replays: list[Key] = []
         for item in batch:
             if isinstance(item, Rejection):
                 results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
@@ -568,11 +570,13 @@ class PostgresStore:
                 results.append(_new(item.key, claims.get(item.key)))
             elif item.payload_hash == stored_hash:
                 results.append(IngestResult(Decision.REPLAY, item.key, state))
+                replays.append(item.key)
             else:
                 results.append(IngestResult(Decision.CONFLICT, item.key, state))
                 rejected.append(item)
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
+        record_replays(conn, replays, self._now())
         return results
 
     def _insert(
