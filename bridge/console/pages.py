@@ -48,7 +48,7 @@ from bridge.console import oncall_pages
 from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
 from bridge.console.page_types import PageAnswer, PageError, PageRequest
-from bridge.console.present import age, chart, when
+from bridge.console.present import age, chart, lookup_reason, when
 from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
 from bridge.console.throttle import Throttle
@@ -412,7 +412,7 @@ class ConsolePages:
                 for r in found["rejected_deliveries"]
                 if r["open"]
             },
-            lookup=_lookup_reason(found),
+            lookup=lookup_reason(found),
         )
 
     def payload(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -527,20 +527,6 @@ def _pattern(path: str) -> str:
     ``/operations/*``."""
     head, _, tail = path.rpartition("/")
     return f"{head}/*" if head in ("/operations", "/groups") and tail else path
-
-
-def _lookup_reason(found: Mapping[str, Any]) -> str | None:
-    """What the latest lookup of the provider found, in words, when a lookup was made."""
-    for a in reversed(found["attempts"]):
-        if a["finding"]:
-            words = {
-                "applied": "applied: the provider has it",
-                "not_applied": "not applied: the provider does not have it",
-                "cannot_tell": "cannot tell: the provider did not say",
-            }.get(a["finding"], a["finding"])
-            error = f", error {a['error_class']}" if a["error_class"] else ""
-            return f"{words} (attempt under fence {a['fence']}{error})"
-    return None
 
 
 #: the figures the overview charts: (series field, label, unit)

@@ -4,9 +4,10 @@ words, and a chart as an SVG with its axes, units and window, drawn on the serve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from markupsafe import Markup, escape
 
@@ -96,3 +97,17 @@ def chart(
         end=last[0] if last else "",
         window=window,
     )
+
+
+def lookup_reason(found: Mapping[str, Any]) -> str | None:
+    """What the latest lookup of the provider found, in words, when a lookup was made."""
+    for a in reversed(found["attempts"]):
+        if a["finding"]:
+            words = {
+                "applied": "applied: the provider has it",
+                "not_applied": "not applied: the provider does not have it",
+                "cannot_tell": "cannot tell: the provider did not say",
+            }.get(a["finding"], a["finding"])
+            error = f", error {a['error_class']}" if a["error_class"] else ""
+            return f"{words} (attempt under fence {a['fence']}{error})"
+    return None
