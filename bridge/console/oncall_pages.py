@@ -4,28 +4,9 @@ session's CSRF token, each act is audited by the API route it calls."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from bridge.console.api import ConsoleApi
-from bridge.console.page_types import PageAnswer, PageRequest
+from bridge.console.page_types import ConsolePages, PageAnswer, PageRequest
 from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import Session
-
-
-class ConsolePages(Protocol):
-    """What these pages use of :class:`~bridge.console.pages.ConsolePages`."""
-
-    @property
-    def api(self) -> ConsoleApi: ...
-
-    def render(
-        self, code: int, template: str, session: Session | None, **values: Any
-    ) -> PageAnswer: ...
-
-    def show_operation(
-        self, session: Session, found: dict[str, Any], tenant: str | None, op: str | None
-    ) -> PageAnswer: ...
-
 
 #: rows of a group a page lists
 GROUP_PAGE = 50

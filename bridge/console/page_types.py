@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.console.auth import Principal
+
+if TYPE_CHECKING:
+    from bridge.console.api import ConsoleApi
+    from bridge.console.sessions import Session
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,27 @@ class PageError(Exception):
         self.status = status
         self.title = title
         self.detail = detail
+
+
+def form_field(form: Mapping[str, Sequence[str]], name: str) -> str | None:
+    values = form.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise PageError(400, "bad request", f"{name} given more than once")
+    return values[0]
+
+
+class ConsolePages(Protocol):
+    """What the page modules use of :class:`~bridge.console.pages.ConsolePages`."""
+
+    @property
+    def api(self) -> ConsoleApi: ...
+
+    def render(
+        self, code: int, template: str, session: Session | None, **values: Any
+    ) -> PageAnswer: ...
+
+    def show_operation(
+        self, session: Session, found: dict[str, Any], tenant: str | None, op: str | None
+    ) -> PageAnswer: ...

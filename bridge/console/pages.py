@@ -44,10 +44,10 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bridge.console import oncall_pages
+from bridge.console import act_pages, oncall_pages
 from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
-from bridge.console.page_types import PageAnswer, PageError, PageRequest
+from bridge.console.page_types import PageAnswer, PageError, PageRequest, form_field
 from bridge.console.present import age, chart, lookup_reason, when
 from bridge.console.problems import ApiError, Request
 from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
@@ -141,7 +141,7 @@ class ConsolePages:
                 raise PageError(405, "method not allowed", f"use {', '.join(sorted(by_method))}")
             if request.method == "POST":
                 self._same_origin(request)
-                if not session.csrf_matches(_field(request.form, "csrf")):
+                if not session.csrf_matches(form_field(request.form, "csrf")):
                     raise PageError(403, "forbidden", "the form's CSRF token is missing or wrong")
             if not session.principal.role.allows(route.role):
                 raise PageError(
@@ -218,7 +218,7 @@ class ConsolePages:
         if wait > 0:
             raise PageError(429, "too many attempts", f"try again in {int(wait) + 1} seconds")
         expected = _cookies(request.cookie_header).get(LOGIN_COOKIE)
-        presented = _field(request.form, "login_csrf")
+        presented = form_field(request.form, "login_csrf")
         if (
             not expected
             or not presented
@@ -226,7 +226,7 @@ class ConsolePages:
             or not self._sessions.take_nonce(presented)
         ):
             raise PageError(403, "forbidden", "the login form expired: load it again")
-        principal = self._tokens.authenticate((_field(request.form, "token") or "").strip())
+        principal = self._tokens.authenticate((form_field(request.form, "token") or "").strip())
         if principal is None:
             self._throttle.failed(request.peer, "login")
             nonce = self._sessions.issue_nonce()
@@ -362,7 +362,7 @@ class ConsolePages:
     def operation(self, request: PageRequest, session: Session) -> PageAnswer:
         """One operation, looked up by the raw ids typed into the form; the page shows hashes
         only, and a redrive form that names the row by a server-side handle."""
-        tenant, op = _field(request.form, "tenant_id"), _field(request.form, "operation_id")
+        tenant, op = form_field(request.form, "tenant_id"), form_field(request.form, "operation_id")
         found = self._api.operation(
             _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
         )
@@ -415,74 +415,6 @@ class ConsolePages:
             lookup=lookup_reason(found),
         )
 
-    def payload(self, request: PageRequest, session: Session) -> PageAnswer:
-        """One operation's payload, for the payload role, with the reason it was asked for;
-        the view is in the audit before this page exists."""
-        handle = _field(request.form, "selection")
-        selection = session.selections.get(handle) if handle else None
-        if selection is None or selection.purpose != "payload":
-            raise PageError(
-                400, "bad request", "this selection expired: look the operation up again"
-            )
-        reason = (_field(request.form, "reason") or "").strip()
-        if not reason:
-            raise PageError(400, "bad request", "a reason is required: it is recorded in the audit")
-        view = self._api.payload(_api_request(session, {}, {**selection.fields, "reason": reason}))
-        return self._render(
-            200, "payload.html", session, title="Payload", view=view, label=selection.label
-        )
-
-    # -- the act -------------------------------------------------------------------------------
-
-    def redrive(self, request: PageRequest, session: Session) -> PageAnswer:
-        """A dry run (``step=preview``) or the redrive itself (``step=confirm``) of either a
-        remembered selection (one operation) or a queue's filters."""
-        step = _field(request.form, "step")
-        if step not in ("preview", "confirm"):
-            raise PageError(400, "bad request", "step must be preview or confirm")
-        handle = _field(request.form, "selection")
-        queue_fields: dict[str, str] = {}
-        if handle:
-            selection = session.selections.get(handle)
-            if selection is None or selection.purpose != "redrive":
-                raise PageError(
-                    400, "bad request", "this selection expired: look the operation up again"
-                )
-            fields, label = dict(selection.fields), selection.label
-        else:
-            state = _field(request.form, "state")
-            if state not in _REDRIVABLE:
-                raise PageError(400, "bad request", "state must be unknown or quarantined")
-            fields = {"states": [state]}
-            queue_fields["state"] = state
-            for name in ("subscription", "job_type"):
-                value = _field(request.form, name)
-                if value:
-                    fields[name] = queue_fields[name] = value
-            label = "rows " + ", ".join(f"{k} {v}" for k, v in queue_fields.items())
-        if _field(request.form, "confirm_not_called") == "yes" and "operation_id" in fields:
-            fields["confirm_not_called"] = True
-        reason = _field(request.form, "reason") or ""
-        body = {**fields, "reason": reason, "dry_run": step == "preview"}
-        report = self._api.redrive(_api_request(session, {}, body))
-        audit: list[dict[str, Any]] | None = None
-        if step == "confirm" and "operation_id" in fields:
-            key = {"tenant_id": fields["tenant_id"], "operation_id": fields["operation_id"]}
-            audit = self._api.operation(_api_request(session, {}, key))["redrives"]
-        return self._render(
-            200,
-            "redrive.html",
-            session,
-            title="Redrive preview" if report["dry_run"] else "Redrive done",
-            report=report,
-            label=label,
-            reason=reason,
-            selection=handle,
-            queue_fields=queue_fields,
-            confirm_not_called=fields.get("confirm_not_called", False),
-            audit=audit,
-        )
-
     # -- rendering -----------------------------------------------------------------------------
 
     def _render(
@@ -511,8 +443,8 @@ PAGE_ROUTES: tuple[PageRoute, ...] = (
     PageRoute("GET", "/operation", Role.VIEWER, ConsolePages.operation_form),
     PageRoute("POST", "/operation", Role.VIEWER, ConsolePages.operation),
     PageRoute("GET", "/checks", Role.VIEWER, ConsolePages.checks),
-    PageRoute("POST", "/payload", Role.PAYLOAD, ConsolePages.payload),
-    PageRoute("POST", "/redrive", Role.OPERATOR, ConsolePages.redrive),
+    PageRoute("POST", "/payload", Role.PAYLOAD, act_pages.payload),
+    PageRoute("POST", "/redrive", Role.OPERATOR, act_pages.redrive),
     PageRoute("POST", "/logout", Role.VIEWER, ConsolePages.logout),
     PageRoute("GET", "/operations/*", Role.VIEWER, oncall_pages.operation),
     PageRoute("GET", "/groups", Role.VIEWER, oncall_pages.groups),
@@ -572,15 +504,6 @@ def _cookies(header: str) -> dict[str, str]:
         if sep and _COOKIE_NAME.fullmatch(name) and TOKEN_SHAPE.fullmatch(value):
             found.setdefault(name, value)
     return found
-
-
-def _field(form: Mapping[str, Sequence[str]], name: str) -> str | None:
-    values = form.get(name)
-    if not values:
-        return None
-    if len(values) > 1:
-        raise PageError(400, "bad request", f"{name} given more than once")
-    return values[0]
 
 
 def _one(query: Mapping[str, Sequence[str]], name: str) -> str | None:
