@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -33,6 +34,7 @@ from bridge.console.server import ConsoleServer
 from bridge.console.sessions import SESSIONS_PER_USER, Sessions
 from bridge.errors import ConfigError
 from bridge.store import PostgresStore
+from bridge.types import Delivery, Rejection, TargetClass
 from tests.integration.test_console_api import (
     HASHER,
     OPERATOR,
@@ -50,6 +52,7 @@ Db = psycopg.Connection[Any]
 #: how long the tests' consoles give a connection to send a request head
 HEAD_SECONDS = 1.0
 IDLE_CONNECTIONS = 200
+LEASE = timedelta(seconds=60)
 
 
 @pytest.fixture
@@ -370,7 +373,10 @@ def test_loopback_is_not_a_trusted_proxy_unless_listed() -> None:
 
 
 def test_idle_connections_are_closed_and_do_not_starve_requests(server: ConsoleServer) -> None:
-    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(200)]
+    idle = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        for _ in range(IDLE_CONNECTIONS)
+    ]
     try:
         # half of them started a request head and stopped
         for sock in idle[::2]:
@@ -506,3 +512,53 @@ def test_a_lookup_by_raw_ids_is_logged_with_its_actor_and_hash(
     assert line == f"console lookup by vera of operation {HASHER.operation(tenant, op)}: found"
     assert tenant not in line
     assert PAYLOAD_MARK not in json.dumps([r.getMessage() for r in caplog.records])
+
+
+# -- hostile data on the new pages ---------------------------------------------------------------
+
+HOSTILE = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+
+
+def test_hostile_data_on_the_on_call_pages_is_escaped(store: PostgresStore, db_url: str) -> None:
+    """An outcome code, a rejection reason and an audit reason holding markup show as text on
+    the overview, the failure groups, a group and an operation page (no element made of it)."""
+    keyring.attach(store, HASHER, used_by="test")
+    populate(store)
+    hostile = Delivery(
+        tenant_id=TENANTS[0],
+        operation_id="op-hostile",
+        subscription="orders",
+        job_type="charge",
+        target_class=TargetClass.C,
+        payload=b"{}",
+        max_attempts=1,
+    )
+    store.ingest([hostile])
+    (claim,) = store.claim_keys("worker-1", [hostile.key], LEASE)
+    store.park_unknown(claim.ticket, HOSTILE)
+    store.ingest([Rejection(subscription="orders", reason=HOSTILE, body=b"x")])
+    served = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
+    served.start()
+    try:
+        session = log_in(served.port, OPERATOR)[1]
+        assert session is not None
+        pages = ["/", "/groups", "/rejected", "/queues/unknown"]
+        bodies = [call(served.port, "GET", p, headers={"Cookie": session})[2] for p in pages]
+        groups = bodies[1].decode()
+        handles = re.findall(r'href="/groups/([^"]+)"', groups)
+        rows = re.findall(r'href="/operations/([^"]+)"', bodies[3].decode())
+        bodies += [
+            call(served.port, "GET", f"/groups/{h}", headers={"Cookie": session})[2]
+            for h in handles
+        ]
+        bodies += [
+            call(served.port, "GET", f"/operations/{h}", headers={"Cookie": session})[2]
+            for h in rows
+        ]
+    finally:
+        served.stop()
+
+    assert len(bodies) > len(pages) + 2
+    assert HOSTILE.encode() not in b"".join(bodies)
+    assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in b"".join(bodies)
+    assert not any(b"<script>" in b for b in bodies)
