@@ -10,10 +10,14 @@ BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
 BENCH_PEERS := 'pgqueuer[asyncpg,psycopg]==1.6.0' 'procrastinate==3.10.0'
 BENCHMARKS  ?= store workers fairness plans inbox sqs pubsub migrations steady
 
-.PHONY: help test demo lint format bench clean
+# Test processes: as many as the machine has cores (pytest-xdist's `auto`); CI names its own.
+TEST_PROCESSES ?= auto
+PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadfile
+
+.PHONY: help test test-all demo lint format bench clean
 
 help: ## list the tasks
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +25,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
 	touch $(STAMP)
 
-test: $(STAMP) ## run the test suite (embedded PostgreSQL unless FENCEBRIDGE_TEST_DATABASE_URL is set)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) ## the fast tier: a test of every promise, in parallel, in minutes (not slow, not alone)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow and not alone" $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## every test, at volume (embedded PostgreSQL unless FENCEBRIDGE_TEST_DATABASE_URL is set)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 demo: $(STAMP) ## run the whole protocol end to end on an embedded database and a local SQS
 	$(BIN)/fencebridge demo

@@ -129,7 +129,7 @@ class Plan:
     #: every batch after the first carries the previous batch's first delivery again (one
     #: replay in eleven copies): the batches take the inbox's careful way, as replays do
     replays: bool = False
-    #: count replays on their rows (migration 0028's delivery evidence); off: the same rounds
+    #: count replays on their rows (migration 0029's delivery evidence); off: the same rounds
     #: without the count, to measure what it costs
     evidence: bool = True
 

@@ -4,9 +4,13 @@ per command.
 Settings come from flags or from ``FENCEBRIDGE_*`` environment variables; secrets (the
 database URL) only from the environment or a flag, never from the subscription file.
 Exit codes: 0 success, 1 a fencebridge error the message explains (for ``check``: a no-go;
-for ``purge``: another purge was running), 2 bad usage, 130 interrupted, 141 the reader of
-the output went away (``fencebridge status --json | head -1``), as a process killed by
-SIGPIPE would report it.
+for ``purge``: another purge was running), 2 bad usage, 3 the database cannot be reached (the
+server is down or unreachable, the database does not exist, the login is refused), 4 the
+database has no fencebridge schema or one this release does not match (run ``fencebridge
+migrate``), 5 the role lacks a grant the command needs, 130 interrupted, 141 the reader of the
+output went away (``fencebridge status --json | head -1``), as a process killed by SIGPIPE
+would report it. Codes 3 to 5 come with one line naming the cause and the database URL without
+its password, the same for every command (:mod:`bridge.store.reach`).
 
 The operator commands (status, inspect, redrive, resend, resolve, rate-wait, sweep, purge,
 erase, check) never print payload bytes. Tenants and operations are shown as keyed hashes
@@ -131,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command}: {exc}")
     except FenceBridgeError as exc:
         print(f"fencebridge {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return code

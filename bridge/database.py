@@ -26,7 +26,7 @@ from psycopg import conninfo
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from bridge.errors import ConfigError, StoreError, StoreUnavailable
+from bridge.errors import ConfigError, MissingGrants, StoreError, StoreUnavailable
 
 DATABASE_URL_ENV = "FENCEBRIDGE_DATABASE_URL"
 APPLICATION_NAME = "fencebridge"
@@ -175,6 +175,12 @@ def translate_errors(action: str) -> Iterator[None]:
     except psycopg.errors.UndefinedTable as exc:
         raise StoreError(
             f"{action}: the fencebridge schema is missing; run `fencebridge migrate` ({exc})"
+        ) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MissingGrants(
+            f"{action}: {_first_line(exc)}: the role lacks a grant; apply "
+            "infra/postgres/roles.sql again after every migrate, and run each command as the "
+            "role the documentation names for it"
         ) from exc
     except psycopg.errors.QueryCanceled as exc:
         # A statement the server cancelled was rolled back: nothing was applied.

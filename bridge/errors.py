@@ -7,17 +7,21 @@
     │   ├── IdentityKeysOutdated  restart with the current identity key; nothing was written
     │   ├── IdentityKeyMismatch   the process's identity keys are not the database's
     │   ├── IdentityKeyMissing    a row was written under a key this process does not hold
+    │   ├── IdentityKeyUnrecorded no key is recorded: `fencebridge identity init` records it
     │   └── EffectLogError        the shadow report's effect log cannot be read as documented
     ├── LeaseLost                 stop this work now; never retry the write that raised it
     │   └── FencedOut             the target itself refused a write carrying a stale fence
     ├── RelayLost                 stop relaying this destination: another relay holds its lease
     ├── TransientError            retry later with backoff; nothing was decided
     │   ├── StoreUnavailable      the database could not be reached, or the connection broke
+    │   │   └── DatabaseUnreachable  a command's first connection failed (exit 3)
     │   ├── BrokerUnavailable     the broker could not be reached
     │   ├── SinkUnavailable       an outbox sink's send call failed as a whole; sent again later
     │   └── DeadlineExceeded      a class A handler ran past its deadline; rolled back, retried
     ├── StoreError                the database answered, but not as the schema expects
     │   ├── MigrationError        the schema cannot be brought to the version this code needs
+    │   │   └── SchemaNotCurrent  the schema is missing, older or newer than this code (exit 4)
+    │   ├── MissingGrants         the role lacks a privilege the command needs (exit 5)
     │   └── ErasureRefused        an erasure changed nothing; what blocks it is in the message
     ├── BrokerError               the broker refused the request for a reason retrying won't fix
     └── ProducerError             a message the rules would not decode or a broker would refuse
@@ -39,6 +43,9 @@ from datetime import timedelta
 class FenceBridgeError(Exception):
     """Root of fencebridge's errors."""
 
+    #: the exit code of a command that ends on this error (documented in :mod:`bridge.cli`)
+    exit_code = 1
+
 
 class ConfigError(FenceBridgeError):
     """The configuration is invalid; the message names the file, the key and the problem."""
@@ -57,6 +64,11 @@ class IdentityKeyMismatch(ConfigError):  # noqa: N818  (a condition, named for w
 
 class IdentityKeyMissing(ConfigError):  # noqa: N818  (a condition, named for what is missing)
     """A row was written under a key this process does not hold."""
+
+
+class IdentityKeyUnrecorded(ConfigError):  # noqa: N818  (a condition, named for what is missing)
+    """No identity key is recorded in the database: the deployment's key is recorded on purpose
+    (``fencebridge identity init``), never by whichever process starts first."""
 
 
 class EffectLogError(ConfigError):
@@ -106,6 +118,13 @@ class StoreUnavailable(TransientError):  # noqa: N818
         super().__init__(message)
 
 
+class DatabaseUnreachable(StoreUnavailable):
+    """A command's first connection failed: the server is unreachable, the database does not
+    exist, or the server refused the login. The message names the URL without its password."""
+
+    exit_code = 3
+
+
 class BrokerUnavailable(TransientError):  # noqa: N818
     """The broker could not be reached."""
 
@@ -131,6 +150,19 @@ class StoreError(FenceBridgeError):
 
 class MigrationError(StoreError):
     """The schema cannot be brought to the version this code needs."""
+
+
+class SchemaNotCurrent(MigrationError):  # noqa: N818  (a condition, named for what it found)
+    """The database has no fencebridge schema, or one older or newer than this code."""
+
+    exit_code = 4
+
+
+class MissingGrants(StoreError):  # noqa: N818  (a condition, named for what is missing)
+    """The role the command connected as lacks a privilege it needs (a table a migration added
+    before the grants were applied again, or the wrong role for the command)."""
+
+    exit_code = 5
 
 
 class ErasureRefused(StoreError):  # noqa: N818  (a condition, named for what happened)

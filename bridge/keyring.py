@@ -41,7 +41,7 @@ from typing import Any
 
 from bridge import sql
 from bridge.database import Connection, translate_errors
-from bridge.errors import IdentityKeyMismatch
+from bridge.errors import IdentityKeyMismatch, IdentityKeyUnrecorded
 from bridge.identity import (
     IDENTITY_KEY_ENV,
     IDENTITY_PREVIOUS_KEYS_ENV,
@@ -91,23 +91,45 @@ class Rotation:
     dry_run: bool
 
 
-def attach(store: KeyedStore, hasher: IdentityHasher, *, used_by: str) -> None:
-    """Record the key on first use, refuse keys the database was not written under, and bind
-    the database's key ids to ``hasher`` and ``store``. Changes nothing when it refuses."""
+def attach(
+    store: KeyedStore, hasher: IdentityHasher, *, used_by: str, first_use: bool = True
+) -> None:
+    """Refuse keys the database was not written under, and bind the database's key ids to
+    ``hasher`` and ``store``. Changes nothing when it refuses.
+
+    With no key recorded yet, ``first_use`` records this one as key 1 (said at WARNING, with
+    what it means): for the demo and a program that embeds the bridge. ``fencebridge run`` and
+    the commands pass ``first_use=False`` and refuse instead (:class:`IdentityKeyUnrecorded`):
+    a deployment's key is recorded on purpose, by ``fencebridge identity init``, never by the
+    first process that happened to start with some key.
+    """
     with (
         translate_errors("identity keys"),
         store.pool.connection() as conn,
         conn.transaction(),  # a refusal rolls back the first use's record too
     ):
-        first = conn.execute(
-            sql.statement("identity_register_first"),
-            {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
-        ).fetchone()
-        keys = _recorded(conn)
+        first = None
+        if first_use:
+            first = conn.execute(
+                sql.statement("identity_register_first"),
+                {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
+            ).fetchone()
+        keys = recorded_keys(conn)
+        if not keys:
+            raise IdentityKeyUnrecorded(
+                "no identity key is recorded in this database yet: record the deployment's key "
+                f"on purpose with `fencebridge identity init --reason TEXT` ({IDENTITY_KEY_ENV} "
+                f"set to it; this one's fingerprint is {shown(hasher.fingerprint)}), then start "
+                "again; nothing was done"
+            )
         _check(conn, keys, hasher)
     if first is not None:
-        log.info(
-            "identity key recorded on first use: key 1 (fingerprint %s)", shown(hasher.fingerprint)
+        log.warning(
+            "identity key recorded on first use by %s: key 1 (fingerprint %s): every "
+            "idempotency key and hashed identifier derives from it; give every bridge and "
+            "command the same key",
+            used_by,
+            shown(hasher.fingerprint),
         )
     _bind(store, hasher, keys)
 
@@ -116,7 +138,7 @@ def verify(store: KeyedStore, hasher: IdentityHasher) -> None:
     """:func:`attach` for commands that only show hashes: compares, records nothing (with no
     key recorded yet there is nothing to compare with)."""
     with translate_errors("identity keys"), store.pool.connection() as conn:
-        keys = _recorded(conn)
+        keys = recorded_keys(conn)
         if not keys:
             return
         _check(conn, keys, hasher)
@@ -126,7 +148,7 @@ def verify(store: KeyedStore, hasher: IdentityHasher) -> None:
 def status(store: KeyedStore, hasher: IdentityHasher | None) -> list[KeyUse]:
     """Every recorded key with its rows, and which of them this environment holds."""
     with translate_errors("identity status"), store.pool.connection() as conn:
-        keys = _recorded(conn)
+        keys = recorded_keys(conn)
         counts = {
             int(k): (int(o), int(t))
             for k, o, t in conn.execute(sql.statement("identity_rows")).fetchall()
@@ -169,7 +191,7 @@ def rotate(
         store.pool.connection() as conn,
         conn.transaction(force_rollback=dry_run),
     ):
-        keys = _recorded(conn)
+        keys = recorded_keys(conn)
         if not keys:
             keys = _record_first_previous(conn, hasher, actor)
         by_fingerprint = {k.fingerprint: k for k in keys}
@@ -213,7 +235,7 @@ def rotate(
                 "another rotation recorded a new key meanwhile; nothing was changed: see "
                 "`fencebridge identity status`"
             )
-        after = _recorded(conn)
+        after = recorded_keys(conn)
         in_use = _open_rows(conn, [])
     new = next(k for k in after if k.fingerprint == hasher.fingerprint)
     previous = tuple(k for k in after if k.key_id in in_use or k.key_id == current.key_id)
@@ -225,7 +247,8 @@ def rotate(
 # -- the checks --------------------------------------------------------------------------------
 
 
-def _recorded(conn: Connection) -> list[RecordedKey]:
+def recorded_keys(conn: Connection) -> list[RecordedKey]:
+    """Every recorded key, oldest first (the newest is the current one)."""
     rows = conn.execute(sql.statement("identity_keys")).fetchall()
     return [RecordedKey(int(i), f, at, by, why, missed) for i, f, at, by, why, missed in rows]
 
@@ -328,7 +351,7 @@ def _record_first_previous(
         "reason": "recorded by the first rotation: the key rows were written under until then",
     }
     conn.execute(sql.statement("identity_register_first"), params)
-    return _recorded(conn)
+    return recorded_keys(conn)
 
 
 def _bind(store: KeyedStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:

@@ -24,6 +24,7 @@ from tests.support.postgres import (
     database_from,
     migrated_template,
 )
+from tests.support.promises import PROMISES
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -35,7 +36,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 ALONE_TIMEOUT = 900
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tiers are judged on every test
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_promises(config, items)
     for item in items:
         if item.get_closest_marker("alone"):
             if file_of(item.nodeid) not in ALONE_FILES:
@@ -45,6 +48,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 )
             if not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(ALONE_TIMEOUT))
+
+
+def check_promises(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each ``promise`` marker names a promise of the list (tests/support/promises.py); when the
+    whole suite is collected, every promise has a test in the fast tier (not ``slow``, not
+    ``alone``), or the run stops here, naming the promises without one."""
+    fast: set[str] = set()
+    for item in items:
+        for mark in item.iter_markers("promise"):
+            unknown = [p for p in mark.args if p not in PROMISES]
+            if unknown or not mark.args:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: promise marker names {unknown or 'nothing'}; the promises "
+                    "are listed in tests/support/promises.py"
+                )
+            if not item.get_closest_marker("slow") and not item.get_closest_marker("alone"):
+                fast.update(mark.args)
+    tests = config.rootpath / "tests"
+    whole = all(Path(str(a).split("::")[0]).resolve() == tests for a in config.args)
+    missing = [p for p in PROMISES if p not in fast]
+    if whole and missing:
+        raise pytest.UsageError(
+            f"promise(s) without a fast-tier test: {', '.join(missing)}; mark a test that "
+            "fails when it breaks with @pytest.mark.promise(...) and keep it out of slow"
+        )
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -35,7 +35,15 @@ from bridge.adapters.holding import (
     stream_status,
 )
 from bridge.adapters.sinks import Refusal, Refused, Sink, SinkAdapter
-from bridge.adapters.sources import AckProbe, Consumer, Factory, ProbedAcks, SourceAdapter
+from bridge.adapters.sources import (
+    AckProbe,
+    BrokerExpectations,
+    BrokerFinding,
+    Consumer,
+    Factory,
+    ProbedAcks,
+    SourceAdapter,
+)
 from bridge.config.fields import HttpUrl, Name, Shown, Table, checked, shown
 from bridge.config.model import (
     DestinationConfig,
@@ -54,6 +62,8 @@ __all__ = [
     "LEAST_COMMON",
     "AckProbe",
     "Backoff",
+    "BrokerExpectations",
+    "BrokerFinding",
     "BrokerLeases",
     "CallResult",
     "Consumer",

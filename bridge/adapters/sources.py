@@ -92,6 +92,34 @@ class ProbedAcks:
 AckProbe = Callable[[SubscriptionConfig, "Inbox"], ProbedAcks]
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerFinding:
+    """One thing ``fencebridge check`` read from the broker about a subscription's queue or
+    subscription: a setting that holds, one to look at (``warning``) or a no-go."""
+
+    text: str
+    go: bool = True
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerExpectations:
+    """What the bridge's configuration expects of a subscription's queue or subscription."""
+
+    #: the longest lease of the job types it delivers (seconds)
+    lease_seconds: float
+    #: the longest a delivery can be held (``after_outcome``): lease times attempts (seconds)
+    hold_seconds: float
+    #: how long tombstones are kept (``[retention] tombstone_days``), None without a plan
+    tombstone_days: int | None
+
+
+#: ``fencebridge check``: reads the subscription's queue or subscription (it must exist) and its
+#: settings from the real broker, never receiving or acknowledging anything; raises
+#: :class:`~bridge.errors.BrokerUnavailable` when the broker cannot be asked
+BrokerInspection = Callable[[SubscriptionConfig, BrokerExpectations], list[BrokerFinding]]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceAdapter:
     """What an adapter registers: its keys, its consumer, and the facts the core reports."""
@@ -108,6 +136,9 @@ class SourceAdapter:
     #: control 8's executed evidence (``fencebridge check --probe``); without it the check
     #: answers no-go under ``--probe``, since nothing shows that it acks only after commit
     probe_ack_after_commit: AckProbe | None = None
+    #: what ``fencebridge check`` reads of the subscription's queue or subscription; without
+    #: it, the check says the broker was not probed
+    inspect_broker: BrokerInspection | None = None
 
 
 #: the installed sources, by the ``source`` value a subscription names

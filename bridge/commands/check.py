@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from bridge.config import load_config
     from bridge.errors import ConfigError
     from bridge.operator import probe
+    from bridge.operator.brokers import inspect_brokers
     from bridge.operator.check import evaluate, read_database
+    from bridge.store.reach import READ_GRANTS, reach
 
     try:
         config = load_config(args.config)
@@ -61,10 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise usage(f"no job type {', '.join(map(repr, unknown))} in {args.config}")
     url = database_url(args.database_url)
+    reach(url, READ_GRANTS)
     with connect(url) as conn:
         facts = read_database(conn)
     probed = probe.run(url, config) if args.probe else None
-    report = evaluate(config, facts, probed, job_types=wanted)
+    report = evaluate(config, facts, probed, job_types=wanted, brokers=inspect_brokers(config))
     print("\n".join(_check_lines(report)))
     shadow_only = sorted(
         job
@@ -97,8 +100,10 @@ def _check_lines(report: Report) -> list[str]:
             f"not probed: control(s) {which} answered from what they read; "
             "`fencebridge check --probe` runs their evidence"
         )
+    warnings = sorted({w for f in report.findings for w in f.verdict.warnings})
+    lines.extend(f"warning: {w}" for w in warnings)
     if report.go:
-        lines.append(f"GO: all 9 controls hold for {len(jobs)} job type(s)")
+        lines.append(f"GO for {len(jobs)} job type(s): {_headline(report)}")
     else:
         failed: dict[str, list[str]] = {}
         for f in report.no_go:
@@ -106,6 +111,20 @@ def _check_lines(report: Report) -> list[str]:
         which = "; ".join(f"{j}: {', '.join(n)}" for j, n in failed.items())
         lines.append(f"NO-GO: {len(report.no_go)} control(s) fail ({which})")
     return lines
+
+
+def _headline(report: Report) -> str:
+    """What was executed, counted: a control holds when every job type's evidence of it ran and
+    held; "all 9 controls hold" only then, never over a control that was not probed."""
+    unprobed = sorted({f.control.number for f in report.not_probed})
+    held = 9 - len(unprobed)
+    warned = len({w for f in report.findings for w in f.verdict.warnings})
+    text = "all 9 controls hold" if not unprobed else f"{held} held, {len(unprobed)} not probed"
+    if unprobed:
+        text += f" (control(s) {', '.join(map(str, unprobed))})"
+    if warned:
+        text += f"; {warned} warning(s)"
+    return text
 
 
 def _state(go: bool, executed: bool) -> str:

@@ -62,12 +62,13 @@ def run(args: argparse.Namespace) -> int:
     from bridge.console.auth import ProxyAuth, Tokens
     from bridge.console.server import ConsoleServer, describe
     from bridge.database import database_url
+    from bridge.store.reach import CONSOLE_GRANTS
 
     tokens = Tokens.from_env()  # refuse before touching the database: no anonymous console
     proxy = ProxyAuth.from_env(None, host=args.host)
     config = load_config(args.config)
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, grants=CONSOLE_GRANTS) as store:
         keyed(store, hasher)
         checks = _checks(config, database_url(args.database_url))
         api = ConsoleApi(store, config, hasher, checks=checks)

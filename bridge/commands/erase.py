@@ -53,7 +53,7 @@ def register(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         if args.dry_run:
             # compares the keys and records nothing; with no key recorded yet, this one will be
             # key 1 (the first use records it so)

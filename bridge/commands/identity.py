@@ -1,5 +1,6 @@
 """``fencebridge identity``: the identity keys the database was written under (``status``,
-needs no key) and their rotation (``rotate``, audited)."""
+needs no key), the deployment's first key (``init``), replacing a key nothing was written
+under (``reset``, audited) and rotation (``rotate``, audited)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 def register(commands: Subcommands) -> None:
     p = commands.add_parser(
         "identity",
-        help="the identity keys the database was written under: status, rotate",
+        help="the identity keys the database was written under: status, init, reset, rotate",
         description=(
             f"Each {IDENTITY_KEY_ENV} is recorded in the database by its fingerprint (never the "
             "key); every row keeps the key it was written under."
@@ -40,6 +41,36 @@ def register(commands: Subcommands) -> None:
     q.add_argument("--json", action="store_true", help="print a JSON document instead")
     add_database_flag(q)
     q.set_defaults(run=status)
+    q = identity.add_parser(
+        "init",
+        help="record the deployment's key (the first step on a new database; audited)",
+        description=(
+            f"Run once, with {IDENTITY_KEY_ENV} set to the deployment's key (from the secret "
+            "store, e.g. `openssl rand -hex 32` kept there): `fencebridge run` and the commands "
+            "refuse a database with no key recorded. Running it again with the same key "
+            "changes nothing; another key is refused."
+        ),
+    )
+    q.add_argument("--reason", type=stored_text, required=True, help="why: recorded with the key")
+    q.add_argument("--actor", type=stored_text, help="who: recorded (default: the OS user)")
+    add_database_flag(q)
+    q.set_defaults(run=init)
+    q = identity.add_parser(
+        "reset",
+        help="replace a key recorded by mistake, while nothing was written under it (audited)",
+        description=(
+            f"Replaces the one recorded key with {IDENTITY_KEY_ENV}, only while no work row, "
+            "intent, rejected delivery, tombstone, shadow record or outbox message was written "
+            "under it and no other fencebridge process is connected; recorded in "
+            "identity_key_reset (who, why, both fingerprints). Run it as the role that owns the "
+            "tables (the migrator's)."
+        ),
+    )
+    q.add_argument("--reason", type=stored_text, required=True, help="why: recorded")
+    q.add_argument("--actor", type=stored_text, help="who: recorded (default: the OS user)")
+    q.add_argument("--dry-run", action="store_true", help="check everything; change nothing")
+    add_database_flag(q)
+    q.set_defaults(run=reset)
     q = identity.add_parser(
         "rotate",
         help="record a new current key for new operations; existing rows keep theirs (audited)",
@@ -88,7 +119,10 @@ def status(args: argparse.Namespace) -> int:
         print_json(document)
         return 0 if fine or hasher is None else 1
     if not uses:
-        print("no identity key recorded yet: the first bridge or command that hashes records it")
+        print(
+            "no identity key recorded yet: `fencebridge identity init --reason TEXT` records the "
+            "deployment's key (bridges and commands refuse until then)"
+        )
         print(f"{REUSE_ADVICE[0].upper()}{REUSE_ADVICE[1:]}")
         return 0
     rows = [
@@ -129,7 +163,7 @@ def rotate(args: argparse.Namespace) -> int:
     from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV, shown
 
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         rotation = keyring.rotate(
             store,
             hasher,
@@ -155,4 +189,47 @@ def rotate(args: argparse.Namespace) -> int:
         "bridge keeps working on its own key's rows and refuses to start again, and keeps "
         "writing new work as long as every erasure holds its key too"
     )
+    return 0
+
+
+def init(args: argparse.Namespace) -> int:
+    from bridge.database import connect, database_url
+    from bridge.identity import shown
+    from bridge.operator.identity_setup import MEANING
+    from bridge.operator.identity_setup import init as record
+    from bridge.store.reach import reach
+
+    hasher = identity_hasher()
+    url = database_url(args.database_url)
+    reach(url, {"identity_key": ("SELECT", "INSERT")})
+    with connect(url) as conn:
+        done = record(conn, hasher, actor=args.actor or os_user(), reason=args.reason)
+    if not done.new:
+        print(f"{done.key.describe()} is already recorded: nothing changed")
+        return 0
+    print(f"recorded {done.key.describe()}, fingerprint {shown(done.key.fingerprint)}")
+    print(MEANING)
+    return 0
+
+
+def reset(args: argparse.Namespace) -> int:
+    from bridge.database import connect, database_url
+    from bridge.operator.identity_setup import reset as replace
+    from bridge.store.reach import reach
+
+    hasher = identity_hasher()
+    url = database_url(args.database_url)
+    reach(url, {"identity_key": ("SELECT", "INSERT", "DELETE"), "identity_key_reset": ("INSERT",)})
+    with connect(url) as conn:
+        done = replace(
+            conn,
+            hasher,
+            actor=args.actor or os_user(),
+            reason=args.reason,
+            dry_run=args.dry_run,
+        )
+    verb = "would replace" if done.dry_run else "replaced"
+    print(f"{verb} {done.replaced.describe()} (unused) with {done.key.describe()}")
+    if done.dry_run:
+        print("dry run: nothing was changed")
     return 0

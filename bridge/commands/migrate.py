@@ -23,7 +23,11 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with connect(database_url(args.database_url)) as conn:
+    from bridge.store.reach import NO_GRANTS, reach
+
+    url = database_url(args.database_url)
+    reach(url, NO_GRANTS, schema=False, create=True)
+    with connect(url) as conn:
         applied = migrate(conn)
         version = current_version(conn)
     if applied:

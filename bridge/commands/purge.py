@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     horizon = timedelta(days=tombstone_days)
     if not args.force:
         _refuse_within_redelivery(older_than, horizon, streams)
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         outbox = _outbox(store)
         if args.dry_run:
             counts = store.purge_preview(older_than, tombstone_horizon=horizon)

@@ -93,7 +93,7 @@ def clear(args: argparse.Namespace) -> int:
     from bridge.operator.rate_waits import lift_rate_waits
 
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         keyed(store, hasher)
         report = lift_rate_waits(
             store,

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = load_config(args.config)
     hasher = identity_hasher()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         # a dry run compares the key but records nothing, not even a first key
         keyed(store, hasher, record=None if args.dry_run else "redrive")
         report = Redrive(

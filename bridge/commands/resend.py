@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         operation_id=args.operation,
         message_ids=args.message,
     )
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         resend = OutboxResend(_pool(store))
         matching = resend.parked(selection)
         moved = resend.resend(

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     hasher = identity_hasher()  # the output names operations by keyed hash only
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         keyed(store, hasher)
         report = resolve(
             store,

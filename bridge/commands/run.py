@@ -20,8 +20,8 @@ def register(commands: Subcommands) -> None:
         description=(
             f"Secrets come from the environment: ${DATABASE_URL_ENV} and ${IDENTITY_KEY_ENV} "
             "(the key of idempotency keys and of hashed identifiers in logs: the deployment's "
-            "key, which the database checks; change it only with `fencebridge identity "
-            "rotate`)."
+            "key, which the database checks; record it first with `fencebridge identity init`, "
+            "change it only with `fencebridge identity rotate`)."
         ),
     )
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
@@ -35,16 +35,21 @@ def run(args: argparse.Namespace) -> int:
     from bridge.runtime.collector import settle_in
     from bridge.runtime.process import open_bridge
     from bridge.store import PostgresStore
+    from bridge.store.reach import BRIDGE_GRANTS, reach
     from bridge.telemetry.setup import configure_telemetry
 
     config = load_config(args.config)
+    hasher = IdentityHasher.from_env()
+    url = database_url(args.database_url)
+    reach(url, BRIDGE_GRANTS)  # one line and its exit code, never the pool's wait and traceback
     telemetry = configure_telemetry()  # an exporter it cannot honour stops the start here
     try:
         bridge = open_bridge(
             config,
-            database_url(args.database_url),
-            IdentityHasher.from_env(),
+            url,
+            hasher,
             limits=config.bridge.limits(),
+            record_first_key=False,  # `fencebridge identity init` records the deployment's key
         )
         if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
             bridge.telemetry.observe(

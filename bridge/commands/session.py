@@ -22,14 +22,26 @@ from bridge.identity import IDENTITY_KEY_ENV
 if TYPE_CHECKING:
     from bridge.identity import IdentityHasher
     from bridge.store.operator import OperatorStore
+    from bridge.store.reach import Grants
     from bridge.types import Key
 
 
-def open_store(args: argparse.Namespace) -> closing[OperatorStore]:
-    """A small store for one command, closed when the ``with`` block ends."""
-    from bridge.store import PostgresStore
+def open_store(
+    args: argparse.Namespace, *, writes: bool = False, grants: Grants | None = None
+) -> closing[OperatorStore]:
+    """A small store for one command, closed when the ``with`` block ends.
 
-    return closing(PostgresStore.connect(database_url(args.database_url), max_size=2))
+    The database is reached first (:func:`bridge.store.reach.reach`): a server that is down, a
+    misnamed database, a schema not migrated and missing grants each end the command in one
+    line. A command that ``writes`` needs the bridge's grants (it runs with the bridge's
+    credentials); one that reads, an operator's; ``grants`` names any other set.
+    """
+    from bridge.store import PostgresStore
+    from bridge.store.reach import BRIDGE_GRANTS, READ_GRANTS, reach
+
+    url = database_url(args.database_url)
+    reach(url, grants if grants is not None else BRIDGE_GRANTS if writes else READ_GRANTS)
+    return closing(PostgresStore.connect(url, max_size=2))
 
 
 def identity_hasher() -> IdentityHasher:
@@ -40,14 +52,15 @@ def identity_hasher() -> IdentityHasher:
 
 def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
     """Compare the environment's identity keys with the database's before any hash is shown or
-    key derived; ``record`` (the command) also records the key on first use, for commands that
-    write hashes or derive idempotency keys."""
+    key derived, and bind the key ids for commands (``record`` names the command) that write
+    hashes or derive idempotency keys; no command records a first key (``identity init``
+    does)."""
     from bridge import keyring
 
     if record is None:
         keyring.verify(store, hasher)
     else:
-        keyring.attach(store, hasher, used_by=f"fencebridge {record}")
+        keyring.attach(store, hasher, used_by=f"fencebridge {record}", first_use=False)
 
 
 def optional_hasher(store: OperatorStore) -> IdentityHasher | None:

@@ -203,7 +203,7 @@ def _document(
 
 
 def clear(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         operations, deliveries = store.shadow_clear(args.subscription)
     print(
         f"cleared shadow subscription {args.subscription}: {operations} operation(s), "

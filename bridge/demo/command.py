@@ -42,12 +42,23 @@ def register(commands: Subcommands) -> None:
         default="sqs",
         help="sqs: a local SQS server (moto); pubsub: Google's Pub/Sub emulator (needs Java)",
     )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="no scenario: start an embedded PostgreSQL, a local SQS and (when installed) the "
+        "Pub/Sub emulator for your own bridge, write local.env and bridge.toml into --dir, and "
+        "run until Ctrl-C (docs/tutorial.md)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bridge.demo import scenario  # noqa: PLC0415  (keeps `fencebridge --help` fast)
 
+    if args.local:
+        from bridge.demo import local  # noqa: PLC0415
+
+        return local.run(args.dir or Path("local"))
     if args.dir is not None and not args.keep:
         raise usage("--dir names where --keep writes its files: add --keep, or drop --dir")
     return scenario.run(broker=args.broker, keep=args.keep, directory=args.dir)

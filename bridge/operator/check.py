@@ -27,8 +27,8 @@ import importlib
 import inspect
 import re
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Final
 
@@ -46,6 +46,7 @@ from bridge.handlers import (
     UnfencedHandler,
 )
 from bridge.ingest.decode import SourceKind
+from bridge.operator.brokers import BrokerLook
 from bridge.operator.probe import ProbeReport
 from bridge.operator.retention import within_redelivery
 from bridge.store.migrate import current_version
@@ -91,6 +92,8 @@ class Verdict:
     evidence: str
     #: False for a go that rests on what was read where evidence should have run (no probe)
     executed: bool = True
+    #: settings found that hold but deserve a look (a queue without a dead-letter queue)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +270,8 @@ class JobEvidence:
     sources: frozenset[str]
     #: the executed evidence of controls 3, 4 and 8 (``--probe``), or None: not run
     probe: ProbeReport | None = None
+    #: what each subscription's broker said of its queue or subscription, or None: not asked
+    brokers: Mapping[str, BrokerLook] | None = None
 
 
 # -- the nine controls ------------------------------------------------------------------------
@@ -447,7 +452,10 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
     """8. The broker is acknowledged only after the durable work row commits."""
     if not e.subscriptions:
         return Verdict(True, "no subscription delivers this job type")
-    problems, seen = [], []
+    problems: list[str] = []
+    seen: list[str] = []
+    warnings: list[str] = []
+    unasked = _brokers(e, problems, seen, warnings)
     for sub in e.subscriptions:
         if sub.source not in e.sources:
             problems.append(f"{sub.name}: no consumer installed for source {sub.source}")
@@ -459,9 +467,30 @@ def ack_after_commit(e: JobEvidence) -> Verdict:
                 problems.append(f"{sub.name}: the probe did not run it")
             else:
                 (seen if probed.go else problems).append(f"probe: {probed.ran}")
-    if e.probe is None:
-        return _unprobed(problems, seen)
-    return _verdict(problems, seen)
+    seen.extend(f"warning: {w}" for w in warnings)
+    executed = e.probe is not None and not unasked
+    verdict = _verdict(problems, seen) if executed else _unprobed(problems, seen)
+    return replace(verdict, warnings=tuple(warnings)) if verdict.go else verdict
+
+
+def _brokers(e: JobEvidence, problems: list[str], seen: list[str], warnings: list[str]) -> bool:
+    """What the brokers said of each subscription's queue or subscription, sorted into the
+    lists; True when one of them was not asked (the control is then not probed)."""
+    unasked = e.brokers is None
+    for sub in e.subscriptions:
+        look = e.brokers.get(sub.name) if e.brokers is not None else None
+        if look is None:
+            continue
+        if look.not_probed is not None:
+            unasked = True
+            seen.append(f"{sub.name}: broker not probed ({look.not_probed})")
+            continue
+        for found in look.findings:
+            if not found.go:
+                problems.append(f"{sub.name}: {found.text}")
+            else:
+                (warnings if found.warning else seen).append(f"{sub.name}: {found.text}")
+    return unasked
 
 
 def retention(e: JobEvidence) -> Verdict:
@@ -515,6 +544,7 @@ def evaluate(
     probe: ProbeReport | None = None,
     *,
     job_types: Sequence[str] | None = None,
+    brokers: Mapping[str, BrokerLook] | None = None,
 ) -> Report:
     """Every control for every job type of the configuration (or those of ``job_types``: the
     gate of one job type's cut-over from shadow to live); controls 3, 4 and 8 from the probe's
@@ -533,6 +563,7 @@ def evaluate(
             db=db,
             sources=installed,
             probe=probe,
+            brokers=brokers,
         )
         findings.extend(Finding(name, control, check(evidence)) for control, check in CHECKS)
     return Report(tuple(findings))

@@ -69,8 +69,12 @@ class Bridge:
         events: WorkEvents | None = None,
         telemetry: Telemetry | None = None,
         limits: Limits | None = None,
+        record_first_key: bool = True,
     ) -> None:
         settings = config.bridge
+        #: False for ``fencebridge run``: a database with no key recorded refuses the start
+        #: (``fencebridge identity init`` records it); the demo and embedding programs record it
+        self.record_first_key = record_first_key
         self.telemetry = telemetry or Telemetry(hasher)
         self.config = config
         self.store = store
@@ -159,7 +163,7 @@ class Bridge:
 
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run")
+        attach(self.store, self.hasher, used_by="fencebridge run", first_use=self.record_first_key)
         self.stages.start()
         log.info(
             "bridge started: %d subscription(s), %d job type(s), %d worker thread(s)",
@@ -233,6 +237,7 @@ def open_bridge(
     *,
     telemetry: Telemetry | None = None,
     limits: Limits | None = None,
+    record_first_key: bool = True,
 ) -> Bridge:
     """Connect, refuse a schema this code does not match, import handlers: ready to start."""
     store = PostgresStore.connect(
@@ -250,7 +255,14 @@ def open_bridge(
     try:
         with store.pool.connection() as conn:
             require_current(conn)
-        return Bridge(config, store, hasher, telemetry=telemetry, limits=limits)
+        return Bridge(
+            config,
+            store,
+            hasher,
+            telemetry=telemetry,
+            limits=limits,
+            record_first_key=record_first_key,
+        )
     except BaseException:
         store.close()
         raise

@@ -1,4 +1,4 @@
-"""Delivery evidence per operation (migration 0028): the inbox counts the replays of a batch on
+"""Delivery evidence per operation (migration 0029): the inbox counts the replays of a batch on
 their work rows, and ``fencebridge inspect`` and the console read how many copies of an
 operation arrived, when the first and the last did, and how many were replays or conflicts.
 

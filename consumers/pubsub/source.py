@@ -111,6 +111,8 @@ from tenacity import (
 
 from bridge.adapters.kit import (
     Backoff,
+    BrokerExpectations,
+    BrokerFinding,
     CallResult,
     Deadline,
     Deferred,
@@ -681,7 +683,7 @@ class PubSubConsumer:
 
     def _report_stream_error(self, reason: str) -> None:
         if self._stream_error != reason:
-            log.warning("%s: not receiving: %s", self.subscription, reason)
+            log.warning("%s (%s): not receiving: %s", self.subscription, self._path, reason)
         self._stream_error = reason
 
     def _end_stream(self) -> None:
@@ -1113,6 +1115,15 @@ def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
     return ProbedAcks(acks, "ack/Acknowledge", raised)
 
 
+def inspect_subscription(
+    sub: SubscriptionConfig, expected: BrokerExpectations
+) -> list[BrokerFinding]:
+    """``fencebridge check``'s look at the broker (consumers.pubsub.inspect)."""
+    from consumers.pubsub.inspect import inspect_subscription as inspect  # noqa: PLC0415  (only when checked)
+
+    return inspect(sub, expected)
+
+
 #: the ``fencebridge.sources`` entry point of ``source = "pubsub"``
 ADAPTER: Final = SourceAdapter(
     settings=PubSubSettings,
@@ -1120,4 +1131,5 @@ ADAPTER: Final = SourceAdapter(
     messaging_system="gcp_pubsub",
     redelivery_days=REDELIVERY_DAYS,
     probe_ack_after_commit=probe_ack_after_commit,
+    inspect_broker=inspect_subscription,
 )

@@ -63,6 +63,8 @@ from tenacity import wait_random_exponential
 from bridge.adapters.kit import (
     IDLE,
     Backoff,
+    BrokerExpectations,
+    BrokerFinding,
     CallResult,
     Deadline,
     Deferred,
@@ -343,7 +345,9 @@ class SqsConsumer:
                 MessageAttributeNames=["All"],
             )
         except (BotoCoreError, ClientError) as exc:
-            raise BrokerUnavailable(f"receive from SQS failed: {_describe(exc)}") from exc
+            raise BrokerUnavailable(
+                f"receive from SQS queue {self._queue_url} failed: {_describe(exc)}"
+            ) from exc
         answered = time.monotonic()
         messages: list[dict[str, Any]] = response.get("Messages", [])
         return messages, answered
@@ -797,6 +801,13 @@ def probe_ack_after_commit(sub: SubscriptionConfig, inbox: Inbox) -> ProbedAcks:
     return ProbedAcks(queue.deleted, "DeleteMessageBatch")
 
 
+def inspect_queue(sub: SubscriptionConfig, expected: BrokerExpectations) -> list[BrokerFinding]:
+    """``fencebridge check``'s look at the broker (consumers.sqs.inspect)."""
+    from consumers.sqs.inspect import inspect_queue as inspect  # noqa: PLC0415  (only when checked)
+
+    return inspect(sub, expected)
+
+
 #: the ``fencebridge.sources`` entry point of ``source = "sqs"``
 ADAPTER: Final = SourceAdapter(
     settings=SqsSettings,
@@ -804,4 +815,5 @@ ADAPTER: Final = SourceAdapter(
     messaging_system="aws_sqs",
     redelivery_days=REDELIVERY_DAYS,
     probe_ack_after_commit=probe_ack_after_commit,
+    inspect_broker=inspect_queue,
 )

@@ -137,7 +137,7 @@ DECLARE
                                     'erasure_audit', 'identity_key', 'work_attempt',
                                     'rate_wait', 'erased_operation', 'shadow_operation',
                                     'shadow_delivery', 'outbox_message', 'outbox_relay',
-                                    'token_bucket', 'outbox_audit'];
+                                    'token_bucket', 'outbox_audit', 'identity_key_reset'];
     -- Functions only the bridge may execute (see below), by signature.
     bridge_functions constant text[] := ARRAY['fencebridge_erase_under_keys(text, text, text, '
                                               'text, smallint[], text[], bytea[], text, text, '
@@ -270,6 +270,9 @@ BEGIN
                        ('outbox_message', 'operator', 'SELECT'),
                        ('outbox_relay', 'operator', 'SELECT'),
                        ('outbox_audit', 'operator', 'SELECT'),
+                       -- who replaced an unused identity key (`fencebridge identity reset`,
+                       -- run as the migrator, the tables' owner)
+                       ('identity_key_reset', 'operator', 'SELECT'),
                        ('token_bucket', 'operator', 'SELECT'),
                        -- the console reads what the operator reads and writes what a redrive
                        -- (and an audited payload view) writes

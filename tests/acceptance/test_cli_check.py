@@ -160,12 +160,17 @@ def verdict_column(out: str) -> dict[tuple[str, int], str]:
     return {(m[1], int(m[2])): m[4] for m in (ROW.match(line) for line in out.splitlines()) if m}
 
 
+@pytest.mark.slow
 def test_a_complete_configuration_is_go_on_every_control(check: Any) -> None:
     code, rows, out = check(config())
     assert code == 0, out
     assert set(rows) == {(job, n) for job in JOBS for n in range(1, 10)}
     assert no_go(rows) == set()
-    assert out.splitlines()[-1] == "GO: all 9 controls hold for 3 job type(s)"
+    # the headline counts what ran: never "all 9 hold" over a control that was not probed
+    assert out.splitlines()[-1] == (
+        "GO for 3 job type(s): 6 held, 3 not probed (control(s) 3, 4, 8)"
+    )
+    assert "all 9" not in out
     # without --probe, the controls whose evidence must run say that it did not
     column = verdict_column(out)
     assert {key for key, state in column.items() if state == "not probed"} == {
@@ -179,15 +184,18 @@ def test_a_complete_configuration_is_go_on_every_control(check: Any) -> None:
     )
 
 
+@pytest.mark.slow
 def test_check_probe_runs_the_evidence_of_controls_3_4_and_8(
     check: Any, db_url: str, db: Connection
 ) -> None:
     code, rows, out = check(config(), db_url, "--probe")
     assert code == 0, out
     assert no_go(rows) == set()
-    assert set(verdict_column(out).values()) == {"go"}
-    assert "not probed" not in out
-    assert out.splitlines()[-1] == "GO: all 9 controls hold for 3 job type(s)"
+    # control 8's queue (nothing listens on its port) could not be asked: that much was not
+    # probed, and the headline says so; every other control's evidence ran
+    assert {k for k, v in verdict_column(out).items() if v != "go"} == {(j, 8) for j in JOBS}
+    assert "orders: broker not probed" in rows[("sms", 8)][1]
+    assert out.splitlines()[-1] == "GO for 3 job type(s): 8 held, 1 not probed (control(s) 8)"
     for job in JOBS:
         assert "16 threads claimed 500 rows: 0 claimed twice" in rows[(job, 3)][1]
         assert "the stale settlement (fence 1) was refused" in rows[(job, 4)][1]
@@ -208,6 +216,7 @@ def test_check_probe_runs_the_evidence_of_controls_3_4_and_8(
     assert "audited by keyed hashes, tombstones kept" in rows[("ledger", 9)][1]
 
 
+@pytest.mark.slow
 def test_a_class_c_handler_without_a_lookup_is_no_go(check: Any) -> None:
     code, rows, out = check(
         config(jobs={"charge": JOBS["charge"].replace(":Charge", ":ChargeWithoutLookup")})
@@ -219,6 +228,7 @@ def test_a_class_c_handler_without_a_lookup_is_no_go(check: Any) -> None:
     assert out.splitlines()[-1] == "NO-GO: 2 control(s) fail (charge: 5, 6)"
 
 
+@pytest.mark.slow
 def test_a_class_c_lookup_that_only_raises_not_implemented_is_no_go(check: Any) -> None:
     body = JOBS["charge"].replace(":Charge", ":ChargeWithPlaceholderLookup")
     code, rows, _ = check(config(jobs={"charge": body}))
@@ -227,6 +237,7 @@ def test_a_class_c_lookup_that_only_raises_not_implemented_is_no_go(check: Any) 
     assert "only raises NotImplementedError" in rows[("charge", 6)][1]
 
 
+@pytest.mark.slow
 def test_a_class_d_handler_allowed_a_second_attempt_is_no_go(check: Any) -> None:
     # Declared as class B (so the file loads), but the handler is unfenced, with three attempts.
     body = f'handler = "{HERE}:Sms"\ntarget_class = "B"\nmax_attempts = 3\nowner = "messaging"'
@@ -237,6 +248,7 @@ def test_a_class_d_handler_allowed_a_second_attempt_is_no_go(check: Any) -> None
     assert "max_attempts = 3" in rows[("sms", 6)][1]
 
 
+@pytest.mark.slow
 def test_a_class_d_job_with_two_attempts_is_refused_as_no_go(check: Any) -> None:
     body = JOBS["sms"] + "\nmax_attempts = 2"
     code, rows, out = check(config(jobs={"sms": body}))
@@ -248,6 +260,7 @@ def test_a_class_d_job_with_two_attempts_is_refused_as_no_go(check: Any) -> None
     assert "allows one attempt only" in lines[1]
 
 
+@pytest.mark.slow
 def test_an_owner_and_a_retention_plan_are_required(check: Any) -> None:
     code, rows, _ = check(
         config(jobs={"ledger": f'handler = "{HERE}:Ledger"\ntarget_class = "A"'}, retention=None)
@@ -258,6 +271,7 @@ def test_an_owner_and_a_retention_plan_are_required(check: Any) -> None:
     assert "no [retention] table" in rows[("sms", 9)][1]
 
 
+@pytest.mark.slow
 def test_purging_within_the_redelivery_window_is_no_go(check: Any) -> None:
     short = RETENTION.replace("30", "7")
     code, rows, _ = check(config(retention=short))
@@ -266,6 +280,7 @@ def test_purging_within_the_redelivery_window_is_no_go(check: Any) -> None:
     assert "within orders's redelivery window (sqs: up to 14 d)" in rows[("sms", 9)][1]
 
 
+@pytest.mark.slow
 def test_a_tombstone_horizon_within_the_redelivery_window_is_no_go(check: Any) -> None:
     code, rows, _ = check(config(retention=RETENTION + "\ntombstone_days = 14"))
     assert code == 1
@@ -280,6 +295,7 @@ def test_a_tombstone_horizon_within_the_redelivery_window_is_no_go(check: Any) -
     assert "tombstones kept 15 d" in rows[("sms", 9)][1]
 
 
+@pytest.mark.slow
 def test_a_cut_over_is_gated_on_its_own_job_type(check: Any, db_url: str) -> None:
     """One job type moves from a shadow subscription to a live one: its controls alone decide,
     and another job type's no-go does not hold it back (nor does its go hide one)."""
@@ -299,7 +315,9 @@ def test_a_cut_over_is_gated_on_its_own_job_type(check: Any, db_url: str) -> Non
     code, rows, out = check(moved, db_url, "--job-type", "ledger")
     assert code == 0, out
     assert {job for job, _ in rows} == {"ledger"}
-    assert out.splitlines()[-1] == "GO: all 9 controls hold for 1 job type(s)"
+    assert out.splitlines()[-1] == (
+        "GO for 1 job type(s): 6 held, 3 not probed (control(s) 3, 4, 8)"
+    )
 
     code, rows, out = check(moved, db_url, "--job-type", "charge")
     assert code == 1
@@ -307,23 +325,26 @@ def test_a_cut_over_is_gated_on_its_own_job_type(check: Any, db_url: str) -> Non
     assert out.splitlines()[-1] == "shadow only (recorded, never run): charge"
 
 
+@pytest.mark.slow
 def test_an_unmigrated_database_is_no_go(check: Any, pg_admin_url: str) -> None:
+    """A database without the schema ends the check as it ends every command (exit 4, one
+    line on stderr naming the database): not a go, and no control is answered over it."""
     name = unique_name("fbt_check")
     url = create_database(pg_admin_url, name)
     try:
-        code, rows, _ = check(config(), url)
+        code, rows, out = check(config(), url)
     finally:
         drop_database(pg_admin_url, name)
-    assert code == 1
-    failed = {n for _, n in no_go(rows)}
-    assert failed == {1, 2, 3, 4, 6, 7, 9}
-    assert "schema version 0" in rows[("charge", 1)][1]
+    assert code == 4
+    assert rows == {}
+    assert out == ""
 
 
 def job(handler: str, target_class: str = "C") -> str:
     return f'handler = "{handler}"\ntarget_class = "{target_class}"\nowner = "payments"'
 
 
+@pytest.mark.slow
 def test_the_check_builds_each_handler_as_run_does_and_fails_those_it_cannot(
     check: Any,
 ) -> None:
@@ -366,6 +387,7 @@ def test_the_check_builds_each_handler_as_run_does_and_fails_those_it_cannot(
     assert "Charge extends IdempotentApiHandler" in rows[("instance", 5)][1]
 
 
+@pytest.mark.slow
 def test_run_refuses_the_handler_check_refused_with_the_same_reason(
     check: Any, tmp_path: Path, db_url: str
 ) -> None:

@@ -39,6 +39,7 @@ def empty_url(pg_admin_url: str) -> Iterator[str]:
         drop_database(pg_admin_url, name)
 
 
+@pytest.mark.slow
 def test_migrate_applies_everything_then_nothing(empty_url: str) -> None:
     first = fencebridge("migrate", url=empty_url)
     assert first.returncode == 0, first.stderr
@@ -55,22 +56,26 @@ def test_migrate_applies_everything_then_nothing(empty_url: str) -> None:
     assert second.stdout.splitlines() == ["nothing to apply", f"schema version {latest}"]
 
 
+@pytest.mark.slow
 def test_migrate_takes_the_url_from_a_flag(empty_url: str) -> None:
     done = fencebridge("migrate", "--database-url", empty_url, url=None)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("applied 0001_")
 
 
-def test_unreachable_database_exits_1_with_a_clear_message() -> None:
+@pytest.mark.slow
+def test_unreachable_database_exits_3_with_a_clear_message() -> None:
     url = "postgresql://fencebridge@127.0.0.1:1/nowhere?connect_timeout=5"  # nothing listens
     failed = fencebridge("migrate", url=url)
-    assert failed.returncode == 1
+    assert failed.returncode == 3
     assert failed.stdout == ""
-    assert failed.stderr.startswith("fencebridge migrate: connect: database unavailable")
+    assert failed.stderr.startswith("fencebridge migrate: database unreachable: ")
+    assert "(postgresql://fencebridge@127.0.0.1:1/nowhere?connect_timeout=5)" in failed.stderr
     assert "Traceback" not in failed.stderr
     assert len(failed.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_no_database_configured_exits_1_naming_the_variable() -> None:
     failed = fencebridge("migrate", url=None)
     assert failed.returncode == 1
@@ -79,6 +84,7 @@ def test_no_database_configured_exits_1_naming_the_variable() -> None:
     assert "Traceback" not in failed.stderr
 
 
+@pytest.mark.slow
 def test_a_malformed_url_exits_1_without_a_traceback() -> None:
     failed = fencebridge("migrate", url="postgresql://[not a url")
     assert failed.returncode == 1
@@ -87,6 +93,7 @@ def test_a_malformed_url_exits_1_without_a_traceback() -> None:
     assert "not a valid libpq URL" in failed.stderr
 
 
+@pytest.mark.slow
 def test_a_malformed_url_never_echoes_its_password() -> None:
     failed = fencebridge("migrate", url="postgresql://bridge:s3cret-pw@[bad/db")
     assert failed.returncode == 1

@@ -38,6 +38,7 @@ from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.ingest.decode import decode
 from bridge.store import PostgresStore
 from bridge.types import Delivery, RawDelivery, Rejection, State, TargetClass, Ticket
+from tests.support.bridge_process import record_identity_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "operations-acceptance-identity-key"
@@ -142,6 +143,9 @@ def provider(db: Db) -> Db:
 
 @pytest.fixture
 def cli(db_url: str) -> Any:
+    # the deployment's first step: its key recorded (`fencebridge identity init`)
+    record_identity_key({DATABASE_URL_ENV: db_url, IDENTITY_KEY_ENV: SECRET})
+
     def run(*args: str, key: bool = True, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FENCEBRIDGE_", "PG"))}
         env[DATABASE_URL_ENV] = db_url
@@ -200,6 +204,7 @@ def state(db: Db, tenant: str, op: str) -> tuple[Any, ...] | None:
 # -- status --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_status_counts_by_subscription_and_tenant_hash(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
@@ -244,6 +249,7 @@ def test_status_counts_by_subscription_and_tenant_hash(
     assert stalled.fence == 1
 
 
+@pytest.mark.slow
 def test_status_refuses_without_the_identity_key(cli: Any) -> None:
     done = cli("status", key=False, check=False)
     assert done.returncode == 1
@@ -254,6 +260,7 @@ def test_status_refuses_without_the_identity_key(cli: Any) -> None:
 # -- inspect -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_shows_one_operations_history_without_its_payload(
     cli: Any, store: PostgresStore, config_file: Path, provider: Db
 ) -> None:
@@ -292,6 +299,7 @@ def test_inspect_shows_one_operations_history_without_its_payload(
     assert "not shown: payload bytes" in text
 
 
+@pytest.mark.slow
 def test_inspect_of_an_unknown_operation_exits_1(cli: Any) -> None:
     done = cli("inspect", "acme", "nothing-here", check=False)
     assert done.returncode == 1
@@ -301,6 +309,7 @@ def test_inspect_of_an_unknown_operation_exits_1(cli: Any) -> None:
 # -- redrive -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redrive_reconciles_unknown_class_c_through_the_lookup_first(
     cli: Any, store: PostgresStore, db: Db, provider: Db, config_file: Path
 ) -> None:
@@ -345,6 +354,7 @@ def test_redrive_reconciles_unknown_class_c_through_the_lookup_first(
     assert " acme " not in out
 
 
+@pytest.mark.slow
 def test_redrive_dry_run_writes_nothing(
     cli: Any, store: PostgresStore, db: Db, provider: Db, config_file: Path
 ) -> None:
@@ -365,6 +375,7 @@ def test_redrive_dry_run_writes_nothing(
     assert "(dry run: nothing was written)" in out
 
 
+@pytest.mark.slow
 def test_redrive_refuses_a_class_d_call_that_may_have_happened_until_confirmed(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -390,6 +401,7 @@ def test_redrive_refuses_a_class_d_call_that_may_have_happened_until_confirmed(
     assert reason == ("INC-3 [confirmed not called; intent at fence 1 cleared]",)
 
 
+@pytest.mark.slow
 def test_redrive_sends_class_a_unknown_and_quarantined_rows_back(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -408,6 +420,7 @@ def test_redrive_sends_class_a_unknown_and_quarantined_rows_back(
     ).fetchall() == [("ledger-1", "unknown"), ("ledger-2", "quarantined")]
 
 
+@pytest.mark.slow
 def test_redrive_decodes_quarantined_deliveries_again_with_the_current_rules(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -448,6 +461,7 @@ def test_redrive_decodes_quarantined_deliveries_again_with_the_current_rules(
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_redrive_needs_a_reason(cli: Any, config_file: Path) -> None:
     done = cli("redrive", "--config", str(config_file), check=False)
     assert done.returncode == 2
@@ -457,6 +471,7 @@ def test_redrive_needs_a_reason(cli: Any, config_file: Path) -> None:
 # -- sweep ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sweep_parks_expired_last_attempts_and_says_which(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
@@ -495,6 +510,7 @@ def settled(store: PostgresStore, db: Db, op: str, final: State, days_ago: int) 
     )
 
 
+@pytest.mark.slow
 def test_purge_removes_old_finished_rows_and_payloads_in_batches(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
@@ -526,6 +542,7 @@ def test_purge_removes_old_finished_rows_and_payloads_in_batches(
     assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_purge_takes_its_age_from_the_retention_plan(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -536,6 +553,7 @@ def test_purge_takes_its_age_from_the_retention_plan(
     assert db.execute("SELECT operation_id FROM work_item").fetchall() == [("b",)]
 
 
+@pytest.mark.slow
 def test_only_one_purge_runs_at_a_time(cli: Any, store: PostgresStore, db: Db, db_url: str) -> None:
     settled(store, db, "old", State.SUCCEEDED, 40)
     with psycopg.connect(db_url) as holder, holder.transaction():
@@ -547,6 +565,7 @@ def test_only_one_purge_runs_at_a_time(cli: Any, store: PostgresStore, db: Db, d
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_a_purge_within_a_brokers_redelivery_window_is_refused_unless_forced(
     cli: Any, store: PostgresStore, db: Db, tmp_path: Path
 ) -> None:
@@ -600,6 +619,7 @@ def test_a_purge_within_a_brokers_redelivery_window_is_refused_unless_forced(
 # -- erase ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -646,6 +666,7 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
     assert "acme" not in out
 
 
+@pytest.mark.slow
 def test_erase_operation_erases_one_order_and_inspect_says_so(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
@@ -685,6 +706,7 @@ def quarantined_delivery(tenant: str, op: str) -> Rejection:
     )
 
 
+@pytest.mark.slow
 def test_resolve_closes_conflicts_audited_and_leaves_the_work_row_untouched(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
@@ -760,6 +782,7 @@ def test_resolve_closes_conflicts_audited_and_leaves_the_work_row_untouched(
     )
 
 
+@pytest.mark.slow
 def test_resolve_refuses_without_a_reason_or_a_selection(cli: Any) -> None:
     unnamed = cli("resolve", "--reason", "r", check=False)
     assert unnamed.returncode == 2
@@ -774,6 +797,7 @@ def test_resolve_refuses_without_a_reason_or_a_selection(cli: Any) -> None:
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
+@pytest.mark.slow
 def test_inspect_json_has_nulls_settled_rows_no_next_attempt_and_the_trace_id(
     cli: Any, store: PostgresStore
 ) -> None:
@@ -812,6 +836,7 @@ def test_inspect_json_has_nulls_settled_rows_no_next_attempt_and_the_trace_id(
     assert waiting_json["trace_id"] is None
 
 
+@pytest.mark.slow
 def test_inspect_says_whether_an_absent_operation_was_erased_purged_or_never_seen(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bridge.database import DATABASE_URL_ENV
 from bridge.identity import IDENTITY_KEY_ENV
 from bridge.store import PostgresStore
@@ -41,6 +43,7 @@ def some_work(store: PostgresStore) -> None:
     )
 
 
+@pytest.mark.slow
 def test_status_into_a_closed_pipe_exits_141_without_a_traceback(
     db_url: str, store: PostgresStore
 ) -> None:
@@ -63,6 +66,7 @@ def test_status_into_a_closed_pipe_exits_141_without_a_traceback(
     assert (done.returncode, done.stderr) == (141, "")
 
 
+@pytest.mark.slow
 def test_status_piped_into_head_prints_its_first_line_only(
     db_url: str, store: PostgresStore
 ) -> None:

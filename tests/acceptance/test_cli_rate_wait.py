@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from bridge.operator.rate_waits import LIFTED_MARK
 from bridge.store import PostgresStore
@@ -32,6 +33,7 @@ def limited(store: PostgresStore, tenant: str, op: str, wait: timedelta) -> None
     store.rate_limited(claim.ticket, wait)
 
 
+@pytest.mark.slow
 def test_rate_wait_lists_the_waits_and_clear_lifts_one_audited(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:

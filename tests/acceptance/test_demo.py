@@ -333,6 +333,7 @@ def test_a_signal_before_the_demo_settles_stops_everything_and_fails(tmp_path: P
         ).close()
 
 
+@pytest.mark.slow
 def test_dir_without_keep_is_refused_with_what_to_do(tmp_path: Path) -> None:
     result = _demo("--dir", str(tmp_path / "demo-run"))
     assert result.returncode == 2
@@ -357,6 +358,7 @@ def test_the_demo_shows_the_protocol_on_pubsub() -> None:
     _assert_counts_agree(result.stdout)
 
 
+@pytest.mark.slow
 def test_the_pubsub_demo_says_how_to_get_the_emulator_when_it_is_missing() -> None:
     result = _demo("--broker", "pubsub", env={"FENCEBRIDGE_PUBSUB_EMULATOR": "/nonexistent"})
     assert result.returncode == 1

@@ -23,8 +23,6 @@ from tests.support.etcd_server import EtcdServer, etcd_server, require_etcd
 from tests.support.etcd_worker import JOB_TYPE, EtcdWorkerProcess, etcd_key
 from tests.support.worker_process import Claimed
 
-pytestmark = pytest.mark.slow
-
 Db = psycopg.Connection[Any]
 SECRET = "etcd-seed-fault-identity-secret"
 LEASE_SECONDS = 1.0
@@ -69,6 +67,7 @@ def etcd() -> Iterator[EtcdServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_worker_paused_past_its_lease_is_refused_by_etcd_and_the_row_succeeds_once(
     db: Db,
     db_url: str,

@@ -47,6 +47,7 @@ def fencebridge(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.slow
 def test_a_second_bridge_with_another_key_refuses_to_start(
     tmp_path: Path, moto: SqsServer, db_url: str
 ) -> None:

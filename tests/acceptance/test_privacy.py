@@ -57,8 +57,6 @@ PAYLOAD = "PAYLOAD-RAW-55d1"
 #: what must never appear anywhere (compared case-insensitively)
 RAW = (TENANT, OTHER_TENANT, OPERATION, PAYLOAD)
 
-pytestmark = pytest.mark.slow
-
 
 class AmbiguousNotify(UnfencedHandler):
     """Class D: the payload must be JSON; the target never answers, and the error says it all.
@@ -340,6 +338,7 @@ def test_no_raw_identifier_or_payload_reaches_logs_spans_or_metrics(emitted: Emi
     assert "fencebridge_deliveries_total{" in emitted.prometheus
 
 
+@pytest.mark.slow
 def test_log_lines_are_json_with_hashed_identifiers_on_every_decision(emitted: Emitted) -> None:
     lines = [json.loads(line) for line in emitted.log.splitlines() if line.strip()]
     for entry in lines:

@@ -33,8 +33,6 @@ from bridge.store import PostgresStore, Swept
 from bridge.types import Delivery, Key, RedriveFilter, State, TargetClass, Ticket
 from tests.support.worker_process import NOTIFY_JOB, Claimed, WorkerProcess
 
-pytestmark = pytest.mark.slow
-
 Db = psycopg.Connection[Any]
 Spawn = Callable[..., WorkerProcess]
 
@@ -131,6 +129,7 @@ def wait_for_lapse(db: Db, key: Key) -> None:
 # -- seed test 1: pause after claim, past lease expiry ------------------------------------------
 
 
+@pytest.mark.promise("worker-fault")
 def test_class_a_worker_paused_after_claim_cannot_commit_after_a_takeover(
     db: Db, store: PostgresStore, workers: Spawn
 ) -> None:
@@ -160,6 +159,7 @@ def test_class_a_worker_paused_after_claim_cannot_commit_after_a_takeover(
     assert (row["state"], row["fence"], row["outcome_code"]) == ("succeeded", 2, "refunded")
 
 
+@pytest.mark.slow
 def test_class_b_worker_paused_after_claim_is_fenced_out_by_the_target(
     db: Db, store: PostgresStore, workers: Spawn
 ) -> None:
@@ -190,6 +190,7 @@ def test_class_b_worker_paused_after_claim_is_fenced_out_by_the_target(
     assert (row["state"], row["fence"], row["outcome_code"]) == ("succeeded", 2, "balance_set")
 
 
+@pytest.mark.slow
 def test_class_a_worker_paused_inside_its_transaction_keeps_the_row_and_commits_once(
     db: Db, store: PostgresStore, workers: Spawn
 ) -> None:
@@ -230,6 +231,8 @@ def test_class_a_worker_paused_inside_its_transaction_keeps_the_row_and_commits_
 # -- seed test 2: crash after the external call, before completion ------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.promise("worker-fault")
 def test_class_c_worker_killed_after_the_charge_is_reconciled_without_a_second_charge(
     db: Db, store: PostgresStore, workers: Spawn, hasher: IdentityHasher
 ) -> None:
@@ -264,6 +267,7 @@ def test_class_c_worker_killed_after_the_charge_is_reconciled_without_a_second_c
 # -- class D: crash after the call --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called_again(
     db: Db, store: PostgresStore, workers: Spawn, tmp_path: Path
 ) -> None:
@@ -299,6 +303,7 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
     assert sink.read_text().splitlines() == [f"{TENANT} notify-1 fence=1"], "called exactly once"
 
 
+@pytest.mark.slow
 def test_class_d_worker_killed_before_its_intent_is_queued_again_and_called_once(
     db: Db, store: PostgresStore, workers: Spawn, tmp_path: Path
 ) -> None:

@@ -148,6 +148,7 @@ def moto() -> Iterator[SqsServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_shadow_on_an_sns_fan_out_names_what_the_existing_sqs_consumer_did(
     tmp_path: Path, moto: SqsServer, db_url: str
 ) -> None:
@@ -234,6 +235,7 @@ def pull_all(emulator: PubSubEmulator, path: str, count: int) -> list[Message]:
     return got
 
 
+@pytest.mark.slow
 def test_shadow_on_a_second_pubsub_subscription_names_what_the_existing_consumer_did(
     tmp_path: Path, emulator: PubSubEmulator, db_url: str
 ) -> None:

@@ -534,6 +534,7 @@ def test_readiness_follows_the_database(
         assert bridge.terminate() == 0, bridge.logs()
 
 
+@pytest.mark.slow
 def test_an_invalid_configuration_exits_1_naming_file_and_key(
     tmp_path: Path, moto: SqsServer, db_url: str
 ) -> None:
@@ -546,6 +547,7 @@ def test_an_invalid_configuration_exits_1_naming_file_and_key(
     assert "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", [None, "too-short"])
 def test_a_missing_or_weak_identity_key_exits_1_naming_it(
     tmp_path: Path, moto: SqsServer, db_url: str, key: str | None
@@ -557,6 +559,7 @@ def test_a_missing_or_weak_identity_key_exits_1_naming_it(
     assert "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_an_unmigrated_database_is_refused(
     tmp_path: Path, moto: SqsServer, pg_admin_url: str
 ) -> None:
@@ -567,6 +570,6 @@ def test_an_unmigrated_database_is_refused(
         done = run_to_exit(path, bridge_env(url))
     finally:
         drop_database(pg_admin_url, name)
-    assert done.returncode == 1
+    assert done.returncode == 4
     assert "fencebridge migrate" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr

@@ -33,8 +33,6 @@ from tests.support.calls import create_calls_table
 from tests.support.sqs_server import SqsServer, sqs_server
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.slow
-
 NOTIFY = "notify"
 NOTIFY_JOB = Job("tests.support.calls:RecordCall", "D", lease_seconds=2.0, max_attempts=1)
 TENANT = "t1"
@@ -134,6 +132,7 @@ def drained(url: str, sqs: Any, queue_url: str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_class_d_claims_a_killed_bridge_held_before_their_call_are_called_once(
     tmp_path: Path, moto: SqsServer, db_url: str
 ) -> None:

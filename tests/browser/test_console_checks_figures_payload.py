@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import HASHER, PAYLOAD, PAYLOAD_MARK, TENANTS, VIEWER, Site, shown_time
@@ -89,6 +90,7 @@ def payload_views(db: Db) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
+@pytest.mark.slow
 def test_a_payload_view_needs_the_role_and_a_reason_and_is_audited(
     page: Page, site: Site, db: Db
 ) -> None:
@@ -125,6 +127,7 @@ def _viewed_at(db: Db) -> str:
     return shown_time(at)
 
 
+@pytest.mark.slow
 def test_no_page_but_the_audited_view_shows_payload_bytes(page: Page, site: Site) -> None:
     """A payload holder's tour of every page after one view: each page's HTML is scanned by
     ``snap`` for payload bytes and raw identifiers."""

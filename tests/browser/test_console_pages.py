@@ -69,6 +69,7 @@ def assert_headers(site: Site) -> None:
         assert "unsafe" not in policy
 
 
+@pytest.mark.slow
 def test_a_wrong_token_is_refused_and_a_right_one_logs_in(page: Page, site: Site) -> None:
     page.goto(f"{site.url}/")
     expect(page).to_have_url(f"{site.url}/login")
@@ -88,6 +89,7 @@ def test_a_wrong_token_is_refused_and_a_right_one_logs_in(page: Page, site: Site
     assert_headers(site)
 
 
+@pytest.mark.slow
 def test_the_overview_counts_match_the_database(page: Page, site: Site, db: Db) -> None:
     log_in(page, site, VIEWER)
     site.snap(page, "overview")
@@ -118,6 +120,7 @@ def test_the_overview_counts_match_the_database(page: Page, site: Site, db: Db) 
     assert_headers(site)
 
 
+@pytest.mark.slow
 def test_an_unknown_class_c_row_is_found_previewed_and_redriven_with_its_audit(
     page: Page, site: Site, db: Db
 ) -> None:
@@ -173,6 +176,7 @@ def test_an_unknown_class_c_row_is_found_previewed_and_redriven_with_its_audit(
     assert_headers(site)
 
 
+@pytest.mark.slow
 def test_a_viewer_sees_no_redrive_and_a_direct_post_is_forbidden(
     page: Page, site: Site, db: Db
 ) -> None:
@@ -196,6 +200,7 @@ def test_a_viewer_sees_no_redrive_and_a_direct_post_is_forbidden(
     assert state_of(db, tenant, op) == "unknown"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("csrf", [None, "not-the-token"])
 def test_a_post_without_the_csrf_token_is_refused(
     page: Page, site: Site, db: Db, csrf: str | None
@@ -227,6 +232,7 @@ def test_a_post_without_the_csrf_token_is_refused(
     assert audit_count(db) == 0
 
 
+@pytest.mark.slow
 def test_logging_out_ends_the_session(page: Page, site: Site) -> None:
     log_in(page, site, OPERATOR)
     csrf = csrf_of(page)
@@ -241,6 +247,7 @@ def test_logging_out_ends_the_session(page: Page, site: Site) -> None:
     assert answer.status == 401
 
 
+@pytest.mark.slow
 def test_no_page_shows_a_raw_identifier_or_payload_byte(page: Page, site: Site) -> None:
     """A tour of every page: every tenant's every operation looked up, both queues, rejected
     deliveries, a queue redrive previewed and run; each page's HTML is scanned by ``snap``."""

@@ -88,6 +88,7 @@ def probe_schemas(db: psycopg.Connection[Any]) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+@pytest.mark.slow
 def test_the_probe_holds_on_the_shipped_statements_and_adapters_and_leaves_live_rows_alone(
     db_url: str, db: psycopg.Connection[Any], store: PostgresStore, bridge_config: BridgeConfig
 ) -> None:
@@ -130,6 +131,7 @@ def test_the_probe_holds_on_the_shipped_statements_and_adapters_and_leaves_live_
     assert checked.not_probed == []
 
 
+@pytest.mark.slow
 def test_a_claim_that_does_not_lock_lets_two_workers_claim_one_row(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -142,6 +144,7 @@ def test_a_claim_that_does_not_lock_lets_two_workers_claim_one_row(
     assert probe_schemas(db) == []
 
 
+@pytest.mark.slow
 def test_a_claim_that_waits_for_locked_rows_instead_of_skipping_them_is_no_go(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -151,6 +154,7 @@ def test_a_claim_that_waits_for_locked_rows_instead_of_skipping_them_is_no_go(
     assert verdicts(evaluate(bridge_config, read_database(db), report), 3) == {False}
 
 
+@pytest.mark.slow
 def test_a_claim_without_its_state_condition_claims_settled_rows_again(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -162,6 +166,7 @@ def test_a_claim_without_its_state_condition_claims_settled_rows_again(
     assert verdicts(evaluate(bridge_config, read_database(db), report), 3) == {False}
 
 
+@pytest.mark.slow
 def test_a_settlement_without_the_fence_condition_lets_a_stale_write_through(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -174,6 +179,7 @@ def test_a_settlement_without_the_fence_condition_lets_a_stale_write_through(
     assert verdicts(checked, 3) == {True}
 
 
+@pytest.mark.slow
 def test_a_claim_that_does_not_advance_the_fence_is_no_go_on_fenced_writes(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -210,6 +216,7 @@ def with_probe(hook: sources.AckProbe | None) -> probe.AdapterLookup:
     return lookup
 
 
+@pytest.mark.slow
 def test_an_adapter_that_acknowledges_before_the_commit_is_no_go(
     db_url: str, db: psycopg.Connection[Any], bridge_config: BridgeConfig
 ) -> None:
@@ -226,6 +233,7 @@ def test_an_adapter_that_acknowledges_before_the_commit_is_no_go(
     }
 
 
+@pytest.mark.slow
 def test_an_adapter_whose_probe_acknowledges_nothing_even_after_a_commit_is_no_go(
     db_url: str, bridge_config: BridgeConfig
 ) -> None:
@@ -237,6 +245,7 @@ def test_an_adapter_whose_probe_acknowledges_nothing_even_after_a_commit_is_no_g
     assert "the probe did not drive the acknowledgement" in report.acks["orders"].ran
 
 
+@pytest.mark.slow
 def test_an_adapter_without_a_probe_is_no_go(db_url: str, bridge_config: BridgeConfig) -> None:
     report = probe.run(db_url, bridge_config, adapter=with_probe(None))
     assert report.acks["orders"] == probe.Evidence(

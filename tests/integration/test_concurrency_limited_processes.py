@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from bridge.database import SessionTimeouts
 from bridge.executors.registry import Registry
@@ -86,6 +87,7 @@ def limited_replica(url: str) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_limit_of_three_holds_across_three_processes_with_a_takeover(
     store: PostgresStore, db_url: str, db: Db
 ) -> None:

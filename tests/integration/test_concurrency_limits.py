@@ -275,6 +275,7 @@ def test_waiting_counts_due_rows_by_reason_per_job_type_and_tenant(
     assert store.waiting() == [WaitingCount("refund", "t2", "rate", 2)]
 
 
+@pytest.mark.slow
 def test_status_shows_due_rows_waiting_by_reason_per_job_type_and_tenant_hash(
     store: PostgresStore, db_url: str
 ) -> None:

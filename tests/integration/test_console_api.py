@@ -455,6 +455,7 @@ def test_the_payload_role_is_a_viewer_that_may_read_payloads_and_nothing_more() 
     assert not Role.VIEWER.allows(Role.PAYLOAD)
 
 
+@pytest.mark.slow
 def test_the_command_serves_the_api_until_terminated(
     db_url: str, tmp_path: Path, console_tokens_file: Path
 ) -> None:

@@ -30,8 +30,6 @@ from bridge.types import Claim, Delivery, Key, State, TargetClass, Ticket
 from tests.support.cluster import Cluster
 from tests.support.proxy import Proxy
 
-pytestmark = pytest.mark.slow
-
 T = TypeVar("T")
 
 LEASE = timedelta(seconds=1.5)
@@ -234,6 +232,7 @@ class Workers:
             return
 
 
+@pytest.mark.slow
 def test_postmaster_killed_mid_claim_no_double_claim_no_lost_row(
     cluster: Cluster, cluster_db_url: str
 ) -> None:
@@ -430,6 +429,7 @@ KEY = Key("tenant-d41c", "refund-77e0")
 KEY_PARAMS = (KEY.tenant_id, KEY.operation_id)
 
 
+@pytest.mark.slow
 def test_claim_cut_in_flight_is_outcome_unknown_and_its_lease_is_taken_over(
     cluster_db_url: str, proxy: Proxy
 ) -> None:
@@ -521,6 +521,7 @@ def retry_complete(store: PostgresStore, claim: Claim) -> bool | LeaseLost:
     return True
 
 
+@pytest.mark.slow
 def test_calls_while_the_connection_is_down_fail_fast_and_the_store_recovers(
     cluster_db_url: str, proxy: Proxy
 ) -> None:
@@ -585,6 +586,7 @@ def test_a_statement_the_server_cancelled_is_known_not_applied(cluster_db_url: s
 # -- c. the error a caller gets is actionable ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_store_unavailable_says_the_database_is_unavailable_without_identifiers(
     cluster: Cluster, cluster_db_url: str, proxy: Proxy
 ) -> None:

@@ -1,4 +1,4 @@
-"""Delivery evidence per operation (migration 0028): a thousand operations delivered with
+"""Delivery evidence per operation (migration 0029): a thousand operations delivered with
 duplicates (inside a batch and across batches) and conflicts, each operation's copies, replays
 and conflicts counted exactly, and ``inspect`` and the console reading the same evidence; a
 batch that fails midway counts nothing, and its redelivery counts once."""

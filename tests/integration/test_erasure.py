@@ -326,6 +326,7 @@ def test_tombstones_are_purged_only_past_the_horizon(
 # -- a backlog ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_backlog_of_erased_and_kept_tenants_redelivered_with_duplicates_and_changes(
     keyed: PostgresStore, db: Db
 ) -> None:

@@ -78,6 +78,7 @@ def run_all(bench: Bench, keys: list[Key]) -> None:
         bench.run(key)
 
 
+@pytest.mark.slow
 def test_an_erasure_waits_for_the_relay_to_send_every_message_and_none_is_lost(
     bench: Bench, db: Db, sqs: SqsServer
 ) -> None:
@@ -206,6 +207,7 @@ def fencebridge(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_erase_command_refuses_reports_and_drops_parked_messages_when_told(
     bench: Bench, db: Db, db_url: str
 ) -> None:

@@ -88,6 +88,7 @@ def erase_tenant(store: PostgresStore, hasher: IdentityHasher, tenant: str) -> N
     )
 
 
+@pytest.mark.slow
 def test_erased_tenants_redelivered_to_bridges_holding_old_and_new_keys_are_never_new_work(
     stores: Any, db: Db
 ) -> None:

@@ -461,6 +461,7 @@ def test_class_a_refund_already_made_by_the_same_operation_is_a_success(bench: B
     assert bench.outcome(key) == (SUCCEEDED, "already_refunded")
 
 
+@pytest.mark.promise("fence-refusal")
 def test_class_a_stale_claim_is_refused_at_the_lock_before_the_handler_runs(
     bench: Bench,
 ) -> None:
@@ -526,6 +527,7 @@ def test_class_c_first_attempt_charges_once(
     assert bench.row(key)["intent_fence"] == 1  # recorded before the request left
 
 
+@pytest.mark.promise("class-c-lookup")
 def test_class_c_later_attempt_finds_the_charge_and_does_not_perform(
     bench: Bench, charges: PaymentClient, provider: PaymentProvider
 ) -> None:
@@ -630,6 +632,7 @@ def test_class_c_lookup_that_cannot_read_the_payload_after_an_intent_is_unknown(
     assert provider.requests_for(ikey) == 0
 
 
+@pytest.mark.promise("class-c-lookup")
 def test_class_c_timeout_after_the_charge_applied_is_reconciled_as_applied(
     bench: Bench, charges: PaymentClient, provider: PaymentProvider
 ) -> None:

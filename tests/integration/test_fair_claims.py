@@ -80,6 +80,7 @@ def test_a_claim_stays_full_while_a_quiet_tenant_trickles(
         assert store.complete_many([c.ticket for c in got]) == []
 
 
+@pytest.mark.slow
 def test_without_fairness_rows_are_claimed_in_the_order_they_became_due(
     store: PostgresStore,
 ) -> None:
@@ -90,6 +91,7 @@ def test_without_fairness_rows_are_claimed_in_the_order_they_became_due(
     assert last.tenant_id == "quiet"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 10], ids=["one-row-claims", "ten-row-claims"])
 def test_tenants_with_backlogs_take_turns(fair: Callable[..., PostgresStore], batch: int) -> None:
     """Three floods written one after the other are claimed interleaved, all along."""
@@ -116,6 +118,7 @@ def test_the_walk_wraps_around_to_the_tenants_below_and_stays_on_the_last_one_le
     assert store.claim("w", 1, LEASE) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 10, 16], ids=["one-row", "ten-row", "sixteen-row"])
 def test_weights_give_their_shares_of_the_claims(
     fair: Callable[..., PostgresStore], batch: int

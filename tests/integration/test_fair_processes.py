@@ -26,8 +26,6 @@ from bridge.store import PostgresStore
 from tests.support.deliveries import for_job
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.slow
-
 Db = psycopg.Connection[Any]
 
 HASHER = IdentityHasher(b"fair-process-tests-identity-secret")
@@ -145,6 +143,7 @@ def overtaken(
     return [(int(n), int(ahead)) for _, n, ahead in rows], flood
 
 
+@pytest.mark.slow
 def test_a_flood_of_fifty_thousand_rows_does_not_delay_a_quiet_tenant(
     db_url: str, store: PostgresStore
 ) -> None:
@@ -156,6 +155,7 @@ def test_a_flood_of_fifty_thousand_rows_does_not_delay_a_quiet_tenant(
     assert max(passed) <= IN_FLIGHT, sorted(passed)
 
 
+@pytest.mark.slow
 def test_without_fairness_the_quiet_tenant_waits_behind_the_backlog(
     db_url: str, store: PostgresStore
 ) -> None:

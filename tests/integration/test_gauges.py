@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -107,6 +108,7 @@ def indexes_of(node: dict[str, Any]) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_gauges_read_only_open_and_parked_rows_beside_200000_terminal_ones(
     db_url: str, db: Db
 ) -> None:
@@ -168,6 +170,7 @@ GAUGE_STATEMENTS = {
 }
 
 
+@pytest.mark.slow
 def test_the_gauges_statements_reach_work_item_only_through_partial_indexes(
     db_url: str, db: Db
 ) -> None:

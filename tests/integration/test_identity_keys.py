@@ -313,7 +313,8 @@ def test_a_hasher_that_consulted_no_database_derives_key_1_rows_only(store: Post
         Context.for_claim(dataclasses.replace(claim, identity_key_id=2), hasher)
 
 
-def test_a_dry_run_records_no_key_and_the_real_command_does(
+@pytest.mark.promise("identity-key")
+def test_no_command_records_a_first_key_only_identity_init_does(
     db_url: str, db: Db, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(IDENTITY_KEY_ENV, KEY_1.decode())
@@ -321,5 +322,9 @@ def test_a_dry_run_records_no_key_and_the_real_command_does(
     assert main([*erase, "--dry-run"]) == 0
     assert "nothing was written" in capsys.readouterr().out
     assert recorded(db) == []
-    assert main(erase) == 0
+    assert main(erase) == 1
+    assert "fencebridge identity init" in capsys.readouterr().err
+    assert recorded(db) == []
+    assert main(["identity", "init", "--reason", "first", "--database-url", db_url]) == 0
     assert recorded(db) == [(1, fingerprint(KEY_1))]
+    assert main(erase) == 0

@@ -37,6 +37,7 @@ def delivery(tenant: str, op: str, payload: bytes = b'{"amount": 5}', **kw: obje
     )
 
 
+@pytest.mark.promise("replay-conflict")
 def test_same_payload_twice_is_a_replay(store: PostgresStore) -> None:
     first = store.ingest([delivery("t1", "op-1")])
     second = store.ingest([delivery("t1", "op-1")])
@@ -95,6 +96,7 @@ def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
     ]
 
 
+@pytest.mark.promise("replay-conflict")
 def test_changed_payload_is_a_conflict_that_mutates_nothing(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
@@ -127,6 +129,7 @@ def test_two_tenants_with_the_same_operation_id_are_two_operations(
     assert {c.key: c.payload for c in claims} == {Key("t1", "op-1"): b"x", Key("t2", "op-1"): b"y"}
 
 
+@pytest.mark.promise("quarantine")
 def test_rejections_are_recorded_with_reason_and_body(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
@@ -188,6 +191,7 @@ def test_a_replay_after_a_conflict_is_still_a_replay(store: PostgresStore) -> No
     assert store.ingest([delivery("t1", "op-1", b"one")])[0].decision is Decision.REPLAY
 
 
+@pytest.mark.promise("colliding-tenants")
 def test_tenants_with_colliding_operation_ids_never_touch_each_other(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:

@@ -102,6 +102,7 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
     assert prepared[0] >= 2
 
 
+@pytest.mark.promise("erasure-keeps-dedupe")
 def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     store: PostgresStore, db: Db
 ) -> None:
@@ -191,6 +192,7 @@ def through(proxy: Proxy, url: str) -> str:
     return conninfo.make_conninfo(url, host=proxy.host, port=str(proxy.port))
 
 
+@pytest.mark.slow
 def test_racing_writers_with_duplicates_conflicts_and_a_cut_create_each_operation_once(
     cluster_db_url: str, proxy: Proxy
 ) -> None:

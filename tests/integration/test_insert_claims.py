@@ -148,6 +148,7 @@ def test_a_process_holding_not_the_key_it_writes_under_claims_nothing(
     assert rows(db)["op-1"][0] == "queued"
 
 
+@pytest.mark.promise("erasure-keeps-dedupe")
 def test_an_erased_operation_in_the_batch_is_a_replay_and_is_not_claimed(
     store: PostgresStore, db: Db
 ) -> None:
@@ -231,6 +232,7 @@ def proxied(cluster_db_url: str, proxy: Proxy) -> Iterator[PostgresStore]:
         store.close()
 
 
+@pytest.mark.slow
 def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through_a_cut(
     proxied: PostgresStore, cluster_db_url: str, proxy: Proxy
 ) -> None:
@@ -387,6 +389,7 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
     assert most <= 8 + 8, f"the pool held {most} rows at once, 8 threads + 8 prefetched"
 
 
+@pytest.mark.slow
 def test_a_queued_row_nobody_handed_off_is_claimed_within_the_poll_interval(
     store: PostgresStore, db: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -446,6 +449,7 @@ class InOrder(ConditionalWriteHandler):
             return {f"{g}-{i:04d}" for g, indices in self.order.items() for i in indices}
 
 
+@pytest.mark.slow
 def test_ordered_groups_run_in_order_each_row_as_its_predecessor_settles_not_at_the_poll(
     store: PostgresStore, db: Db
 ) -> None:

@@ -43,7 +43,6 @@ from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
 
-pytestmark = pytest.mark.slow
 
 HASHER = IdentityHasher(b"late-charge-tests-identity-secret")
 OPERATIONS = 1_000
@@ -134,6 +133,7 @@ def pool(store: PostgresStore, registry: Registry) -> Iterator[WorkerPool]:
     running.stop(deadline=10)
 
 
+@pytest.mark.slow
 def test_requests_landing_late_leave_every_order_charged_exactly_once(
     store: PostgresStore, db: Db, provider: PaymentProvider, registry: Registry, pool: WorkerPool
 ) -> None:

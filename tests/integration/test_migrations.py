@@ -154,6 +154,7 @@ def test_migrating_again_is_a_no_op(empty_database: Callable[[], Db]) -> None:
     assert snapshot(conn) == before
 
 
+@pytest.mark.slow
 def test_one_migration_at_a_time_ends_where_all_at_once_does(
     empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,6 +201,7 @@ def migrate_at_once(conns: list[Db]) -> tuple[list[list[Applied]], list[BaseExce
     return results, errors
 
 
+@pytest.mark.slow
 def test_two_migrators_at_once_both_succeed_and_one_applies(
     empty_database: Callable[[], Db],
 ) -> None:
@@ -226,6 +228,7 @@ def test_a_changed_migration_is_refused(empty_database: Callable[[], Db]) -> Non
     assert snapshot(conn) == before
 
 
+@pytest.mark.slow
 def test_an_unknown_newer_migration_is_refused(empty_database: Callable[[], Db]) -> None:
     conn = empty_database()
     migrate(conn)
@@ -254,6 +257,7 @@ def test_require_current_refuses_an_unmigrated_database(
         require_current(conn)
 
 
+@pytest.mark.promise("live-migration")
 def test_a_failing_migration_applies_nothing(empty_database: Callable[[], Db]) -> None:
     conn = empty_database()
     conn.execute("CREATE TABLE payload (x integer)")  # in the way of the first migration
@@ -283,6 +287,7 @@ def without_checksums(taken: Snapshot) -> Snapshot:
     return {**taken, "migrations": [row[:2] for row in taken["migrations"]]}
 
 
+@pytest.mark.slow
 def test_class_c_rows_an_earlier_release_attempted_are_marked_as_possibly_sent(
     empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -333,6 +338,7 @@ def test_after_the_first_migration_indexes_are_built_concurrently_outside_a_tran
                 assert "CONCURRENTLY" in statement.upper(), migration.name
 
 
+@pytest.mark.slow
 def test_a_database_that_applied_the_released_0002_stays_valid_and_is_not_migrated_again(
     empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -360,6 +366,7 @@ def test_a_database_that_applied_the_released_0002_stays_valid_and_is_not_migrat
     assert without_checksums(snapshot(old)) == without_checksums(snapshot(fresh))
 
 
+@pytest.mark.slow
 def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again(
     empty_database: Callable[[], Db],
 ) -> None:
@@ -381,6 +388,8 @@ def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_built_again
     assert snapshot(conn) == expected
 
 
+@pytest.mark.slow
+@pytest.mark.promise("live-migration")
 def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then_applies(
     empty_database: Callable[[], Db],
     monkeypatch: pytest.MonkeyPatch,
@@ -437,6 +446,7 @@ def test_a_migration_waiting_for_a_lock_gives_way_so_the_table_stays_usable_then
     assert results == [every()[1:]]
 
 
+@pytest.mark.slow
 def test_a_migration_that_never_gets_its_locks_gives_up_clearly_and_applies_nothing(
     empty_database: Callable[[], Db], monkeypatch: pytest.MonkeyPatch
 ) -> None:

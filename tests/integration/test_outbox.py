@@ -179,6 +179,7 @@ def test_ids_differ_between_operations_and_tenants_with_colliding_operation_ids(
     assert len(set(ids)) == 4
 
 
+@pytest.mark.slow
 def test_a_run_past_its_deadline_leaves_no_message(bench: Bench) -> None:
     (key,) = bench.add(["op-slow"])
 
@@ -395,6 +396,7 @@ def test_a_relay_taken_over_has_its_marks_refused_and_the_new_one_sends(
     assert {m[3] for m in bench.messages()} == {"sent"}
 
 
+@pytest.mark.slow
 def test_a_message_the_queue_refuses_is_parked_with_the_reason_and_others_are_sent(
     bench: Bench, store: PostgresStore, sqs: SqsServer
 ) -> None:
@@ -474,6 +476,7 @@ def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.slow
 def test_status_shows_each_destinations_backlog_and_purge_removes_only_sent_messages(
     bench: Bench, store: PostgresStore, db_url: str
 ) -> None:
@@ -677,6 +680,7 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
 # -- FIFO queues and SNS topics ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_fifo_queue_drops_a_copy_by_message_id_and_keeps_each_keys_order(
     bench: Bench, store: PostgresStore, sqs: SqsServer
 ) -> None:
@@ -705,6 +709,7 @@ def test_a_fifo_queue_drops_a_copy_by_message_id_and_keeps_each_keys_order(
     assert all(bodies[1] == "receipt" for bodies in by_key.values())
 
 
+@pytest.mark.slow
 def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
     bench: Bench, store: PostgresStore, sqs: SqsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -840,6 +845,7 @@ def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_o
         drop_roles(db_url, prefix)
 
 
+@pytest.mark.slow
 def test_inspect_lists_an_operations_messages_without_their_bodies(
     bench: Bench, store: PostgresStore, db_url: str
 ) -> None:

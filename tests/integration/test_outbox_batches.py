@@ -176,6 +176,7 @@ def test_large_and_unsendable_messages_never_wedge_a_backlog_of_1000_operations(
     assert announced == set(operations) - after
 
 
+@pytest.mark.slow
 def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
     store: PostgresStore, db: Db, sqs: SqsServer
 ) -> None:

@@ -230,6 +230,7 @@ class PublishLarge(SameDatabaseHandler):
         ctx.outbox.publish(TOPIC, b"x" * 4_500_000)
 
 
+@pytest.mark.slow
 def test_a_relay_round_reads_a_bounded_size_of_bodies_and_always_one_message(
     store: PostgresStore,
 ) -> None:

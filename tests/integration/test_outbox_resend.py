@@ -121,6 +121,7 @@ def park_everything(
     return {name: (queues[name], relays[name]) for name in queues}
 
 
+@pytest.mark.slow
 def test_resend_previews_then_sends_parked_messages_back_audited_and_the_relay_sends_them(
     store: PostgresStore, db: Db, db_url: str, sqs: SqsServer
 ) -> None:

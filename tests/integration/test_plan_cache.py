@@ -41,6 +41,7 @@ SELECT regexp_replace(statement, '\\s+', ' ', 'g'), generic_plans, custom_plans
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fairness", [False, True], ids=["due-order", "tenant-fair"])
 def test_claims_settlements_heartbeats_and_ingest_run_on_generic_plans(
     db_url: str, fairness: bool

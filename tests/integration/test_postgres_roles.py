@@ -456,6 +456,7 @@ def test_the_bridge_role_records_its_key_and_erases_with_tombstones(
     assert db.execute("SELECT key_id FROM erased_operation").fetchall() == [(1,)]
 
 
+@pytest.mark.slow
 def test_the_erasure_without_tombstones_is_revoked_until_its_migration_drops_it(
     pg_admin_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

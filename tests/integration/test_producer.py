@@ -46,6 +46,7 @@ def moto() -> Iterator[SqsServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:

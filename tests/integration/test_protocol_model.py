@@ -582,6 +582,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert counts == (m.conflicts, m.quarantined_deliveries, m.audits)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # a failure is shrunk against the database, which takes a while
 def test_the_store_never_disagrees_with_the_protocol_model(
     store: PostgresStore, db: Db, monkeypatch: pytest.MonkeyPatch

@@ -68,6 +68,7 @@ def count(db: Db, query: str) -> int:
     return int(found[0])
 
 
+@pytest.mark.slow
 def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twice(
     pool_store: PostgresStore, db: Db
 ) -> None:

@@ -116,6 +116,7 @@ SETTLED_AS = {
 }
 
 
+@pytest.mark.promise("fence-refusal")
 @pytest.mark.parametrize("method", sorted(SETTLE))
 def test_every_fenced_write_with_a_stale_fence_raises_and_changes_nothing(
     clocked: PostgresStore, clock: Clock, db: Db, method: str

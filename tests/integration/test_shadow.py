@@ -412,6 +412,7 @@ def write_effects(db: Db, tmp_path: Path, name: str, shadowed: Shadowed, source:
     return ["--effects-table", f"legacy.{name}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["file", "table"])
 def test_the_report_holds_a_page_of_the_record_and_a_run_of_the_log_whatever_their_size(  # noqa: PLR0917
     store: PostgresStore,

@@ -48,8 +48,6 @@ HASHER = IdentityHasher(b"sqs-consumer-tests-identity-secret")
 TENANT = "t1"
 JOB = "work"
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[SqsServer]:
@@ -158,6 +156,7 @@ def bridge(
 # -- after_outcome -------------------------------------------------------------------------------
 
 
+@pytest.mark.promise("held-extension")
 def test_visibility_is_extended_while_the_handler_progresses(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:
@@ -196,6 +195,7 @@ def test_visibility_is_extended_while_the_handler_progresses(
     assert target(db_url, "op-1") == (1, 1)
 
 
+@pytest.mark.slow
 def test_a_stalled_handler_is_let_go_and_its_redelivery_replays(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:
@@ -252,6 +252,7 @@ def proxied_client(endpoint: str) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_a_slow_delete_does_not_hold_up_another_deliverys_extension(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:
@@ -301,6 +302,7 @@ def test_a_slow_delete_does_not_hold_up_another_deliverys_extension(
     assert sorted(handler.started) == [("long", 1), ("quick", 1)]
 
 
+@pytest.mark.slow
 def test_a_failing_receive_is_counted_reported_and_retried(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:
@@ -395,6 +397,7 @@ LEASE_LOST_ANSWERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", list(LEASE_LOST_ANSWERS))
 def test_a_lost_broker_lease_drops_the_handle_and_the_operation_completes_once(
     moto: SqsServer, store: PostgresStore, db_url: str, answer: str
@@ -449,6 +452,7 @@ def test_a_lost_broker_lease_drops_the_handle_and_the_operation_completes_once(
 # -- FIFO ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_fifo_group_is_claimed_in_group_order_with_its_receive_count(
     moto: SqsServer, store: PostgresStore, db_url: str
 ) -> None:

@@ -203,6 +203,7 @@ def test_a_500_never_reaches_the_broker(moto: SqsServer, proxy: SqsProxy) -> Non
     assert proxy.counts == {**proxy.counts, "fault.error.DeleteMessageBatch": 1}
 
 
+@pytest.mark.slow
 def test_throttling_is_retried_by_botocore_as_throttling(moto: SqsServer, proxy: SqsProxy) -> None:
     queue_url = moto.create_queue("throttle")
     client(proxy.url).send_message(QueueUrl=queue_url, MessageBody="m")
@@ -240,6 +241,7 @@ def test_a_reset_after_forwarding_applies_the_call_unheard(
     assert sqs.receive_message(QueueUrl=queue_url, WaitTimeSeconds=0).get("Messages") is None
 
 
+@pytest.mark.slow
 def test_a_latency_spike_outlasts_a_short_read_timeout(moto: SqsServer, proxy: SqsProxy) -> None:
     queue_url = moto.create_queue("latency")
     sqs = client(proxy.url)
@@ -257,6 +259,7 @@ def test_a_latency_spike_outlasts_a_short_read_timeout(moto: SqsServer, proxy: S
     assert proxy.in_flight(queue_url) == 1
 
 
+@pytest.mark.slow
 def test_faults_by_rate_hit_about_that_share_and_only_consumer_calls(
     moto: SqsServer, proxy: SqsProxy
 ) -> None:

@@ -194,6 +194,7 @@ def test_the_claimer_survives_ten_thousand_refused_claims_and_recovers(
 # -- a read-only database ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_heartbeater_claimer_and_sweeper_survive_a_read_only_database(
     moto: SqsServer, db_url: str, db: Db, store: PostgresStore
 ) -> None:
@@ -272,6 +273,7 @@ def stuck_reason(port: int) -> str:
     return str(probe(port, "/readyz")[1].get("services", {}).get("handlers", ""))
 
 
+@pytest.mark.slow
 def test_handlers_stuck_past_their_lease_fail_readiness_and_every_thread_stuck_liveness(
     moto: SqsServer, db_url: str, db: Db, store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -403,6 +405,7 @@ def test_a_revoked_grant_fails_liveness_past_the_limit_counts_restarts_and_recov
     meters.shutdown()
 
 
+@pytest.mark.slow
 def test_a_receive_loop_that_cannot_write_fails_liveness_past_the_limit_and_recovers(
     moto: SqsServer, roles: Roles, db: Db
 ) -> None:

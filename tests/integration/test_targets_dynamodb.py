@@ -94,6 +94,7 @@ def item(table: Any) -> dict[str, Any] | None:
 # -- fenced_put and fenced_update --------------------------------------------------------------
 
 
+@pytest.mark.promise("fence-refusal")
 def test_fenced_put_refuses_a_lower_fence_and_accepts_equal_or_higher(table: Any) -> None:
     fenced_put(table, {**ITEM_KEY, "balance": 100}, ctx(5))
     assert item(table) == {**ITEM_KEY, "balance": 100, "last_fence": 5}

@@ -977,7 +977,6 @@ def pubsub() -> Iterator[Any]:
         yield emulator
 
 
-@pytest.mark.slow
 def test_pubsub_producer_context_reaches_the_process_span_in_either_attribute(
     spans: Tracing, pubsub: Any, db_url: str
 ) -> None:

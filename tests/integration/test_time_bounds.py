@@ -295,7 +295,6 @@ class HungRefund(invoices.RefundInvoice):
         return done
 
 
-@pytest.mark.slow
 def test_class_a_handler_hung_in_a_call_loses_its_transaction_and_the_work_is_retried(
     store: PostgresStore, db: Db, locker: Db, pools: Callable[[Registry], WorkerPool]
 ) -> None:
@@ -362,6 +361,7 @@ class SlowPastDeadline(SameDatabaseHandler):
         return Success("late")
 
 
+@pytest.mark.slow
 def test_class_a_past_its_deadline_is_rolled_back_and_never_unknown_even_on_the_last_attempt(
     store: PostgresStore, db: Db
 ) -> None:

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from bridge.database import SessionTimeouts
 from bridge.executors.registry import Registry
@@ -110,6 +111,7 @@ def excess(times: list[int], rate: int, burst: int, slack: int = 0) -> int:
     return worst
 
 
+@pytest.mark.slow
 def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
     store: PostgresStore, db_url: str, db: Db
 ) -> None:

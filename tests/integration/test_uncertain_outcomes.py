@@ -33,7 +33,6 @@ from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
 
-pytestmark = pytest.mark.slow
 
 HASHER = IdentityHasher(b"uncertain-outcome-tests-identity-secret")
 OPERATIONS = 1_000
@@ -118,6 +117,7 @@ def ingest(store: PostgresStore, batch: list[Delivery]) -> Counter[Decision]:
     return decisions
 
 
+@pytest.mark.slow
 def test_class_c_errors_after_the_charge_are_reconciled_to_one_charge_each(
     store: PostgresStore, db: Db, pool: Callable[[Registry], WorkerPool]
 ) -> None:
@@ -155,6 +155,7 @@ def test_class_c_errors_after_the_charge_are_reconciled_to_one_charge_each(
     assert rejected == [("conflict", CONFLICTS)]
 
 
+@pytest.mark.promise("class-d-unknown")
 def test_class_d_errors_after_the_call_are_unknown_and_called_once(
     store: PostgresStore, db: Db, pool: Callable[[Registry], WorkerPool]
 ) -> None:

@@ -228,6 +228,7 @@ class Refuses(ConditionalWriteHandler):
             raise TerminalFailure("refused") from exc
 
 
+@pytest.mark.slow
 def test_a_run_leaves_nothing_for_the_cyclic_collector(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
 ) -> None:
@@ -317,6 +318,7 @@ class Gate(ConditionalWriteHandler):
 WITHIN = 4 + 3 * 4
 
 
+@pytest.mark.slow
 def test_a_backlog_fed_through_the_inbox_is_claimed_in_the_general_claims_order(
     store: PostgresStore, db: Db
 ) -> None:
@@ -443,6 +445,7 @@ class Together:
         monkeypatch.setattr(store, "settle_many", alone)
 
 
+@pytest.mark.slow
 def test_settlements_commit_with_the_claims_that_refill_their_workers(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -502,6 +505,7 @@ def test_settlements_commit_with_the_claims_that_refill_their_workers(
     assert db.execute("SELECT DISTINCT fence, attempts FROM work_item").fetchall() == [(1, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [0, 8])
 def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connection(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool], prefetch: int
@@ -611,6 +615,7 @@ def test_a_prefetched_row_whose_lease_ran_out_in_the_queue_is_given_back_unrun(
 # -- progress heartbeats -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stuck_handler_loses_its_lease_while_a_slow_one_reporting_progress_keeps_it(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
 ) -> None:
@@ -661,6 +666,7 @@ def test_a_stuck_handler_loses_its_lease_while_a_slow_one_reporting_progress_kee
 # -- stopping ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_deadline(
     store: PostgresStore, db: Db, pools: Callable[..., WorkerPool]
 ) -> None:
@@ -891,6 +897,7 @@ class ThreadsOf(Recorder):
                 raise RuntimeError("a broken events receiver")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("claim_batch", "per_statement"), [(None, 16), (5, 5)])
 def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  # noqa: PLR0917  (fixtures and parameters)
     store: PostgresStore,
@@ -945,6 +952,7 @@ def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  #
     assert full, "some round refilled all sixteen workers, in statements of claim_batch rows"
 
 
+@pytest.mark.slow
 def test_runs_end_at_their_handover_and_a_reaction_that_raises_in_the_writer_stops_nothing(
     store: PostgresStore,
     db: Db,
@@ -1013,6 +1021,7 @@ def replica(url: str, expected: int, ran: Any) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_replicas_in_processes_of_their_own_share_the_work_and_run_each_row_once(
     store: PostgresStore, db_url: str, db: Db
 ) -> None:

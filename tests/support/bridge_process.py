@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import psycopg
+
+from bridge import sql as bridge_sql
 from bridge.database import DATABASE_URL_ENV
-from bridge.identity import IDENTITY_KEY_ENV
+from bridge.identity import IDENTITY_KEY_ENV, fingerprint
 from tests.support.handlers import TARGET_URL_ENV
 from tests.support.processes import ChildProcess
 
@@ -186,10 +189,25 @@ def run_to_exit(
     )
 
 
+def record_identity_key(env: Mapping[str, str]) -> None:
+    """What ``fencebridge identity init`` does before a deployment's first ``run``: record the
+    environment's key as key 1, unless a key is recorded already (then ``run`` compares)."""
+    url, key = env.get(DATABASE_URL_ENV), env.get(IDENTITY_KEY_ENV)
+    if not url or not key:
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            bridge_sql.statement("identity_init"),
+            {"fingerprint": fingerprint(key.encode()), "actor": "test", "reason": "test setup"},
+        )
+
+
 class BridgeProcess(ChildProcess):
-    """A started ``fencebridge run`` and the test's controls over it."""
+    """A started ``fencebridge run`` and the test's controls over it (its database's identity
+    key recorded first, as a deployment's first step does)."""
 
     def __init__(self, config: Path, env: Mapping[str, str], *, health_port: int) -> None:
+        record_identity_key(env)
         self.log_path = config.with_name(f"{config.stem}-{time.monotonic_ns()}.log")
         self._log: IO[bytes] = self.log_path.open("wb")
         self.health_port = health_port

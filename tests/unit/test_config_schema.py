@@ -68,6 +68,7 @@ def _set(path: str, value: object) -> Callable[[Document], None]:
     return change
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change",
     [
@@ -126,6 +127,7 @@ def _toml(document: Document) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_the_cli_prints_it_with_every_installed_source(tmp_path: Path) -> None:
     memory_source.register(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}

@@ -739,6 +739,7 @@ def test_hostile_attributes_and_broker_fields_never_reach_a_delivery(
     decoded_twice(rules, raw(b"{}", attributes, **broker))
 
 
+@pytest.mark.slow
 @FAST
 @given(
     document=DOCUMENTS, ascii_only=st.booleans(), attributes=st.sampled_from([GOOD_ATTRIBUTES, {}])
@@ -772,6 +773,7 @@ PLAIN_JSON = st.recursive(
 ).filter(lambda v: v is not None)
 
 
+@pytest.mark.slow
 @FAST
 @given(
     value=PLAIN_JSON, rnd=st.randoms(use_true_random=False), indent=st.sampled_from([None, 1, "\t"])

@@ -20,6 +20,7 @@ def test_the_demo_command_is_found_by_its_entry_point() -> None:
     assert "demo" in build_parser([]).format_help()
 
 
+@pytest.mark.slow
 def test_the_core_commands_load_nothing_of_the_demo() -> None:
     """In a fresh interpreter: the parser of ``fencebridge run``, and the runtime it starts."""
     probe = (

@@ -105,6 +105,7 @@ def copy(n: int, key: Key | None = None) -> Copy:
     return Copy(f"h{n}", key if key is not None else Key("t1", f"op-{n}"), time.monotonic())
 
 
+@pytest.mark.slow
 def test_each_copy_is_extended_from_its_own_deadline_earliest_first(
     holder: Holder[Copy], rows: Rows, broker: Broker
 ) -> None:
@@ -150,6 +151,7 @@ def test_a_slow_acknowledgement_never_delays_another_copys_extension(
     assert broker.of("extend", "h2")[0] < broker.of("settle", "h1")[0] + broker.settle_pause
 
 
+@pytest.mark.slow
 def test_an_unconfirmed_acknowledgement_keeps_its_copy_held_and_extended(
     holder: Holder[Copy], rows: Rows, broker: Broker
 ) -> None:

@@ -67,6 +67,7 @@ def run_to_end(loop: Supervised) -> None:
     assert loop.join(Deadline(60)), "the loop never ended"
 
 
+@pytest.mark.promise("nothing-silent")
 def test_ten_thousand_consecutive_failures_leave_the_loop_alive_and_it_recovers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -134,6 +135,7 @@ def test_the_loop_is_ready_again_after_recovering() -> None:
     assert (final.ready, final.live, final.reason) == (False, True, "stopped")
 
 
+@pytest.mark.promise("nothing-silent")
 @pytest.mark.parametrize(
     ("error", "live_at_limit"),
     [

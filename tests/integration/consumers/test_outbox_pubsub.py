@@ -53,6 +53,7 @@ class AnnounceSteps(SameDatabaseHandler):
             )
 
 
+@pytest.mark.slow
 def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_trace(
     emulator: PubSubEmulator, store: PostgresStore, db: Db
 ) -> None:
@@ -115,6 +116,7 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
     assert dict(steps) == {op: list(range(PER_OPERATION)) for op in operations}
 
 
+@pytest.mark.slow
 def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
     emulator: PubSubEmulator, store: PostgresStore, db: Db
 ) -> None:

@@ -127,6 +127,7 @@ def pull_all(emulator: PubSubEmulator, subscription: str) -> list[Any]:
         )
 
 
+@pytest.mark.slow
 def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_held(
     emulator: PubSubEmulator, store: PostgresStore, db: Db
 ) -> None:
@@ -254,6 +255,7 @@ class WatchedFuture:
         return self._future.result(timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_call_to_an_unreachable_topic_waits_one_deadline_and_is_unavailable(
     emulator: PubSubEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:

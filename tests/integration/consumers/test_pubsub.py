@@ -213,6 +213,7 @@ def test_the_consumer_survives_an_emulator_crash_and_reports_it_meanwhile(
     assert emulator.deliverable(path) == []
 
 
+@pytest.mark.slow
 def test_a_stream_that_ends_with_an_error_is_opened_again(
     emulator: PubSubEmulator,
     consumers: Consumers,
@@ -241,6 +242,7 @@ def test_a_stream_that_ends_with_an_error_is_opened_again(
     assert emulator.deliverable(path) == []
 
 
+@pytest.mark.promise("held-extension")
 @pytest.mark.slow
 def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
     emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
@@ -315,6 +317,7 @@ class Pulled:
     handle: str
 
 
+@pytest.mark.slow
 def test_acks_sent_out_of_delivery_order_are_each_confirmed_once_those_before_are(
     emulator: PubSubEmulator,
 ) -> None:

@@ -49,6 +49,7 @@ class PubSubBroker:
             consumer.stop(deadline=10)
 
 
+@pytest.mark.promise("ack-after-commit-pubsub")
 class TestPubSubConformance(ConsumerConformance):
     @pytest.fixture
     def broker(self, emulator: PubSubEmulator) -> Iterator[PubSubBroker]:

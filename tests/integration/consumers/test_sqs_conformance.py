@@ -72,6 +72,7 @@ class SqsBroker:
             consumer.stop(deadline=10)
 
 
+@pytest.mark.promise("ack-after-commit-sqs")
 class TestSqsConformance(ConsumerConformance):
     @pytest.fixture
     def broker(self, sqs: SqsServer) -> Iterator[SqsBroker]:

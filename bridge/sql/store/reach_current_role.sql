@@ -1,0 +1,2 @@
+-- The role privileges are checked for (SET ROLE at connect changes it).
+SELECT current_user
