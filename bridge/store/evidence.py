@@ -4,8 +4,9 @@ operation arrived, when the first and the last did, and how many were replays or
 
 So an auditor asking "show me this refund was delivered twice and ran once" reads it on the
 operation, where before replays were only a metric. The count costs the inbox one statement in
-a batch that holds a replay, and nothing in a batch of new work (measured:
-``python -m bench.inbox --replays``).
+a batch that holds a replay, and nothing in a batch of new work; where the replayed row is held
+by a worker at that moment, the statement waits for it (measured: ``python -m bench.inbox
+--replays`` against ``--no-evidence``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
