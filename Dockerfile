@@ -24,10 +24,14 @@ COPY consumers ./consumers
 
 # Every dependency ships binary wheels for amd64 and arm64 (psycopg[binary], grpcio), so no
 # compiler is installed, even here. The environment is made without pip of its own; the
-# build stage's pip installs into it.
+# build stage's pip installs into it. EXTRAS names the optional parts installed with it: the
+# OpenTelemetry instrumentations by default (they are wired only when traces are exported);
+# `--build-arg EXTRAS=` leaves them out.
+ARG EXTRAS=instrumentation
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv --without-pip /opt/fencebridge \
- && python -m pip --python /opt/fencebridge/bin/python install /dist/fencebridge-*.whl
+ && wheel="$(ls /dist/fencebridge-*.whl)" \
+ && python -m pip --python /opt/fencebridge/bin/python install "${wheel}${EXTRAS:+[$EXTRAS]}"
 
 # -- runtime: the environment on a clean base, as an unprivileged user --------------------------
 FROM ${PYTHON_IMAGE} AS runtime

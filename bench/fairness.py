@@ -43,6 +43,7 @@ from bridge.executors.registry import Registry
 from bridge.identity import IdentityHasher
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.types import Delivery, TargetClass
 
 THREADS = 16
@@ -116,10 +117,14 @@ def one_round(url: str, plan: Plan, *, fair: bool) -> Round:
         conn.execute("VACUUM ANALYZE work_item")
         conn.execute("CHECKPOINT")
     size = THREADS + 3
-    store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
+    store = PostgresStore.connect(
+        url,
+        min_size=size,
+        max_size=size,
+        generic_plans=True,
+        policy=ClaimPolicy(fairness={} if fair else None),
+    )
     try:
-        if fair:
-            store.use_tenant_fairness()
         store.pool.wait()
         registry = Registry()
         registry.register(JOB_TYPE, Noop())
@@ -137,7 +142,7 @@ def one_round(url: str, plan: Plan, *, fair: bool) -> Round:
                     raise RuntimeError("the pool never drained the backlog")
                 time.sleep(0.05)
             for n in range(plan.quiet):
-                store.ingest([quiet_delivery(n)])
+                store.inbox.ingest([quiet_delivery(n)])
                 time.sleep(0.005)
             while claimed("quiet") < plan.quiet:
                 if time.monotonic() > ends:

@@ -135,10 +135,12 @@ class Report:
 
 
 def reading(store: PostgresStore, arm: str) -> Callable[[], object]:
-    counts: Callable[[], Stats] = store.stats if arm == EVERY_ROW else store.open_stats
+    counts: Callable[[], Stats] = (
+        store.operator.stats if arm == EVERY_ROW else store.operator.open_stats
+    )
 
     def read() -> object:
-        return counts(), store.waiting()
+        return counts(), store.operator.waiting()
 
     return read
 

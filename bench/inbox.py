@@ -74,7 +74,8 @@ from bridge.identity import IdentityHasher
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import WorkerPool
-from bridge.store import PostgresStore, postgres
+from bridge.store import PostgresStore, ingest
+from bridge.store.claims import ClaimPolicy
 from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
 BATCH = 10
@@ -129,7 +130,7 @@ class Plan:
     #: every batch after the first carries the previous batch's first delivery again (one
     #: replay in eleven copies): the batches take the inbox's careful way, as replays do
     replays: bool = False
-    #: count replays on their rows (migration 0029's delivery evidence); off: the same rounds
+    #: count replays on their rows (migration 0030's delivery evidence); off: the same rounds
     #: without the count, to measure what it costs
     evidence: bool = True
 
@@ -261,11 +262,15 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
     machine's from its pool's start to the last settlement."""
     threads = THREADS // replicas
     if not plan.evidence:  # the same rounds without the replay count: its cost
-        postgres.record_replays = lambda *_: None
+        ingest.record_replays = lambda *_: None
     size = threads + plan.claimers + 1 + plan.subscriptions + 2
-    store = PostgresStore.connect(url, min_size=size, max_size=size, generic_plans=True)
-    if plan.fairness:
-        store.use_tenant_fairness()
+    store = PostgresStore.connect(
+        url,
+        min_size=size,
+        max_size=size,
+        generic_plans=True,
+        policy=ClaimPolicy(fairness={} if plan.fairness else None),
+    )
     try:
         store.pool.wait()
         registry = Registry()
@@ -280,7 +285,7 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             claimers=plan.claimers,
             events=settled,
         )
-        inbox = Inbox(store, decoder, pool=pool)
+        inbox = Inbox(store.inbox, decoder, pool=pool)
         per = _share(plan, replicas)
         errors: list[Exception] = []
         writers = [

@@ -56,12 +56,12 @@ class PinnedStore(PostgresStore):
                 self._pinned.conn = None
 
     @contextmanager
-    def _connection(self, action: str) -> Iterator[Connection]:
+    def connection(self, action: str) -> Iterator[Connection]:
         conn: Connection | None = getattr(self._pinned, "conn", None)
         if conn is not None:
             yield conn
         else:
-            with super()._connection(action) as borrowed:
+            with super().connection(action) as borrowed:
                 yield borrowed
 
 
@@ -94,11 +94,11 @@ def _claimer(store: PinnedStore, worker: str, threads: int, shape: str) -> None:
             if shape == WITHIN:
                 with store.transaction():
                     if settled:
-                        store.settle_many(settled)
-                    claims = store.claim(worker, threads, LEASE)
+                        store.settle.settle_many(settled)
+                    claims = store.claims.claim(worker, threads, LEASE)
             else:
-                written = settler.submit(store.settle_many, settled) if settled else None
-                claims = store.claim(worker, threads, LEASE)
+                written = settler.submit(store.settle.settle_many, settled) if settled else None
+                claims = store.claims.claim(worker, threads, LEASE)
                 if written is not None:
                     written.result()
             if not claims:

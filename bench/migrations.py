@@ -55,6 +55,8 @@ from bench.store import (
 from bridge import sql
 from bridge.store import PostgresStore
 from bridge.store.migrate import migrate
+from bridge.store.work import Settlement
+from bridge.types import State
 
 LEASE = timedelta(minutes=5)
 RUNNER, ONE_TRANSACTION = "runner", "one transaction"
@@ -210,9 +212,9 @@ class Claimers:
 
     def _loop(self, worker: str) -> None:
         while not self._stop.is_set():
-            claims = self._store.claim(worker, 1, LEASE)
+            claims = self._store.claims.claim(worker, 1, LEASE)
             for claim in claims:
-                self._store.complete(claim.ticket)
+                self._store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
             with self._lock:
                 self.done.extend(time.monotonic() for _ in claims)
 

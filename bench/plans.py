@@ -43,6 +43,7 @@ from bench.store import (
 )
 from bench.workers import JOB_TYPE
 from bridge.store import PostgresStore, Settlement
+from bridge.store.claims import ClaimPolicy
 from bridge.types import Claim, State
 
 LEASE = timedelta(minutes=5)
@@ -92,8 +93,9 @@ def one_round(url: str, plan: Plan, arm: str) -> dict[str, float]:
         if arm == "fresh":
             conn.execute("ANALYZE work_item")
         conn.execute("CHECKPOINT")
-    store = PostgresStore.connect(url, min_size=1, max_size=1, generic_plans=True)
-    store.use_tenant_fairness()
+    store = PostgresStore.connect(
+        url, min_size=1, max_size=1, generic_plans=True, policy=ClaimPolicy(fairness={})
+    )
     times: dict[str, list[float]] = {step: [] for step in STEPS}
     try:
         for _ in range(plan.repeat):
@@ -110,10 +112,12 @@ def one_round(url: str, plan: Plan, arm: str) -> dict[str, float]:
 def _steps(store: PostgresStore, claimed: list[Claim]) -> dict[str, Callable[[], object]]:
     """One round's statements, in order: the claim fills ``claimed`` for the others."""
     return {
-        "claim": lambda: claimed.extend(store.claim("bench", CLAIM, LEASE, job_types=[JOB_TYPE])),
-        "heartbeat_many": lambda: store.heartbeat_many([c.ticket for c in claimed], LEASE),
-        "heartbeat": lambda: store.heartbeat(claimed[0].ticket, LEASE),
-        "settle_many": lambda: store.settle_many(
+        "claim": lambda: claimed.extend(
+            store.claims.claim("bench", CLAIM, LEASE, job_types=[JOB_TYPE])
+        ),
+        "heartbeat_many": lambda: store.settle.heartbeat_many([c.ticket for c in claimed], LEASE),
+        "heartbeat": lambda: store.settle.heartbeat(claimed[0].ticket, LEASE),
+        "settle_many": lambda: store.settle.settle_many(
             [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed]
         ),
     }

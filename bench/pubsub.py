@@ -255,7 +255,7 @@ def bridge_arm(
         poll_interval=settings.poll_interval_seconds,
     )
     inbox = Inbox(
-        store,
+        store.inbox,
         partial(decode, config.decode_rules("bench")),
         pool=pool if workers else None,
     )
@@ -324,7 +324,7 @@ def _consumer_process(  # noqa: PLR0917  (the child process entry point)
         CONFIG.format(job=JOB, path=path, flow=FLOW_MAX_MESSAGES), file="bench.toml"
     )
     store = PostgresStore.connect(db_url, max_size=4)
-    inbox = Inbox(store, partial(decode, config.decode_rules("bench")))
+    inbox = Inbox(store.inbox, partial(decode, config.decode_rules("bench")))
     consumer = PubSubConsumer(subscriber_client(host), path, "bench", inbox, close_client=True)
     go.wait()
     consumer.start()

@@ -241,7 +241,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
     stop_purge = threading.Event()
 
     def purge_round() -> None:
-        counts = store.purge_batch(plan.retention, PURGE_BATCH)
+        counts = store.operator.purge_batch(plan.retention, PURGE_BATCH)
         if counts is not None:
             report.purged += counts.work_rows
 
@@ -254,7 +254,7 @@ def steady(url: str, plan: Plan, report: Report) -> None:
         pool = WorkerPool(
             store, registry, IdentityHasher.ephemeral(), worker_id="bench", events=settled
         )
-        producer = Producer(Inbox(store, decoder, pool=pool), plan.rate)
+        producer = Producer(Inbox(store.inbox, decoder, pool=pool), plan.rate)
         settle_in()  # as `fencebridge run` does before it starts
         pool.start()
         purger.start()

@@ -70,10 +70,10 @@ from psycopg.rows import TupleRow
 from bridge import embedded, sql
 from bridge.database import DATABASE_URL_ENV
 from bridge.store import PostgresStore
+from bridge.store.ingest import insert_params
 from bridge.store.migrate import migrate
-from bridge.store.postgres import insert_params
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
-from bridge.types import Delivery, TargetClass
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, Settlement
+from bridge.types import Delivery, State, TargetClass
 
 Connection = psycopg.Connection[TupleRow]
 #: one unit of work of one thread: returns the rows it moved; 0 means "nothing left"
@@ -461,7 +461,7 @@ def library_ingest_step(store: PostgresStore, batches: Iterator[list[Delivery]])
         batch = next(batches, None)
         if batch is None:
             return 0
-        store.ingest(batch)
+        store.inbox.ingest(batch)
         return len(batch)
 
     return step
@@ -524,19 +524,21 @@ def library_claim_step(store: PostgresStore, worker: str, batch: int) -> Step:
     if batch == 1:
 
         def single() -> int:
-            claims = store.claim(worker, 1, LEASE)
+            claims = store.claims.claim(worker, 1, LEASE)
             if not claims:
                 return 0
-            store.complete(claims[0].ticket)
+            store.settle.settle(Settlement(claims[0].ticket, State.SUCCEEDED, "ok"))
             return 1
 
         return single
 
     def batched() -> int:
-        claims = store.claim(worker, batch, LEASE)
+        claims = store.claims.claim(worker, batch, LEASE)
         if not claims:
             return 0
-        if store.complete_many([c.ticket for c in claims]):
+        if store.settle.settle_many(
+            [Settlement(t, State.SUCCEEDED, "ok") for t in [c.ticket for c in claims]]
+        ):
             raise fenced_out()
         return len(claims)
 
@@ -1126,7 +1128,7 @@ def run(database_url: str | None, plan: Plan, sections: Sequence[str], argv: lis
                 bench_database(admin_url, NONE) as none_url,
                 bench_database(admin_url, HISTORY) as hist_url,
             ):
-                runner.history(none_url, hist_url)
+                runner.operator.history(none_url, hist_url)
         if "attempts" in sections:
             with timed("attempts"), bench_database(admin_url, "attempts") as url:
                 runner.attempts(url)

@@ -92,6 +92,7 @@ from bridge.identity import IdentityHasher
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import CLAIMERS_DEFAULT, WorkerPool
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import migrate
 from bridge.types import Claim, Delivery, State, TargetClass
 
@@ -347,7 +348,7 @@ class Settled:
 def fencebridge_prepare(store: PostgresStore, jobs: int) -> None:
     body = json.dumps(PAYLOAD).encode()
     for start in range(0, jobs, ENQUEUE_BATCH):
-        store.ingest(
+        store.inbox.ingest(
             [
                 Delivery(
                     tenant_id="bench",
@@ -380,9 +381,10 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     instead of the pool, on a store opened the same way."""
     if shape is not None:
         size = 2 * claimers  # a claim and a settlement connection per claimer
-        bare = PinnedStore(open_pool(url, min_size=size, max_size=size, generic_plans=True))
-        if fair:
-            bare.use_tenant_fairness()
+        bare = PinnedStore(
+            open_pool(url, min_size=size, max_size=size, generic_plans=True),
+            policy=ClaimPolicy(fairness={} if fair else None),
+        )
         try:
             bare.pool.wait()
             loop_drain(bare, threads, claimers, shape)
@@ -391,10 +393,12 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
         return
     connections = threads + claimers + 1  # workers, claimers, heartbeater
     store = PostgresStore.connect(
-        url, min_size=connections, max_size=connections, generic_plans=True
+        url,
+        min_size=connections,
+        max_size=connections,
+        generic_plans=True,
+        policy=ClaimPolicy(fairness={} if fair else None),
     )
-    if fair:
-        store.use_tenant_fairness()
     try:
         store.pool.wait()
         registry = Registry()

@@ -36,11 +36,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
-from bridge import sql
-from bridge.database import Connection, translate_errors
 from bridge.errors import IdentityKeyMismatch, IdentityKeyUnrecorded
 from bridge.identity import (
     IDENTITY_KEY_ENV,
@@ -49,24 +45,9 @@ from bridge.identity import (
     IdentityHasher,
     shown,
 )
-from bridge.store.work import KeyedStore
+from bridge.store.keys import KeyStore, KeyTransaction, RecordedKey
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedKey:
-    key_id: int
-    fingerprint: str
-    registered_at: datetime
-    registered_by: str
-    reason: str | None
-    #: when an erasure first left its tombstones under other keys only (migration 0024): a
-    #: process holding no other key that was never missed refuses to write new work since
-    missed_erasure_at: datetime | None = None
-
-    def describe(self) -> str:
-        return f"key {self.key_id} (fingerprint {shown(self.fingerprint)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +73,7 @@ class Rotation:
 
 
 def attach(
-    store: KeyedStore, hasher: IdentityHasher, *, used_by: str, first_use: bool = True
+    store: KeyStore, hasher: IdentityHasher, *, used_by: str, first_use: bool = True
 ) -> None:
     """Refuse keys the database was not written under, and bind the database's key ids to
     ``hasher`` and ``store``. Changes nothing when it refuses.
@@ -103,18 +84,10 @@ def attach(
     a deployment's key is recorded on purpose, by ``fencebridge identity init``, never by the
     first process that happened to start with some key.
     """
-    with (
-        translate_errors("identity keys"),
-        store.pool.connection() as conn,
-        conn.transaction(),  # a refusal rolls back the first use's record too
-    ):
-        first = None
-        if first_use:
-            first = conn.execute(
-                sql.statement("identity_register_first"),
-                {"fingerprint": hasher.fingerprint, "registered_by": used_by, "reason": None},
-            ).fetchone()
-        keys = recorded_keys(conn)
+    # one transaction: a refusal rolls back the first use's record too
+    with store.transaction("identity keys") as tx:
+        first = first_use and tx.register_first(hasher.fingerprint, used_by, None)
+        keys = tx.recorded()
         if not keys:
             raise IdentityKeyUnrecorded(
                 "no identity key is recorded in this database yet: record the deployment's key "
@@ -122,8 +95,8 @@ def attach(
                 f"set to it; this one's fingerprint is {shown(hasher.fingerprint)}), then start "
                 "again; nothing was done"
             )
-        _check(conn, keys, hasher)
-    if first is not None:
+        _check(tx, keys, hasher)
+    if first:
         log.warning(
             "identity key recorded on first use by %s: key 1 (fingerprint %s): every "
             "idempotency key and hashed identifier derives from it; give every bridge and "
@@ -134,25 +107,22 @@ def attach(
     _bind(store, hasher, keys)
 
 
-def verify(store: KeyedStore, hasher: IdentityHasher) -> None:
+def verify(store: KeyStore, hasher: IdentityHasher) -> None:
     """:func:`attach` for commands that only show hashes: compares, records nothing (with no
     key recorded yet there is nothing to compare with)."""
-    with translate_errors("identity keys"), store.pool.connection() as conn:
-        keys = recorded_keys(conn)
+    with store.transaction("identity keys") as tx:
+        keys = tx.recorded()
         if not keys:
             return
-        _check(conn, keys, hasher)
+        _check(tx, keys, hasher)
     _bind(store, hasher, keys)
 
 
-def status(store: KeyedStore, hasher: IdentityHasher | None) -> list[KeyUse]:
+def status(store: KeyStore, hasher: IdentityHasher | None) -> list[KeyUse]:
     """Every recorded key with its rows, and which of them this environment holds."""
-    with translate_errors("identity status"), store.pool.connection() as conn:
-        keys = recorded_keys(conn)
-        counts = {
-            int(k): (int(o), int(t))
-            for k, o, t in conn.execute(sql.statement("identity_rows")).fetchall()
-        }
+    with store.transaction("identity status") as tx:
+        keys = tx.recorded()
+        counts = tx.rows()
     held: dict[str, str] = {}
     if hasher is not None:
         held = dict.fromkeys(hasher.previous_fingerprints, "previous")
@@ -171,7 +141,7 @@ def status(store: KeyedStore, hasher: IdentityHasher | None) -> list[KeyUse]:
 
 
 def rotate(
-    store: KeyedStore,
+    store: KeyStore,
     hasher: IdentityHasher,
     *,
     actor: str,
@@ -186,14 +156,10 @@ def rotate(
     """
     if not actor or not reason:
         raise ValueError("a rotation needs an actor and a reason for the record")
-    with (
-        translate_errors("identity rotate"),
-        store.pool.connection() as conn,
-        conn.transaction(force_rollback=dry_run),
-    ):
-        keys = recorded_keys(conn)
+    with store.transaction("identity rotate", dry_run=dry_run) as tx:
+        keys = tx.recorded()
         if not keys:
-            keys = _record_first_previous(conn, hasher, actor)
+            keys = _record_first_previous(tx, hasher, actor)
         by_fingerprint = {k.fingerprint: k for k in keys}
         current = keys[-1]
         mine = by_fingerprint.get(hasher.fingerprint)
@@ -215,28 +181,19 @@ def rotate(
             )
         _check_previous(by_fingerprint, hasher)
         held = [by_fingerprint[f].key_id for f in hasher.previous_fingerprints]
-        missing = _open_rows(conn, held)
+        missing = tx.open_rows(held)
         if missing:
             raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was changed")
-        erased = _tombstone_keys(conn, [*held, current.key_id])
+        erased = tx.tombstone_keys([*held, current.key_id])
         if erased:
             raise IdentityKeyMismatch(_tombstone_message(erased, keys) + "; nothing was changed")
-        row = conn.execute(
-            sql.statement("identity_rotate"),
-            {
-                "current_id": current.key_id,
-                "fingerprint": hasher.fingerprint,
-                "actor": actor,
-                "reason": reason,
-            },
-        ).fetchone()
-        if row is None:
+        if not tx.rotate(current.key_id, hasher.fingerprint, actor=actor, reason=reason):
             raise IdentityKeyMismatch(
                 "another rotation recorded a new key meanwhile; nothing was changed: see "
                 "`fencebridge identity status`"
             )
-        after = recorded_keys(conn)
-        in_use = _open_rows(conn, [])
+        after = tx.recorded()
+        in_use = tx.open_rows([])
     new = next(k for k in after if k.fingerprint == hasher.fingerprint)
     previous = tuple(k for k in after if k.key_id in in_use or k.key_id == current.key_id)
     if not dry_run:
@@ -247,13 +204,7 @@ def rotate(
 # -- the checks --------------------------------------------------------------------------------
 
 
-def recorded_keys(conn: Connection) -> list[RecordedKey]:
-    """Every recorded key, oldest first (the newest is the current one)."""
-    rows = conn.execute(sql.statement("identity_keys")).fetchall()
-    return [RecordedKey(int(i), f, at, by, why, missed) for i, f, at, by, why, missed in rows]
-
-
-def _check(conn: Connection, keys: list[RecordedKey], hasher: IdentityHasher) -> None:
+def _check(tx: KeyTransaction, keys: list[RecordedKey], hasher: IdentityHasher) -> None:
     by_fingerprint = {k.fingerprint: k for k in keys}
     current = keys[-1]
     mine = by_fingerprint.get(hasher.fingerprint)
@@ -274,10 +225,10 @@ def _check(conn: Connection, keys: list[RecordedKey], hasher: IdentityHasher) ->
         )
     _check_previous(by_fingerprint, hasher)
     held = [by_fingerprint[f].key_id for f in (hasher.fingerprint, *hasher.previous_fingerprints)]
-    missing = _open_rows(conn, held)
+    missing = tx.open_rows(held)
     if missing:
         raise IdentityKeyMismatch(_missing_message(missing, keys) + "; nothing was done")
-    erased = _tombstone_keys(conn, held)
+    erased = tx.tombstone_keys(held)
     if erased:
         raise IdentityKeyMismatch(_tombstone_message(erased, keys) + "; nothing was done")
 
@@ -291,18 +242,6 @@ def _check_previous(by_fingerprint: dict[str, RecordedKey], hasher: IdentityHash
             "deployment's earlier keys (`fencebridge identity status` shows the recorded "
             "fingerprints); nothing was done"
         )
-
-
-def _open_rows(conn: Connection, held: list[int]) -> dict[int, int]:
-    rows = conn.execute(sql.statement("identity_open_rows"), {"held": held}).fetchall()
-    return {int(k): int(n) for k, n in rows}
-
-
-def _tombstone_keys(conn: Connection, held: list[int]) -> dict[tuple[int, ...], int]:
-    """The erased operations none of whose tombstones is under a key in ``held``, by the keys
-    their tombstones are under (an erasure hashes each one under every key it holds)."""
-    rows = conn.execute(sql.statement("identity_tombstone_keys"), {"held": held}).fetchall()
-    return {tuple(int(k) for k in ks): int(n) for ks, n in rows}
 
 
 def _tombstone_message(missing: dict[tuple[int, ...], int], keys: list[RecordedKey]) -> str:
@@ -335,7 +274,7 @@ def _missing_message(missing: dict[int, int], keys: list[RecordedKey]) -> str:
 
 
 def _record_first_previous(
-    conn: Connection, hasher: IdentityHasher, actor: str
+    tx: KeyTransaction, hasher: IdentityHasher, actor: str
 ) -> list[RecordedKey]:
     """A database that recorded no key yet: its rows were written under the one previous key."""
     previous = hasher.previous_fingerprints
@@ -345,18 +284,14 @@ def _record_first_previous(
             f"under must be the one key in {IDENTITY_PREVIOUS_KEYS_ENV} (it holds "
             f"{len(previous)}); nothing was changed"
         )
-    params: dict[str, Any] = {
-        "fingerprint": previous[0],
-        "registered_by": actor,
-        "reason": "recorded by the first rotation: the key rows were written under until then",
-    }
-    conn.execute(sql.statement("identity_register_first"), params)
-    return recorded_keys(conn)
+    reason = "recorded by the first rotation: the key rows were written under until then"
+    tx.register_first(previous[0], actor, reason)
+    return tx.recorded()
 
 
-def _bind(store: KeyedStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:
+def _bind(store: KeyStore, hasher: IdentityHasher, keys: list[RecordedKey]) -> None:
     hasher.bind({k.fingerprint: k.key_id for k in keys})
     key_id, held = hasher.key_id, hasher.held_key_ids
     assert key_id is not None
     assert held is not None
-    store.use_identity_keys(key_id, held, hasher.erased_operation_candidates)
+    store.bind(key_id, held, hasher.erased_operation_candidates)

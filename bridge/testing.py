@@ -65,7 +65,7 @@ class HandlerBench:
         self.url = url
         self.store = PostgresStore.connect(url, max_size=4)
         self.hasher = IdentityHasher(secrets.token_hex(32).encode())
-        keyring.attach(self.store, self.hasher, used_by="fencebridge testing")
+        keyring.attach(self.store.keys, self.hasher, used_by="fencebridge testing")
 
     def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         """An autocommit connection to the test's database (its tables, a class A handler's)."""
@@ -88,7 +88,7 @@ class HandlerBench:
         spec = registry.register(job_type, handler, retry=RetryPolicy(max_attempts=attempts))
         body = payload if isinstance(payload, bytes) else json.dumps(payload or {}).encode()
         key = Key(tenant, operation)
-        self.store.ingest(
+        self.store.inbox.ingest(
             [
                 Delivery(
                     tenant_id=tenant,
@@ -115,17 +115,23 @@ class HandlerBench:
         if registry is None:
             registry = Registry()
             registry.register(job_type, handler)
-        claims = self.store.claim_keys("fencebridge-test", [key], LEASE)
+        claims = self.store.claims.claim_keys("fencebridge-test", [key], LEASE)
         if claims:
             (claim,) = claims
             spec = registry[claim.job_type]
             execute(
-                Run(self.store, claim, spec, Context.for_claim(claim, self.hasher), EventCounter())
+                Run(
+                    self.store.settle,
+                    claim,
+                    spec,
+                    Context.for_claim(claim, self.hasher),
+                    EventCounter(),
+                )
             )
         return self.outcome(key)
 
     def outcome(self, key: Key) -> Outcome:
-        row = self.store.history(key).row
+        row = self.store.operator.history(key).row
         if row is None:
             raise LookupError("no work row for this operation")
         return Outcome(

@@ -12,6 +12,13 @@ The :class:`Holder` keeps each copy's deadline itself and acts on it:
 - on stop, **release** every copy still held (visibility 0 / nack), so another replica takes it
   at once instead of after its deadline.
 
+Copies can come in **ack groups** (``order``: a Pub/Sub ordering key on an ordered
+exactly-once subscription): the broker confirms a copy's acknowledgement only once those of
+the copies delivered before it in its group are, and refuses an early one. A copy of a group is
+therefore acknowledged only at the head of its group, together with the ready copies right
+behind it, in delivery order, in one call; a later copy whose row settled first waits, extended
+as any held copy, and is never sent early. Copies of no group never wait for anything.
+
 Broker calls run on a small pool of call threads, never on the scheduling thread: a slow or
 failing call delays only its own batch, and deletes never queue in front of extensions. A
 transient failure is retried with jittered exponential backoff (tenacity) for as long as the
@@ -35,6 +42,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
+from operator import itemgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from tenacity import (
@@ -70,6 +79,8 @@ _BATCH_AHEAD = 0.5
 #: seconds an extension is retried at least (a copy past its estimated deadline may still be
 #: leased: the estimate errs early)
 _EXTEND_BUDGET_MIN = 2.0
+#: seconds an acknowledgement is tried at least, even when its copy's extension is due
+_SETTLE_TRY_MIN = 0.25
 
 
 class HeldDelivery(Protocol):
@@ -176,10 +187,15 @@ class Holder(Generic[T]):
         call_threads: int = CALL_THREADS_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
         supervise: Callable[..., Supervised] = Supervised,
+        on_settled: Callable[[Sequence[T]], None] | None = None,
+        order: Callable[[T], tuple[str, int] | None] | None = None,
     ) -> None:
         """``supervise`` builds the scheduling loop's service (a consumer passes its inbox's
         :meth:`~bridge.ingest.inbox.Inbox.supervised`, so the loop counts and reports like the
-        core's).
+        core's). ``on_settled`` is told of every copy whose acknowledgement the broker confirmed
+        (a consumer records its receive-to-ack time there, unless its broker calls do).
+        ``order`` gives a copy's ack group and its place in it (see the module), asked each
+        round (a consumer may learn that the broker orders more than it said).
         """
         if extension <= 0 or limit <= 0:
             raise ValueError("extension and limit must be positive")
@@ -194,6 +210,8 @@ class Holder(Generic[T]):
         self._margin = extension / 2 if margin is None else margin
         self._settle_interval = settle_interval
         self._clock = clock
+        self._on_settled = on_settled
+        self._order = order
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
         self._due: list[tuple[float, int, int, str]] = []
@@ -351,9 +369,30 @@ class Holder(Generic[T]):
             self._count("let_go", len(sorted_.let_go))
         for chunk in _chunks(sorted_.extend, self._broker.max_batch):
             self._submit(self._extend_calls, self._extend, chunk)
-        for chunk in _chunks(sorted_.settle, self._broker.max_batch):
+        for chunk in self._settle_chunks(sorted_.settle):
             self._submit(self._settle_calls, self._settle, chunk)
         return problem
+
+    def _settle_chunks(self, settle: list[_Entry[T]]) -> list[list[_Entry[T]]]:
+        """Calls of at most ``max_batch`` copies; the copies of one group go in one call, in
+        the order given (calls run in parallel: two calls of a group could arrive swapped)."""
+        if self._order is None:
+            return _chunks(settle, self._broker.max_batch)
+        runs: dict[str | None, list[_Entry[T]]] = {}
+        free: list[list[_Entry[T]]] = []
+        for entry in settle:
+            place = self._order(entry.item)
+            if place is None:
+                free.append([entry])
+            else:
+                runs.setdefault(place[0], []).append(entry)
+        calls: list[list[_Entry[T]]] = []
+        for run in [*runs.values(), *free]:
+            if calls and len(calls[-1]) + len(run) <= self._broker.max_batch:
+                calls[-1].extend(run)
+            else:
+                calls.append(list(run))
+        return calls
 
     def _watch(self, keys: list[Key]) -> dict[Key, tuple[State, bool]]:
         rows: dict[Key, tuple[State, bool]] = {}
@@ -375,14 +414,48 @@ class Holder(Generic[T]):
                 late = self._entries.get(handle)
                 if late is not None and not late.busy:
                     self._schedule(late)
+            ready: list[_Entry[T]] = []
             for entry in idle:
                 if entry.item.handle not in self._entries:
                     continue
                 decision = self._decide(out, entry, rows, entry.item.handle in due, now)
-                if decision is not None:
+                if decision is out.settle:
+                    ready.append(entry)
+                elif decision is not None:
                     entry.busy = decision is not out.let_go
                     decision.append(entry)
+            now_sent = self._in_order(ready)
+            sent = {e.item.handle for e in now_sent}
+            for entry in now_sent:
+                entry.busy = True
+                out.settle.append(entry)
+            for entry in ready:
+                # Waiting for an earlier copy of its group: kept leased meanwhile.
+                if entry.item.handle not in sent and entry.item.handle in due:
+                    entry.busy = True
+                    out.extend.append(entry)
         return out
+
+    def _in_order(self, ready: list[_Entry[T]]) -> list[_Entry[T]]:
+        """Of the copies ready to be acknowledged, those that may be sent now (lock held): every
+        copy of no group, and of each group the ready copies from its head on, in delivery
+        order, up to the first copy that is not ready (still waiting for its row, or busy), at
+        most one call's worth."""
+        if self._order is None:
+            return ready
+        places = {handle: self._order(e.item) for handle, e in self._entries.items()}
+        ready_handles = {e.item.handle for e in ready}
+        groups: dict[str, list[tuple[int, _Entry[T]]]] = {}
+        for handle, place in places.items():
+            if place is not None:
+                groups.setdefault(place[0], []).append((place[1], self._entries[handle]))
+        ordered: list[_Entry[T]] = []
+        for members in groups.values():
+            members.sort(key=itemgetter(0))
+            run = takewhile(lambda m: m[1].item.handle in ready_handles, members)
+            ordered.extend(e for _, e in islice(run, self._broker.max_batch))
+        free = [e for e in ready if places.get(e.item.handle) is None]
+        return [*ordered, *free]
 
     def _decide(
         self,
@@ -468,11 +541,14 @@ class Holder(Generic[T]):
         key): giving up would let the copy lapse and the broker hand out it and every later
         copy of its key again. Only ``limit`` ends a hold.
         """
-        budget = min(max(min(e.deadline for e in chunk) - self._clock(), 0.0), _SETTLE_TRY)
+        # Tried until the earliest copy's extension is due, at most _SETTLE_TRY: a copy whose
+        # ack waits on the broker must not stay busy past the moment it has to be extended.
+        due = min(e.deadline for e in chunk) - self._margin - self._clock()
+        budget = min(max(due, _SETTLE_TRY_MIN), _SETTLE_TRY)
         done, lost, left = confirm(
             self._broker.settle,
             [e.item for e in chunk],
-            budget=max(budget, _SETTLE_TRY / 4),
+            budget=budget,
             stopping=self._stopping,
             name=self.name,
         )
@@ -486,6 +562,8 @@ class Holder(Generic[T]):
             for e in retried:
                 e.settle_retried = True
             self._idle(retried)
+        if done and self._on_settled is not None:
+            self._on_settled(done)
 
     def _extend(self, chunk: list[_Entry[T]]) -> None:
         sent = self._clock()

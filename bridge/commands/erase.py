@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         operation_hash = (
             None if args.operation is None else hasher.operation(args.tenant, args.operation)
         )
-        counts = store.erase(
+        counts = store.operator.erase(
             args.tenant,
             operation_id=args.operation,
             tenant_hash=tenant_hash,

@@ -94,7 +94,7 @@ def status(args: argparse.Namespace) -> int:
 
     hasher = IdentityHasher.optional_from_env()
     with open_store(args) as store:
-        uses = keyring.status(store, hasher)
+        uses = keyring.status(store.keys, hasher)
     current = next((u for u in uses if u.current), None)
     fine = current is not None and (hasher is None or current.held == "current")
     if args.json:
@@ -165,7 +165,7 @@ def rotate(args: argparse.Namespace) -> int:
     hasher = identity_hasher()
     with open_store(args, writes=True) as store:
         rotation = keyring.rotate(
-            store,
+            store.keys,
             hasher,
             actor=args.actor or os_user(),
             reason=args.reason,

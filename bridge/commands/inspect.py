@@ -23,11 +23,9 @@ from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
-    from bridge.operator.resend import ResendAudit
-    from bridge.outbox.relay import OutboxRecord
     from bridge.store.evidence import DeliveryEvidence
+    from bridge.store.outbox import OutboxRecord, ResendAudit
     from bridge.store.records import AttemptRecord, ErasureRecord, OperationHistory
-    from bridge.types import Key
 
 
 def register(commands: Subcommands) -> None:
@@ -49,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
     key = Key(args.tenant, args.operation)
     with open_store(args) as store:
         hasher = optional_hasher(store)
-        history = store.history(key)
-        outbox = _outbox(store, key.tenant_id, key.operation_id)
-        resends = _resends(store, key.tenant_id, key.operation_id)
-        evidence = _evidence(store, key)
+        history = store.operator.history(key)
+        outbox = store.outbox.of_operation(key.tenant_id, key.operation_id)
+        resends = store.outbox.resends_of_operation(key.tenant_id, key.operation_id)
+        evidence = store.operator.evidence(key)
         erasures = (
-            store.erasures(
+            store.operator.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
             )
             if hasher is not None and history.row is None
@@ -137,34 +135,6 @@ def _evidence_line(e: DeliveryEvidence) -> str:
         f"{e.copies} cop{'y' if e.copies == 1 else 'ies'} arrived ({e.replays} replay(s), "
         f"{e.conflicts} conflict(s)), first {moment(e.first_seen)}, last {moment(e.last_seen)}"
     )
-
-
-def _evidence(store: object, key: Key) -> DeliveryEvidence | None:
-    """The operation's delivery evidence (the PostgreSQL store has it)."""
-    from bridge.store import PostgresStore
-    from bridge.store.evidence import evidence_of
-
-    return evidence_of(store.pool, key) if isinstance(store, PostgresStore) else None
-
-
-def _outbox(store: object, tenant_id: str, operation_id: str) -> list[OutboxRecord]:
-    """The operation's outbox messages (the PostgreSQL store has them)."""
-    from bridge.outbox.relay import OutboxStore
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        return []
-    return OutboxStore(store.pool).of_operation(tenant_id, operation_id)
-
-
-def _resends(store: object, tenant_id: str, operation_id: str) -> list[ResendAudit]:
-    """Who sent the operation's parked outbox messages back, and why."""
-    from bridge.operator.resend import OutboxResend
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        return []
-    return OutboxResend(store.pool).of_operation(tenant_id, operation_id)
 
 
 def _outbox_lines(outbox: Sequence[OutboxRecord], resends: Sequence[ResendAudit]) -> list[str]:

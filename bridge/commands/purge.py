@@ -17,7 +17,6 @@ from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.operator.retention import Stream
-    from bridge.outbox.relay import OutboxStore
 
 
 def register(commands: Subcommands) -> None:
@@ -67,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.force:
         _refuse_within_redelivery(older_than, horizon, streams)
     with open_store(args, writes=True) as store:
-        outbox = _outbox(store)
+        outbox = store.outbox
         if args.dry_run:
-            counts = store.purge_preview(older_than, tombstone_horizon=horizon)
+            counts = store.operator.purge_preview(older_than, tombstone_horizon=horizon)
             print(
                 f"would purge {counts.work_rows} work row(s), {counts.rejected_deliveries} "
                 f"rejected deliveries and {counts.payloads} payload(s) older than "
@@ -81,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{counts.shadow_operations} shadow operation record(s) older than "
                 f"{_span(older_than)}"
             )
-            if outbox is not None:
-                print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
+            print(f"would purge {outbox.purge_preview(older_than)} sent outbox message(s)")
             return 0
-        report = purge(store, older_than, batch_size=args.batch_size, tombstone_horizon=horizon)
-        sent = outbox.purge(older_than, args.batch_size) if outbox is not None else None
+        report = purge(
+            store.operator, older_than, batch_size=args.batch_size, tombstone_horizon=horizon
+        )
+        sent = outbox.purge(older_than, args.batch_size)
     removed = report.removed
     print(
         f"purged {removed.work_rows} work row(s), {removed.rejected_deliveries} rejected "
@@ -97,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
         f"purged {removed.shadow_deliveries} shadow delivery record(s) and "
         f"{removed.shadow_operations} shadow operation record(s) older than {_span(older_than)}"
     )
-    if sent is not None:
-        print(f"purged {sent} sent outbox message(s) older than {_span(older_than)}")
+    print(f"purged {sent} sent outbox message(s) older than {_span(older_than)}")
     if report.locked_out:
         print("fencebridge purge: another purge is running; this one stopped", file=sys.stderr)
         return 1
@@ -120,14 +119,6 @@ def _refuse_within_redelivery(
     problems = within_redelivery(older_than, horizon, streams)
     if problems:
         raise ConfigError(f"refused, nothing deleted: {'; '.join(problems)} ({hint})")
-
-
-def _outbox(store: object) -> OutboxStore | None:
-    """The outbox's statements on the command's store (the PostgreSQL store has them)."""
-    from bridge.outbox.relay import OutboxStore
-    from bridge.store import PostgresStore
-
-    return OutboxStore(store.pool) if isinstance(store, PostgresStore) else None
 
 
 def _span(age: timedelta) -> str:

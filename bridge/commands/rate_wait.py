@@ -65,7 +65,7 @@ def list_waits(args: argparse.Namespace) -> int:
     hasher = identity_hasher()  # tenants are shown by keyed hash only
     with open_store(args) as store:
         keyed(store, hasher)
-        waits = store.rate_waits(args.job_type)
+        waits = store.operator.rate_waits(args.job_type)
     if args.json:
         print_json(
             {
@@ -96,7 +96,7 @@ def clear(args: argparse.Namespace) -> int:
     with open_store(args, writes=True) as store:
         keyed(store, hasher)
         report = lift_rate_waits(
-            store,
+            store.operator,
             args.job_type,
             tenant_id=args.tenant,
             actor=args.actor or os_user(),

@@ -9,11 +9,8 @@ from bridge.commands.arguments import add_database_flag, positive, stored_text, 
 from bridge.commands.session import open_store, os_user, table
 
 if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
-
     from bridge.commands.arguments import Subcommands
-    from bridge.database import Connection
-    from bridge.operator.resend import Resent
+    from bridge.store.outbox import Resent
 
 
 def register(commands: Subcommands) -> None:
@@ -51,7 +48,7 @@ def register(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.operator.resend import OutboxResend, ParkedSelection
+    from bridge.store.outbox import ParkedSelection
 
     if args.operation is not None and args.tenant is None:
         raise usage("--operation needs --tenant")
@@ -62,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         message_ids=args.message,
     )
     with open_store(args, writes=True) as store:
-        resend = OutboxResend(_pool(store))
+        resend = store.outbox
         matching = resend.parked(selection)
         moved = resend.resend(
             selection,
@@ -73,15 +70,6 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\n".join(_lines(moved, matching, dry_run=args.dry_run)))
     return 0
-
-
-def _pool(store: object) -> ConnectionPool[Connection]:
-    """The command's store's pool (the PostgreSQL store is the one that has an outbox)."""
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        raise usage("the outbox lives in the PostgreSQL store")
-    return store.pool
 
 
 def _lines(moved: list[Resent], matching: int, *, dry_run: bool) -> list[str]:

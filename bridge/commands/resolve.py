@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args, writes=True) as store:
         keyed(store, hasher)
         report = resolve(
-            store,
+            store.operator,
             selection,
             actor=args.actor or os_user(),
             reason=args.reason,

@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     from bridge.identity import IdentityHasher
     from bridge.runtime.collector import settle_in
     from bridge.runtime.process import open_bridge
-    from bridge.store import PostgresStore
     from bridge.store.reach import BRIDGE_GRANTS, reach
     from bridge.telemetry.setup import configure_telemetry
 
@@ -51,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
             limits=config.bridge.limits(),
             record_first_key=False,  # `fencebridge identity init` records the deployment's key
         )
-        if telemetry.metrics and isinstance(bridge.store, PostgresStore):  # what open_bridge opens
+        if telemetry.metrics:
             bridge.telemetry.observe(
-                bridge.store,
+                bridge.store.operator,
                 limits=config.concurrency_limits(),
                 rates=config.token_rates(),
-                outbox=bridge.relay.store.depth if bridge.relay is not None else None,
+                outbox=bridge.store.outbox.depth if bridge.relay is not None else None,
                 destinations=list(config.outbox),
                 subscriptions=list(config.subscriptions),
             )

@@ -21,14 +21,14 @@ from bridge.identity import IDENTITY_KEY_ENV
 
 if TYPE_CHECKING:
     from bridge.identity import IdentityHasher
-    from bridge.store.operator import OperatorStore
+    from bridge.store import PostgresStore
     from bridge.store.reach import Grants
     from bridge.types import Key
 
 
 def open_store(
     args: argparse.Namespace, *, writes: bool = False, grants: Grants | None = None
-) -> closing[OperatorStore]:
+) -> closing[PostgresStore]:
     """A small store for one command, closed when the ``with`` block ends.
 
     The database is reached first (:func:`bridge.store.reach.reach`): a server that is down, a
@@ -50,7 +50,7 @@ def identity_hasher() -> IdentityHasher:
     return IdentityHasher.from_env()
 
 
-def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
+def keyed(store: PostgresStore, hasher: IdentityHasher, *, record: str | None = None) -> None:
     """Compare the environment's identity keys with the database's before any hash is shown or
     key derived, and bind the key ids for commands (``record`` names the command) that write
     hashes or derive idempotency keys; no command records a first key (``identity init``
@@ -58,12 +58,12 @@ def keyed(store: OperatorStore, hasher: IdentityHasher, *, record: str | None = 
     from bridge import keyring
 
     if record is None:
-        keyring.verify(store, hasher)
+        keyring.verify(store.keys, hasher)
     else:
-        keyring.attach(store, hasher, used_by=f"fencebridge {record}", first_use=False)
+        keyring.attach(store.keys, hasher, used_by=f"fencebridge {record}", first_use=False)
 
 
-def optional_hasher(store: OperatorStore) -> IdentityHasher | None:
+def optional_hasher(store: PostgresStore) -> IdentityHasher | None:
     """The compared keys when the environment sets one; None for commands that can do without."""
     if not os.environ.get(IDENTITY_KEY_ENV):
         return None

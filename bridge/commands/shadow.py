@@ -100,7 +100,7 @@ def report(args: argparse.Namespace) -> int:
         in_key_order,
         read_effect_file,
     )
-    from bridge.store.operator import SHADOW_PAGE_DEFAULT
+    from bridge.store.shadow import SHADOW_PAGE_DEFAULT
 
     config = load_config(args.config)
     shadows = [n for n, s in config.subscriptions.items() if s.shadow]
@@ -116,18 +116,18 @@ def report(args: argparse.Namespace) -> int:
             log = stack.enter_context(closing(read_effect_file(args.effects)))
         store = stack.enter_context(open_store(args))
         keyed(store, hasher)
-        decisions = store.shadow_decisions(names)
+        decisions = store.shadow.decisions(names)
         # What the report holds at once, whatever the size of the record and the log: a page
         # of each query, a run of a log file being sorted, and the listed operations.
         page, run = SHADOW_PAGE_DEFAULT, SORT_RUN_DEFAULT
         if args.effects is None:
-            table_rows = store.effect_table(args.effects_table, page=page)
+            table_rows = store.shadow.effect_table(args.effects_table, page=page)
             rows = stack.enter_context(closing(table_rows))
             where = args.effects_table
             effects = (effect(r, f"{where} row {n}") for n, r in enumerate(rows, start=1))
         else:
             effects = stack.enter_context(closing(in_key_order(log, run=run)))
-        seen = stack.enter_context(closing(store.shadow_operations(names, page=page)))
+        seen = stack.enter_context(closing(store.shadow.operations(names, page=page)))
         result = compare(decisions, seen, effects, limit=args.limit)
     document = _document(result, names, hasher, reveal=args.reveal)
     if args.json:
@@ -204,7 +204,7 @@ def _document(
 
 def clear(args: argparse.Namespace) -> int:
     with open_store(args, writes=True) as store:
-        operations, deliveries = store.shadow_clear(args.subscription)
+        operations, deliveries = store.shadow.clear(args.subscription)
     print(
         f"cleared shadow subscription {args.subscription}: {operations} operation(s), "
         f"{deliveries} deliveries"

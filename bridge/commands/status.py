@@ -17,7 +17,7 @@ from bridge.types import State
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
     from bridge.identity import IdentityHasher
-    from bridge.store.operator import OperatorStore
+    from bridge.store import PostgresStore
     from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
 
 _STATES = tuple(s.value for s in State)
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     limits, rates = _limits(args.config)
     with open_store(args) as store:
         keyed(store, hasher)
-        stats = store.stats()
-        waiting = store.waiting(limits, rates)
+        stats = store.operator.stats()
+        waiting = store.operator.waiting(limits, rates)
         outbox = _outbox(store)
     document = status_view(stats, hasher.tenant)
     document["waiting"] = _waiting_document(waiting, hasher)
@@ -102,13 +102,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
+def _outbox(store: PostgresStore) -> list[dict[str, Any]]:
     """The outbox backlog per destination (destination names only, never an identifier)."""
-    from bridge.outbox.relay import OutboxStore
-    from bridge.store import PostgresStore
-
-    if not isinstance(store, PostgresStore):
-        return []
     return [
         {
             "destination": d.destination,
@@ -116,7 +111,7 @@ def _outbox(store: OperatorStore) -> list[dict[str, Any]]:
             "oldest_pending_seconds": d.oldest_pending_seconds,
             "parked": d.parked,
         }
-        for d in OutboxStore(store.pool).depth()
+        for d in store.outbox.depth()
     ]
 
 

@@ -25,7 +25,7 @@ def register(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     with open_store(args, writes=True) as store:
         hasher = optional_hasher(store)
-        swept = store.sweep(args.limit, exclusive=True)
+        swept = store.settle.sweep(args.limit, exclusive=True)
     print(f"parked {len(swept.parked)} expired last attempt(s) as unknown")
     if swept.parked and hasher is not None:
         for t in swept.parked:

@@ -31,8 +31,7 @@ from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
 from bridge.operator.views import printable, reason_problem, status_view
-from bridge.store.console import ConsoleReads
-from bridge.store.operator import OperatorStore
+from bridge.store import PostgresStore
 from bridge.types import Key, RedriveFilter, State
 
 log = logging.getLogger(__name__)
@@ -77,17 +76,14 @@ class ConsoleApi(OnCall):
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: PostgresStore,
         config: BridgeConfig,
         hasher: IdentityHasher,
         *,
         checks: Callable[[], Report],
         signer: Signer | None = None,
-        reads: ConsoleReads | None = None,
     ) -> None:
         self._signer = signer or Signer()
-        pool = getattr(store, "pool", None)
-        self._reads = reads or (ConsoleReads(pool) if pool is not None else None)
         self._rate = RateCap(GROUP_RATE)
         self._store = store
         self._config = config
@@ -100,7 +96,7 @@ class ConsoleApi(OnCall):
         _no_query(request, ())
         grouped: dict[tuple[str, str, str], dict[str, int]] = {}
         totals = dict.fromkeys(_STATES, 0)
-        for c in self._store.group_counts():
+        for c in self._store.console.group_counts():
             key = (c.subscription, c.job_type, self._hasher.tenant(c.tenant_id))
             grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
             totals[c.state.value] += c.count
@@ -115,7 +111,7 @@ class ConsoleApi(OnCall):
     def status(self, request: Request) -> dict[str, Any]:
         """``fencebridge status``'s document (its own view), without the CLI's extras."""
         _no_query(request, ())
-        return status_view(self._store.stats(), self._hasher.tenant)
+        return status_view(self._store.operator.stats(), self._hasher.tenant)
 
     def rows(self, request: Request) -> dict[str, Any]:
         _no_query(request, ("state", "subscription", "job_type", "limit", "cursor"))
@@ -128,7 +124,7 @@ class ConsoleApi(OnCall):
             raise bad_request(f"unknown state: expected one of {', '.join(_STATES)}") from None
         limit = _limit(request)
         after = self._cursor(request, "rows")
-        page = self._store.rows_page(
+        page = self._store.console.rows_page(
             state,
             after=after,
             limit=limit + 1,
@@ -169,7 +165,7 @@ class ConsoleApi(OnCall):
         if open_text not in ("true", "false"):
             raise bad_request("open must be true or false")
         limit = _limit(request)
-        page = self._store.rejected_page(
+        page = self._store.console.rejected_page(
             after=self._cursor(request, "rejected"),
             limit=limit + 1,
             kind=kind,
@@ -202,7 +198,7 @@ class ConsoleApi(OnCall):
         body = _object(request.body, {"tenant_id", "operation_id"})
         tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
         key = Key(tenant, operation)
-        history = self._store.history(key)
+        history = self._store.operator.history(key)
         audit.info(
             "console lookup by %s of operation %s: %s",
             request.principal.name,
@@ -252,7 +248,7 @@ class ConsoleApi(OnCall):
         if window not in WINDOWS:
             raise bad_request(f"window must be one of {', '.join(WINDOWS)}")
         buckets, bucket = WINDOWS[window]
-        points = self._store.figures(buckets=buckets, bucket=bucket)
+        points = self._store.console.figures(buckets=buckets, bucket=bucket)
         series = [
             {
                 "at": _time(p.at),
@@ -279,7 +275,7 @@ class ConsoleApi(OnCall):
         body = _object(request.body, {"tenant_id", "operation_id", "reason"})
         key = Key(_required(body, "tenant_id"), _required(body, "operation_id"))
         reason = _printable(_required(body, "reason"))
-        view = self._store.view_payload(key, actor=request.principal.name, reason=reason)
+        view = self._store.console.view_payload(key, actor=request.principal.name, reason=reason)
         if view is None:
             raise ApiError(404, "not found", "no work row for this operation: nothing to show")
         log.info(
@@ -341,7 +337,7 @@ class ConsoleApi(OnCall):
             limit=_bounded(body, "limit", 100, REDRIVE_LIMIT_MAX),
         )
         if not dry_run:
-            keyring.attach(self._store, self._hasher, used_by="fencebridge console")
+            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
         report = Redrive(
             self._store,
             self._config,

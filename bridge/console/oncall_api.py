@@ -22,7 +22,7 @@ from bridge.console.problems import ApiError, Request
 from bridge.operator.redrive import Redrive
 from bridge.operator.resolve import RejectionFilter, resolve
 from bridge.operator.views import operation_view
-from bridge.store.console import ConsoleReads, FailureGroup
+from bridge.store.console import FailureGroup
 from bridge.types import Key, RedriveFilter, State
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from bridge.console.sessions import Signer
     from bridge.console.throttle import RateCap
     from bridge.identity import IdentityHasher
-    from bridge.store.operator import OperatorStore
+    from bridge.store import PostgresStore
     from bridge.store.records import OperationHistory
 
 audit = logging.getLogger("bridge.console.audit")
@@ -46,17 +46,11 @@ GROUPS_MAX = 200
 class OnCall:
     """The on-call routes; mixed into :class:`~bridge.console.api.ConsoleApi`."""
 
-    _store: OperatorStore
+    _store: PostgresStore
     _config: BridgeConfig
     _hasher: IdentityHasher
     _signer: Signer
-    _reads: ConsoleReads | None
     _rate: RateCap
-
-    def _console_reads(self) -> ConsoleReads:
-        if self._reads is None:
-            raise ApiError(503, "busy", "this store has no console reads")
-        return self._reads
 
     # -- handles -------------------------------------------------------------------------------
 
@@ -72,7 +66,7 @@ class OnCall:
         value = self._signer.unsign("operation", handle)
         key: Key | None = None
         if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
-            reads = self._console_reads()
+            reads = self._store.console
             if value[0] == "w":
                 key = reads.key_of_row(value[1])
             elif value[0] == "r":
@@ -84,7 +78,7 @@ class OnCall:
     def by_handle(self, request: Request, handle: str) -> dict[str, Any]:
         """One operation, opened from a list by its handle; logged like a lookup by ids."""
         key = self.key_of(handle)
-        history = self._store.history(key)
+        history = self._store.operator.history(key)
         audit.info(
             "console lookup by %s of operation %s: by handle",
             request.principal.name,
@@ -100,7 +94,7 @@ class OnCall:
             operation=self._hasher.operation(key.tenant_id, key.operation_id),
             digest=self._hasher.payload,
             absence="no work row: only the rejected deliveries below are recorded under its key",
-            evidence=self._reads.evidence(key) if self._reads is not None else None,
+            evidence=self._store.operator.evidence(key),
         )
 
     # -- what awaits a person ------------------------------------------------------------------
@@ -116,7 +110,7 @@ class OnCall:
                     "oldest_at": a.oldest.isoformat() if a.oldest else None,
                     "oldest_seconds": (now - a.oldest).total_seconds() if a.oldest else None,
                 }
-                for a in self._console_reads().awaiting()
+                for a in self._store.console.awaiting()
             ]
         }
 
@@ -141,7 +135,7 @@ class OnCall:
                     "last_seen": g.last_seen.isoformat() if g.last_seen else None,
                     "redrivable": g.state.parked,
                 }
-                for g in self._console_reads().failure_groups(GROUPS_MAX)
+                for g in self._store.console.failure_groups(GROUPS_MAX)
             ]
         }
 
@@ -155,7 +149,7 @@ class OnCall:
     def group_rows(self, request: Request, handle: str, limit: int) -> dict[str, Any]:
         """The oldest rows of a group, each with its handle (hashes only)."""
         group = self.group_of(handle)
-        rows = self._console_reads().group_rows(
+        rows = self._store.console.group_rows(
             job_type=group["job_type"],
             state=State(group["state"]),
             outcome_code=group["outcome_code"],
@@ -181,7 +175,7 @@ class OnCall:
         if not state.parked:
             raise ApiError(400, "bad request", f"{state.value} rows cannot be redriven")
         limit = int(body.get("limit", GROUP_LIMIT))
-        rows = self._console_reads().group_rows(
+        rows = self._store.console.group_rows(
             job_type=group["job_type"],
             state=state,
             outcome_code=group["outcome_code"],
@@ -197,7 +191,7 @@ class OnCall:
                     f"group redrives move at most {self._rate.per_minute} rows a minute: "
                     "wait, or redrive fewer",
                 )
-            keyring.attach(self._store, self._hasher, used_by="fencebridge console")
+            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
         selection = RedriveFilter(
             states=(state,),
             keys=tuple(r.key for r in rows) or None,
@@ -242,7 +236,7 @@ class OnCall:
             raise ApiError(404, "not found", "no such rejected delivery")
         dry_run = bool(body["dry_run"])
         report = resolve(
-            self._store,
+            self._store.operator,
             RejectionFilter(ids=(int(value[1]),), limit=1),
             actor=request.principal.name,
             reason=str(body["reason"]),

@@ -469,7 +469,7 @@ def _watch(w: Watched, out: Callable[[str], None]) -> bool:
         counts = bridge.pool.counts
         if handler.stalled.is_set() and counts["takeover"] and not taken_over.is_set():
             taken_over.set()  # the row was taken over: let the stalled attempt wake up
-        stats = store.stats()
+        stats = store.operator.stats()
         consumer = _consumer_counts(bridge)
         line = (
             f"received {consumer.get('received', 0):3d} | new {consumer.get('decision.new', 0):3d}"
@@ -519,7 +519,7 @@ def _summary(
     bridge: Bridge, store: PostgresStore, provider: PaymentProvider, published: Published
 ) -> Summary:
     consumer = _consumer_counts(bridge)
-    stats = store.stats()
+    stats = store.operator.stats()
     events = bridge.pool.counts
     ledger = provider.ledger()
     charged_keys = [c.idempotency_key for c in ledger]

@@ -3,9 +3,9 @@
 Written alone, each settlement costs a round trip and a commit (a WAL flush), and with many
 workers most of a run's time is that wait. A :class:`BatchCompleter` collects the settlements
 that runs hand it; one writer (the worker pool's claimer) takes whatever has gathered as a
-:class:`Batch` and writes it with :meth:`~bridge.store.work.WorkStore.settle_many`: one
+:class:`Batch` and writes it with :meth:`~bridge.store.settle.SettleStore.settle_many`: one
 statement, one commit, for the lot (the pool writes it in the transaction of the claim that
-refills the workers it frees: :meth:`~bridge.store.work.WorkStore.settle_and_claim`). While one
+refills the workers it frees: :meth:`~bridge.store.claims.ClaimStore.settle_and_claim`). While one
 batch is written the next gathers, so batches grow with the load; the pool also lets a batch
 wait a moment (``settle_linger``, 2 ms) for the handlers still running, never longer.
 
@@ -38,7 +38,8 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 from bridge.errors import LeaseLost
-from bridge.store.work import Settlement, WorkStore
+from bridge.store.settle import SettleStore
+from bridge.store.work import Settlement
 from bridge.types import Ticket
 
 log = logging.getLogger(__name__)
@@ -141,11 +142,11 @@ class Batch:
     def settlements(self) -> list[Settlement]:
         return [p.settlement for p in self._pending]
 
-    def write(self, store: WorkStore) -> None:
+    def write(self, store: SettleStore) -> None:
         """Settle the batch in one statement and answer every run."""
         self.answer(self.settle(store))
 
-    def settle(self, store: WorkStore) -> list[Ticket]:
+    def settle(self, store: SettleStore) -> list[Ticket]:
         """Write the batch in one statement and return its stale tickets, answering nobody yet.
 
         For a writer with more to do before the runs go on (the pool hands them the rows it
@@ -209,7 +210,7 @@ class BatchCompleter:
 
     def __init__(
         self,
-        store: WorkStore,
+        store: SettleStore,
         *,
         on_pending: Callable[[], None] | None = None,
         max_batch: int = MAX_BATCH_DEFAULT,

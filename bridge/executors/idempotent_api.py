@@ -74,7 +74,7 @@ class Finding(StrEnum):
     CANNOT_TELL = "cannot_tell"
 
 
-_tracer = trace.get_tracer(names.INSTRUMENTATION_NAME)
+_tracer = trace.get_tracer(names.INSTRUMENTATION_NAME, schema_url=names.SCHEMA_URL)
 
 
 def reconcile(

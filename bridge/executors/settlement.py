@@ -34,7 +34,8 @@ from bridge.handlers import (
     Success,
     TerminalFailure,
 )
-from bridge.store.work import Settlement, WorkStore
+from bridge.store.settle import SettleStore
+from bridge.store.work import Settlement
 from bridge.types import Claim, State
 
 
@@ -73,7 +74,7 @@ class Trail:
 class Run:
     """One claim being executed: everything an executor needs."""
 
-    store: WorkStore
+    store: SettleStore
     claim: Claim
     spec: JobSpec
     ctx: Context
@@ -117,18 +118,7 @@ def fenced(run: Run, action: str, write: Callable[[], object]) -> bool:
 def write_settlement(run: Run, state: State, code: str, detail: str | None) -> None:
     """The one fenced write that moves the row to a final or parked state, alone."""
     error, finding = run.trail.error, run.trail.finding
-    ticket, store = run.claim.ticket, run.store
-    match state:
-        case State.SUCCEEDED:
-            store.complete(ticket, code, detail, error=error, finding=finding)
-        case State.FAILED_TERMINAL:
-            store.fail_terminal(ticket, code, detail, error=error, finding=finding)
-        case State.UNKNOWN:
-            store.park_unknown(ticket, code, detail, error=error, finding=finding)
-        case State.QUARANTINED:
-            store.quarantine(ticket, code, detail, error=error, finding=finding)
-        case _:  # pragma: no cover - queued and claimed are not settlements
-            raise ValueError(f"{state.value} is not a settlement")
+    run.store.settle(Settlement(run.claim.ticket, state, code, detail, error, finding))
 
 
 def settle_final(run: Run, action: str, state: State, code: str, detail: str | None) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -227,6 +227,12 @@ class Inbox:
         """A consumer's running counters, exported as metrics when telemetry is on."""
         if self._telemetry is not None:
             self._telemetry.observe_stream(subscription, counts)
+
+    def acknowledging(self, subscription: str, count: int) -> AbstractContextManager[object]:
+        """Around one acknowledging call to the broker: its span, the call's span its child."""
+        if self._telemetry is None:
+            return nullcontext()
+        return self._telemetry.ack(self._system, subscription, count)
 
     def acked(self, subscription: str, received_at: float) -> None:
         """A consumer acknowledged a delivery received at ``received_at`` (monotonic)."""

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from bridge.types import Delivery, IngestResult, InsertClaim, Rejection
 
 if TYPE_CHECKING:
-    from bridge.store.work import QuotaDeferred, WorkStore
+    from bridge.store.ingest import IngestStore
+    from bridge.store.work import QuotaDeferred
 
 
 class ShadowWrites:
@@ -21,7 +22,7 @@ class ShadowWrites:
     and nothing is handed to the worker pool.
     """
 
-    def __init__(self, store: WorkStore) -> None:
+    def __init__(self, store: IngestStore) -> None:
         self._store = store
 
     def ingest(

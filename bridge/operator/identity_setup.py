@@ -22,7 +22,7 @@ from bridge import sql
 from bridge.database import Connection, translate_errors
 from bridge.errors import IdentityKeyMismatch
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher, shown
-from bridge.keyring import RecordedKey, recorded_keys
+from bridge.store.keys import KeyTransaction, RecordedKey
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def init(conn: Connection, hasher: IdentityHasher, *, actor: str, reason: str) -
             sql.statement("identity_init"),
             {"fingerprint": hasher.fingerprint, "actor": actor, "reason": reason},
         ).fetchone()
-        keys = recorded_keys(conn)
+        keys = KeyTransaction(conn).recorded()
     mine = next((k for k in keys if k.fingerprint == hasher.fingerprint), None)
     if mine is None:
         raise IdentityKeyMismatch(
@@ -84,7 +84,7 @@ def reset(
         raise ValueError("a reset needs an actor and a reason for the record")
     with translate_errors("identity reset"), conn.transaction(force_rollback=dry_run):
         conn.execute(sql.statement("identity_reset_lock"))
-        keys = recorded_keys(conn)
+        keys = KeyTransaction(conn).recorded()
         _refuse_unless_unused(conn, keys, hasher)
         replaced = keys[0]
         done = conn.execute(
@@ -99,7 +99,7 @@ def reset(
         ).fetchone()
         if done is None:
             raise IdentityKeyMismatch("the recorded key changed meanwhile; nothing was changed")
-        key = recorded_keys(conn)[0]
+        key = KeyTransaction(conn).recorded()[0]
     if not dry_run:
         log.warning(
             "identity key reset: %s replaced %s (unused); %s",

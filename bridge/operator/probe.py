@@ -44,7 +44,7 @@ from psycopg import sql as pgsql
 from bridge import sql
 from bridge.adapters import sources
 from bridge.config import BridgeConfig, SubscriptionConfig
-from bridge.database import Connection, SessionTimeouts, connect, open_pool, translate_errors
+from bridge.database import Connection, SessionTimeouts, connect, translate_errors
 from bridge.errors import FenceBridgeError
 from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
@@ -117,8 +117,9 @@ class Scratch:
         return connect(self.url, timeouts=_TIMEOUTS)
 
     def store(self, size: int) -> PostgresStore:
-        pool = open_pool(self.url, min_size=1, max_size=size, timeouts=_TIMEOUTS)
-        return PostgresStore(pool, attempt_history=_HISTORY)
+        return PostgresStore.connect(
+            self.url, max_size=size, timeouts=_TIMEOUTS, attempt_history=_HISTORY
+        )
 
 
 def run(
@@ -378,7 +379,9 @@ def _ack_evidence(
     store = scratch.store(2)
     try:
         inbox = Inbox(
-            store, partial(decode, config.decode_rules(sub.name)), system=found.messaging_system
+            store.inbox,
+            partial(decode, config.decode_rules(sub.name)),
+            system=found.messaging_system,
         )
         with scratch.connect() as conn:
             _execute(conn, "probe_commit_fails")
@@ -453,7 +456,7 @@ def _queue(store: PostgresStore, job_type: str, n: int) -> None:
         for i in range(n)
     ]
     for i in range(0, n, _INGEST_CHUNK):
-        store.ingest(deliveries[i : i + _INGEST_CHUNK])
+        store.inbox.ingest(deliveries[i : i + _INGEST_CHUNK])
 
 
 def _claim(conn: Connection, texts: Statements, job_type: str, limit: int) -> list[_Claimed]:

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
-from bridge.store.operator import OperatorStore
 from bridge.store.records import (
     PurgeCounts,
 )
 from bridge.store.work import TOMBSTONE_DAYS_DEFAULT
 
 PURGE_BATCH_DEFAULT = 500
+
+
+class PurgeBatches(Protocol):
+    """What the purge loop deletes through: the operators' queries
+    (:class:`bridge.store.operator.OperatorQueries`), or a test's scripted batches."""
+
+    def purge_batch(
+        self, older_than: timedelta, limit: int, *, tombstone_horizon: timedelta
+    ) -> PurgeCounts | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +33,7 @@ class PurgeReport:
 
 
 def purge(
-    store: OperatorStore,
+    store: PurgeBatches,
     older_than: timedelta,
     *,
     batch_size: int = PURGE_BATCH_DEFAULT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.store.operator import OperatorStore
+from bridge.store.operator import OperatorQueries
 from bridge.store.records import (
     LiftedWait,
 )
@@ -28,7 +28,7 @@ class LiftReport:
 
 
 def lift_rate_waits(
-    store: OperatorStore,
+    store: OperatorQueries,
     job_type: str,
     *,
     tenant_id: str | None = None,

@@ -44,7 +44,7 @@ from bridge.handlers import (
 )
 from bridge.identity import IdentityHasher
 from bridge.ingest.decode import DecodeRules, SourceKind, decode
-from bridge.store.operator import OperatorStore
+from bridge.store.postgres import PostgresStore
 from bridge.store.records import (
     ParkedRow,
     QuarantinedDelivery,
@@ -97,7 +97,7 @@ class Redrive:
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: PostgresStore,
         config: BridgeConfig,
         hasher: IdentityHasher,
         *,
@@ -125,7 +125,7 @@ class Redrive:
         deliveries it names."""
         report = RedriveReport(self._dry_run)
         to_queue: dict[State, list[ParkedRow]] = {}
-        for row in self._store.parked(selection):
+        for row in self._store.operator.parked(selection):
             result = self._decide(row)
             if result is None:
                 to_queue.setdefault(row.state, []).append(row)
@@ -134,7 +134,7 @@ class Redrive:
         for state, rows in to_queue.items():
             report.rows.extend(self._queue(state, rows))
         if deliveries:
-            for delivery in self._store.quarantined_deliveries(selection):
+            for delivery in self._store.operator.quarantined_deliveries(selection):
                 report.deliveries.append(self._redecode(delivery))
         return report
 
@@ -156,7 +156,7 @@ class Redrive:
             return RowResult(row, None, found)
         if isinstance(found, NotApplied):
             return None
-        moved = self._store.redrive_applied(
+        moved = self._store.operator.redrive_applied(
             row,
             outcome_code=found.code,
             outcome_detail=found.detail,
@@ -204,7 +204,7 @@ class Redrive:
                 f"class D intent recorded at fence {row.intent_fence}: the call may have "
                 "happened; stays until its owner confirms it did not",
             )
-        moved = self._store.redrive_unfenced(
+        moved = self._store.operator.redrive_unfenced(
             row,
             actor=self._actor,
             reason=f"{self._reason} [confirmed not called; intent at fence {row.intent_fence} "
@@ -219,7 +219,7 @@ class Redrive:
     def _queue(self, state: State, rows: list[ParkedRow]) -> list[RowResult]:
         moved = {
             r.key
-            for r in self._store.redrive(
+            for r in self._store.operator.redrive(
                 RedriveFilter(
                     states=(state,),
                     keys=tuple(r.key for r in rows),
@@ -268,8 +268,8 @@ class Redrive:
             return DeliveryResult(quarantined, Decision.QUARANTINED, None, decoded.reason)
         if self._dry_run:
             return DeliveryResult(quarantined, self._predict(decoded), decoded.key, "decoded")
-        (result,) = self._store.ingest([decoded])
-        closed = self._store.close_rejected(
+        (result,) = self._store.inbox.ingest([decoded])
+        closed = self._store.operator.close_rejected(
             quarantined.id, outcome=result.decision, actor=self._actor, reason=self._reason
         )
         if not closed:
@@ -277,7 +277,7 @@ class Redrive:
         return DeliveryResult(quarantined, result.decision, decoded.key, "decoded")
 
     def _predict(self, delivery: Delivery) -> Decision:
-        row = self._store.history(delivery.key).row
+        row = self._store.operator.history(delivery.key).row
         if row is None:
             return Decision.NEW
         return Decision.REPLAY if row.payload_hash == delivery.payload_hash else Decision.CONFLICT

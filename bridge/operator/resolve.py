@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bridge.store.operator import OperatorStore
+from bridge.store.operator import OperatorQueries
 from bridge.store.records import (
     RejectedStatus,
     ResolvedDelivery,
@@ -34,7 +34,7 @@ class ResolveReport:
 
 
 def resolve(
-    store: OperatorStore,
+    store: OperatorQueries,
     selection: RejectionFilter,
     *,
     actor: str,

@@ -35,7 +35,7 @@ from datetime import timedelta
 from bridge.events import WorkEvents
 from bridge.handlers import Context
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceStatus, Supervised
-from bridge.store.work import WorkStore
+from bridge.store.settle import SettleStore
 from bridge.types import Claim, TargetClass, Ticket
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Heartbeater:
 
     def __init__(
         self,
-        store: WorkStore,
+        store: SettleStore,
         events: WorkEvents,
         *,
         interval: float,

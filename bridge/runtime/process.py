@@ -36,15 +36,15 @@ from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
 from bridge.ingest.shadow import ShadowWrites
 from bridge.keyring import attach
-from bridge.outbox.relay import OutboxStore, Relay
+from bridge.outbox.relay import Relay
 from bridge.runtime.consumers import Consumers
 from bridge.runtime.health import HealthServer
 from bridge.runtime.sweeper import Sweeper
 from bridge.runtime.worker import CLAIMERS_DEFAULT, StopReport, WorkerPool
 from bridge.service import Deadline, Limits, Part, Service, Stages
 from bridge.store import PostgresStore
+from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import require_current
-from bridge.store.work import WorkStore
 from bridge.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Bridge:
     def __init__(
         self,
         config: BridgeConfig,
-        store: WorkStore,
+        store: PostgresStore,
         hasher: IdentityHasher,
         *,
         registry: Registry | None = None,
@@ -94,17 +94,15 @@ class Bridge:
             limits=limits,
         )
         self.sweeper = Sweeper(
-            store,
+            store.settle,
             interval=settings.sweep_interval_seconds,
             limits=limits,
             on_restart=self.telemetry.thread_restarted,
         )
         self.relay: Relay | None = None
         if config.outbox:
-            if not isinstance(store, PostgresStore):
-                raise TypeError("the outbox relay needs the PostgreSQL store")
             self.relay = Relay(
-                OutboxStore(store.pool),
+                store.outbox,
                 config.outbox,
                 owner=settings.worker_id,
                 limits=limits,
@@ -115,14 +113,14 @@ class Bridge:
             # A shadow subscription writes to the shadow record, which no claim reads, and
             # hands nothing to the pool: fixed here, at construction, for the process's life.
             inbox = Inbox(
-                ShadowWrites(store) if sub.shadow else store,
+                ShadowWrites(store.inbox) if sub.shadow else store.inbox,
                 partial(decode, config.decode_rules(name)),
                 pool=None if sub.shadow else self.pool,
                 system=sources.adapter(sub.source).messaging_system,
                 telemetry=self.telemetry,
                 limits=limits,
             )
-            consumers.append(sources.adapter(sub.source).open(sub, inbox, store))
+            consumers.append(sources.adapter(sub.source).open(sub, inbox, store.inbox))
         self.consumers = Consumers(consumers)
         self.health: HealthServer | None = None
         if settings.health_port:
@@ -163,7 +161,9 @@ class Bridge:
 
     def start(self) -> None:
         # Before anything hashes or claims: a key other than the database's refuses the start.
-        attach(self.store, self.hasher, used_by="fencebridge run", first_use=self.record_first_key)
+        attach(
+            self.store.keys, self.hasher, used_by="fencebridge run", first_use=self.record_first_key
+        )
         self.stages.start()
         log.info(
             "bridge started: %d subscription(s), %d job type(s), %d worker thread(s)",
@@ -247,13 +247,14 @@ def open_bridge(
         attempt_history=config.bridge.attempt_history,
         priority_aging=timedelta(seconds=config.bridge.priority_aging_seconds),
         generic_plans=True,
+        policy=ClaimPolicy(
+            concurrency=config.concurrency_limits(),
+            rates=config.token_rates(),
+            fairness=config.bridge.tenant_weights if config.bridge.tenant_fairness else None,
+        ),
     )
-    store.use_concurrency_limits(config.concurrency_limits())
-    store.use_token_rates(config.token_rates())
-    if config.bridge.tenant_fairness:
-        store.use_tenant_fairness(config.bridge.tenant_weights)
     try:
-        with store.pool.connection() as conn:
+        with store.connection("schema check") as conn:
             require_current(conn)
         return Bridge(
             config,

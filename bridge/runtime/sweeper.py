@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 
 from bridge.service import Backoff, Deadline, Limits, Supervised
-from bridge.store.work import WorkStore
+from bridge.store.settle import SettleStore
 from bridge.types import Ticket
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ PARKED_KEPT_DEFAULT = 1000
 class Sweeper:
     def __init__(
         self,
-        store: WorkStore,
+        store: SettleStore,
         *,
         interval: float = SWEEP_INTERVAL_DEFAULT,
         keep: int = PARKED_KEPT_DEFAULT,

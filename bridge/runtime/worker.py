@@ -27,12 +27,12 @@ jittered, capped backoff, and the loop carries on; while claims fail the pool is
 Final settlements of concurrent runs are written together: runs hand them to a
 :class:`~bridge.executors.completer.BatchCompleter` and a claimer writes what has gathered
 (each row under its own fence) in the transaction of the claim that refills the slots they
-free: one commit for both (:meth:`~bridge.store.work.WorkStore.settle_and_claim`). A run
+free: one commit for both (:meth:`~bridge.store.claims.ClaimStore.settle_and_claim`). A run
 hands its settlement over and its thread takes the next row at once; the run ends when the
 answer comes, in the claimer's thread: its events, its span and its claim-to-settle time are
 reported then, so they mean what a run that waited for its answer would have reported. A
 claimer keeps one connection for its statements
-(:meth:`~bridge.store.work.WorkStore.keep_connection`).
+(:meth:`~bridge.store.db.Database.keep_connection`).
 
 The pool holds at most ``threads + prefetch`` rows: one per thread, and ``prefetch`` claimed
 ahead (default :data:`PREFETCH_DEFAULT`), which wait in the queue for a thread while the next
@@ -74,7 +74,7 @@ from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.runtime.heartbeat import Heartbeater, InFlight, StuckRuns
 from bridge.service import Backoff, Deadline, Limits, Service, ServiceGroup, Supervised
-from bridge.store.work import WorkStore
+from bridge.store.postgres import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.types import Claim, InsertClaim, Key, State, TargetClass, Ticket
 
@@ -103,7 +103,7 @@ class StopReport:
 class WorkerPool:
     def __init__(
         self,
-        store: WorkStore,
+        store: PostgresStore,
         registry: Registry,
         hasher: IdentityHasher,
         *,
@@ -171,10 +171,10 @@ class WorkerPool:
         #: neither)
         self._freeing: set[Ticket] = set()
         self._stopping = threading.Event()
-        self._completer = BatchCompleter(store, on_pending=self._settlement_arrived)
+        self._completer = BatchCompleter(store.settle, on_pending=self._settlement_arrived)
         on_restart = telemetry.thread_restarted if telemetry is not None else None
         self.heartbeater = Heartbeater(
-            store,
+            store.settle,
             self._events,
             interval=Heartbeater.interval_for([s.lease for s in registry.specs()]),
             limits=limits,
@@ -486,7 +486,7 @@ class WorkerPool:
                     claim.ticket
                     for claim in claims
                     if claim.ordering_key is not None
-                    or self._store.concurrency_limited(claim.job_type)
+                    or self._store.claims.concurrency_limited(claim.job_type)
                 )
             else:
                 self._idle += len(claims)
@@ -666,7 +666,7 @@ class WorkerPool:
         end.settler = settler
         try:
             with end.current(record=True):
-                execute(Run(self._store, claim, spec, ctx, run_events, settler))
+                execute(Run(self._store.settle, claim, spec, ctx, run_events, settler))
         finally:
             entry.running = False  # its thread is free; a stuck run is one still on its thread
             if settler is None or not settler.submitted:
@@ -674,7 +674,7 @@ class WorkerPool:
 
     def _release(self, claim: Claim) -> bool:
         try:
-            self._store.release(claim.ticket)
+            self._store.settle.release(claim.ticket)
         except LeaseLost:
             return False
         except StoreUnavailable:
@@ -770,7 +770,7 @@ class _ClaimRound:
     its runs with an error when it was not written; :meth:`answer` answers them once it was.
     """
 
-    def __init__(self, store: WorkStore, worker: str, settling: Batch | None) -> None:
+    def __init__(self, store: PostgresStore, worker: str, settling: Batch | None) -> None:
         self._store = store
         self._worker = worker
         self._settling = settling
@@ -788,9 +788,9 @@ class _ClaimRound:
         store, worker = self._store, self._worker
         if self._settling is None or self._stale is not None:
             if keys:
-                return store.claim_keys(worker, keys, lease)
-            return store.claim(worker, limit, lease, job_types=job_types)
-        done = store.settle_and_claim(
+                return store.claims.claim_keys(worker, keys, lease)
+            return store.claims.claim(worker, limit, lease, job_types=job_types)
+        done = store.claims.settle_and_claim(
             self._settling.settlements, worker, lease, limit=limit, keys=keys, job_types=job_types
         )
         self._stale = done.stale
@@ -800,7 +800,7 @@ class _ClaimRound:
 
     def finish(self) -> None:
         if self._settling is not None and self._stale is None:
-            self._stale = self._store.settle_many(self._settling.settlements)
+            self._stale = self._store.settle.settle_many(self._settling.settlements)
 
     def failed(self, exc: BaseException) -> None:
         if self._settling is not None and self._stale is None:

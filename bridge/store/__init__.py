@@ -1,52 +1,40 @@
-"""The work store: two narrow interfaces over the same ``.sql`` files, and their PostgreSQL
-implementation.
+"""The store: every SQL statement of the bridge, by table family, on one database.
 
-* :class:`~bridge.store.work.WorkStore` (:mod:`bridge.store.work`): what the runtime uses:
-  ingest, claim, heartbeat, settle, sweep, watch, the counts. The inbox, the worker tier, the
-  executors, the sweeper, held deliveries and the broker adapters depend on it, and on nothing
-  else of the store.
-* :class:`~bridge.store.operator.OperatorStore` (:mod:`bridge.store.operator`): what the
-  operator commands use: histories, parked work, redrive, resolve, purge, erase.
-* :class:`~bridge.store.postgres.PostgresStore` (:mod:`bridge.store.postgres`): both, on one
-  connection pool; only the code that opens a store (``fencebridge run``, the commands, tests)
-  names it.
-
-Each interface is a :class:`typing.Protocol`: mypy keeps a runtime module away from an
-operator query, and a fake for a test implements only the methods its code calls.
+:class:`~bridge.store.db.Database` holds the pool and what every family's statements share (the
+clock, kept connections, the identity keys held, the fenced write). The families each take
+one: the inbox's writes (:mod:`bridge.store.ingest`), the claims under their policy
+(:mod:`bridge.store.claims`), the fenced writes and the sweep (:mod:`bridge.store.settle`), the
+operators' queries (:mod:`bridge.store.operator`), the console's (:mod:`bridge.store.listing`),
+the shadow record's report side (:mod:`bridge.store.shadow`), the outbox
+(:mod:`bridge.store.outbox`) and the identity keys (:mod:`bridge.store.keys`).
+:class:`~bridge.store.postgres.PostgresStore` is the database and hands them out; only the code
+that opens a store (``fencebridge run``, the commands, tests) names it. A family's user that
+needs a second implementation (a test's fake, a shadow subscription's record) declares the role
+it uses beside itself, as :class:`bridge.ingest.inbox.InboxStore` does. Nothing outside this
+package holds the pool.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from bridge.store.operator import OperatorStore
-from bridge.store.postgres import CONFLICT_REASON, Clock, PostgresStore
+from bridge.store.db import Clock, Database
+from bridge.store.ingest import CONFLICT_REASON
+from bridge.store.postgres import PostgresStore
 from bridge.store.work import (
     SWEEP_LIMIT_DEFAULT,
     FencedTransaction,
-    KeyedStore,
     SettledClaim,
     Settlement,
     Swept,
-    WorkStore,
 )
 
 __all__ = [
     "CONFLICT_REASON",
     "SWEEP_LIMIT_DEFAULT",
     "Clock",
+    "Database",
     "FencedTransaction",
-    "KeyedStore",
-    "OperatorStore",
     "PostgresStore",
     "SettledClaim",
     "Settlement",
     "Swept",
-    "WorkStore",
 ]
-
-if TYPE_CHECKING:
-
-    def _implements(store: PostgresStore) -> tuple[WorkStore, OperatorStore]:
-        """Never called: mypy checks that the PostgreSQL store is both interfaces."""
-        return store, store

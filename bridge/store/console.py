@@ -1,6 +1,7 @@
-"""The console's own reads: what awaits a person, failure groups and their rows, and the key
-behind a listed row's handle. Kept apart from the protocol's store (:mod:`.postgres`); each
-statement is a named file under ``bridge/sql/store/console_*.sql``.
+"""The console's on-call reads: what awaits a person, failure groups and their rows, and the key
+behind a listed row's handle. Part of the console's table family (``store.console``,
+:class:`~bridge.store.listing.ConsoleQueries` takes them in), kept in a module of their own so
+that neither stays long; each statement is a named file under ``bridge/sql/store/console_*.sql``.
 """
 
 from __future__ import annotations
@@ -8,11 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from psycopg_pool import ConnectionPool
-
 from bridge import sql
-from bridge.database import Connection, translate_errors
-from bridge.store.evidence import DeliveryEvidence, evidence_of
+from bridge.store.db import Database
 from bridge.types import Key, State
 
 
@@ -47,19 +45,19 @@ class GroupRow:
     fence: int
 
 
-class ConsoleReads:
-    """The console's reads over the bridge's connection pool."""
+class OnCallReads:
+    """The on-call pages' reads, on the console family's database."""
 
-    def __init__(self, pool: ConnectionPool[Connection]) -> None:
-        self._pool = pool
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     def awaiting(self) -> list[Awaiting]:
-        with translate_errors("console"), self._pool.connection() as conn:
+        with self._db.connection("console") as conn:
             rows = conn.execute(sql.statement("console_waiting_people")).fetchall()
         return [Awaiting(w, k, int(n), oldest) for w, k, n, oldest in rows]
 
     def failure_groups(self, limit: int = 200) -> list[FailureGroup]:
-        with translate_errors("console"), self._pool.connection() as conn:
+        with self._db.connection("console") as conn:
             rows = conn.execute(sql.statement("console_failure_groups"), {"limit": limit})
             found = rows.fetchall()
         return [
@@ -83,21 +81,18 @@ class ConsoleReads:
             "error_class": error_class,
             "limit": limit,
         }
-        with translate_errors("console"), self._pool.connection() as conn:
+        with self._db.connection("console") as conn:
             rows = conn.execute(sql.statement("console_group_rows"), params).fetchall()
         return [GroupRow(Key(t, o), int(f)) for t, o, f in rows]
 
     def key_of_row(self, seq: int) -> Key | None:
-        with translate_errors("console"), self._pool.connection() as conn:
+        with self._db.connection("console") as conn:
             row = conn.execute(sql.statement("console_key_of_row"), {"seq": seq}).fetchone()
         return Key(row[0], row[1]) if row is not None else None
 
     def key_of_rejected(self, rejected_id: int) -> Key | None:
-        with translate_errors("console"), self._pool.connection() as conn:
+        with self._db.connection("console") as conn:
             row = conn.execute(
                 sql.statement("console_key_of_rejected"), {"id": rejected_id}
             ).fetchone()
         return Key(row[0], row[1]) if row is not None else None
-
-    def evidence(self, key: Key) -> DeliveryEvidence:
-        return evidence_of(self._pool, key)

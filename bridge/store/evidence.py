@@ -1,4 +1,4 @@
-"""Delivery evidence per operation (migration 0029): the inbox counts the replays of a batch on
+"""Delivery evidence per operation (migration 0030): the inbox counts the replays of a batch on
 their work rows, and ``fencebridge inspect`` and the console read how many copies of an
 operation arrived, when the first and the last did, and how many were replays or conflicts.
 
@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from psycopg_pool import ConnectionPool
-
 from bridge import sql
-from bridge.database import Connection, translate_errors
+from bridge.database import Connection
+from bridge.store.db import Database
 from bridge.types import Key
 
 
@@ -59,9 +58,10 @@ def record_replays(conn: Connection, replays: Sequence[Key], now: datetime | Non
     )
 
 
-def evidence_of(pool: ConnectionPool[Connection], key: Key) -> DeliveryEvidence:
+def evidence_of(db: Database, key: Key) -> DeliveryEvidence:
+    """One operation's delivery evidence (``store.operator.evidence``)."""
     params = {"tenant_id": key.tenant_id, "operation_id": key.operation_id}
-    with translate_errors("evidence"), pool.connection() as conn:
+    with db.connection("evidence") as conn:
         row = conn.execute(sql.statement("evidence_of"), params).fetchone()
     assert row is not None  # one row always (see evidence_of.sql)
     first, replays, last_replay, conflicts, last_conflict = row

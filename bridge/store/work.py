@@ -1,37 +1,23 @@
-"""The work store as the runtime sees it: the protocol's writes, and the reads that keep it live.
-
-Everything the bridge does while it runs goes through :class:`WorkStore`: the inbox writes a
-batch (:meth:`~WorkStore.ingest`), the worker tier claims, heartbeats and settles under the
-fence, the sweeper parks expired last attempts, held deliveries watch their rows, telemetry
-reads the counts. Nothing here reads an operation's history or moves parked work: those are
-:class:`~bridge.store.operator.OperatorStore`'s, which the runtime cannot reach. A fake for a
-test implements only the methods its code calls.
+"""The words of the work store's families: a settlement, a sweep's and a settle-and-claim's
+answers, the claim limits (concurrency limits, token rates), the class A transaction a handler
+writes through, a quota's deferral, and the defaults the families and the configuration share.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
 from bridge.types import (
     Claim,
-    Delivery,
-    IngestResult,
-    InsertClaim,
     Key,
-    Rejection,
     State,
-    Stats,
     Ticket,
 )
 
 if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
-
     from bridge.database import Connection
     from bridge.deadline import TransactionDeadline
 
@@ -76,9 +62,9 @@ class Swept:
 
 @dataclass(frozen=True, slots=True)
 class SettledClaim:
-    """What :meth:`WorkStore.settle_and_claim` did: the settlements' stale tickets, the rows
-    claimed, and the claim's error when the claim failed (the settlements were then written
-    alone, and ``claims`` is empty)."""
+    """What :meth:`~bridge.store.claims.ClaimStore.settle_and_claim` did: the settlements'
+    stale tickets, the rows claimed, and the claim's error when the claim failed (the
+    settlements were then written alone, and ``claims`` is empty)."""
 
     stale: list[Ticket]
     claims: list[Claim]
@@ -219,234 +205,6 @@ class FencedTransaction(Protocol):
     def settle(
         self, state: State = State.SUCCEEDED, outcome_code: str = "ok", detail: str | None = None
     ) -> None: ...
-
-
-class KeyedStore(Protocol):
-    """What every store offers: connections for the keyring's own statements
-    (:mod:`bridge.keyring`), the identity keys it binds, and an end."""
-
-    @property
-    def pool(self) -> ConnectionPool[Connection]: ...
-
-    def use_identity_keys(
-        self,
-        current: int,
-        held: Sequence[int],
-        erased: Callable[[str, str], list[tuple[int, bytes]]] | None = None,
-    ) -> None:
-        """Write new rows under key ``current``; claim only rows written under a key in
-        ``held``; find erased operations' tombstones by the hashes ``erased`` derives."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class WorkStore(KeyedStore, Protocol):
-    """**Protocol**: the store the runtime depends on. Every write made for a claim carries
-    its fence and raises :class:`~bridge.errors.LeaseLost` when the fence is no longer
-    current; the caller stops and never retries that write."""
-
-    def ingest(
-        self, batch: Sequence[Delivery | Rejection], claim: InsertClaim | None = None
-    ) -> list[IngestResult]:
-        """Write one received batch in one transaction; one result per delivery, in order.
-        With ``claim``, new rows the hand-off claim would take (up to its limit) are written
-        claimed for its worker and come back with their :class:`~bridge.types.Claim`."""
-        ...
-
-    def watch(self, keys: Sequence[Key]) -> dict[Key, tuple[State, bool]]:
-        """State of each operation and whether its claim's lease is live (after_outcome acks)."""
-        ...
-
-    def claim(
-        self,
-        worker: str,
-        limit: int,
-        lease: timedelta,
-        *,
-        job_types: Sequence[str] | None = None,
-    ) -> list[Claim]:
-        """Claim up to ``limit`` claimable rows (queued and due, or expired with attempts left)."""
-        ...
-
-    def claim_keys(self, worker: str, keys: Sequence[Key], lease: timedelta) -> list[Claim]:
-        """Claim exactly these rows where they are claimable (hand-off after ingest)."""
-        ...
-
-    def use_concurrency_limits(self, limits: Mapping[str, ConcurrencyLimit]) -> None:
-        """Claim rows of these job types only within their concurrency limits, which the claim
-        statements enforce in the database across every process that carries them."""
-        ...
-
-    def concurrency_limited(self, job_type: str) -> bool:
-        """Whether claims of ``job_type`` wait for a slot under a concurrency limit: a
-        settlement of one of its rows may free a slot for another."""
-        ...
-
-    def use_token_rates(self, rates: Mapping[str, TokenRate]) -> None:
-        """Claim rows of these job types only within their token rates, which the claim
-        statements enforce in the database across every process that carries them."""
-        ...
-
-    def use_tenant_fairness(self, weights: Mapping[str, int] | None = None) -> None:
-        """Claim tenants in turn, each taking its share of a claim by its weight."""
-        ...
-
-    def heartbeat(self, ticket: Ticket, lease: timedelta) -> datetime:
-        """Extend the lease under the fence; returns the new expiry."""
-        ...
-
-    def heartbeat_many(self, tickets: Sequence[Ticket], lease: timedelta) -> list[Ticket]:
-        """Extend many leases in one statement; returns the tickets whose fence was stale."""
-        ...
-
-    # ``error`` (an exception's class name, never its text) and ``finding`` (what a lookup by
-    # idempotency key found) go to the attempt record only.
-
-    def complete(
-        self,
-        ticket: Ticket,
-        outcome_code: str = "ok",
-        detail: str | None = None,
-        *,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> None: ...
-
-    def fail_terminal(
-        self,
-        ticket: Ticket,
-        outcome_code: str,
-        detail: str | None = None,
-        *,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> None: ...
-
-    def park_unknown(
-        self,
-        ticket: Ticket,
-        outcome_code: str,
-        detail: str | None = None,
-        *,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> None: ...
-
-    def quarantine(
-        self,
-        ticket: Ticket,
-        outcome_code: str,
-        detail: str | None = None,
-        *,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> None: ...
-
-    def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
-        """Settle many claims in one statement; returns the tickets whose fence was stale."""
-        ...
-
-    def settle_and_claim(
-        self,
-        settlements: Sequence[Settlement],
-        worker: str,
-        lease: timedelta,
-        *,
-        limit: int = 0,
-        keys: Sequence[Key] | None = None,
-        job_types: Sequence[str] | None = None,
-    ) -> SettledClaim:
-        """:meth:`settle_many`, then :meth:`claim_keys` of ``keys`` (or else :meth:`claim` of
-        ``limit`` rows), in one transaction: one commit for both, and the claim sees the rows
-        the settlements freed. A failed claim takes the settlements with it, so they are then
-        written alone and the claim's error returned; a failed settlement or commit raises."""
-        ...
-
-    def keep_connection(self) -> None:
-        """From now on this thread's calls use one connection (until :meth:`release_connection`
-        or a call that fails), not the pool's oldest idle one each time: a loop that calls many
-        times a second keeps its server process, and that process's caches, warm."""
-        ...
-
-    def release_connection(self) -> None:
-        """Give the connection this thread kept back to the pool (nothing if it kept none)."""
-        ...
-
-    def complete_many(self, tickets: Sequence[Ticket], outcome_code: str = "ok") -> list[Ticket]:
-        """Mark many operations succeeded; returns the tickets whose fence was stale."""
-        ...
-
-    def retry_later(
-        self,
-        ticket: Ticket,
-        backoff: timedelta,
-        outcome_code: str = "retry",
-        detail: str | None = None,
-        *,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> State:
-        """Back to the queue after ``backoff``, or failed_terminal with no attempt left."""
-        ...
-
-    def record_intent(self, ticket: Ticket) -> None:
-        """Record, under the fence, that this claim is about to call its target."""
-        ...
-
-    def release(self, ticket: Ticket) -> None:
-        """Give back a claim whose handler never started; the attempt is not counted."""
-        ...
-
-    def fenced_transaction(
-        self, ticket: Ticket, *, deadline: timedelta | None = None
-    ) -> AbstractContextManager[FencedTransaction]:
-        """A transaction holding the work row's lock under the fence (target class A)."""
-        ...
-
-    def sweep(self, limit: int = SWEEP_LIMIT_DEFAULT, *, exclusive: bool = False) -> Swept:
-        """Park expired claims with no attempt left as ``unknown``, except class D claims that
-        never recorded an intent, which go back to the queue; returns what it did."""
-        ...
-
-    def stats(self) -> Stats:
-        """Counts by subscription, tenant and state; stalled claims; the oldest unknown."""
-        ...
-
-    def open_stats(self) -> Stats:
-        """:meth:`stats` counting only open rows (queued, claimed) and parked ones (unknown,
-        quarantined): read through their partial indexes, so its cost follows the backlog and
-        not the history of succeeded and failed rows (the database gauges, every refresh)."""
-        ...
-
-    def rate_limited(
-        self,
-        ticket: Ticket,
-        retry_after: timedelta,
-        outcome_code: str = "rate_limited",
-        *,
-        detail: str | None = None,
-        error: str | None = None,
-        finding: str | None = None,
-    ) -> None:
-        """The target refused the call before acting: back to the queue after ``retry_after``
-        with the attempt given back, and every row of the same job type and tenant waits as
-        long (the limit is the target's, not the row's)."""
-        ...
-
-    def ingest_shadow(self, batch: Sequence[Delivery | Rejection]) -> list[IngestResult]:
-        """Record a shadow subscription's batch apart from the work rows, each delivery decided
-        as :meth:`ingest` would decide it; nothing it writes can be claimed."""
-        ...
-
-    def ingest_within_quota(
-        self, batch: Sequence[Delivery | Rejection], quota: int, claim: InsertClaim | None = None
-    ) -> list[IngestResult | QuotaDeferred]:
-        """:meth:`ingest` (``claim`` as there), except that a new operation of a tenant whose
-        open backlog (queued and claimed rows, every subscription) is at ``quota`` is not
-        written: it is returned as :class:`QuotaDeferred` and must not be acknowledged.
-        Replays, conflicts and rejections are decided as :meth:`ingest` decides them."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

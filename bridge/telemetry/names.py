@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Final
 
 INSTRUMENTATION_NAME: Final = "fencebridge"
+#: the semantic conventions' version the names below follow, and its schema URL on every span
+SEMCONV_VERSION: Final = "1.44.0"
+SCHEMA_URL: Final = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 
 # -- span names (format with the subscription or job type) --------------------------------------
 SPAN_RECEIVE: Final = "receive {subscription}"
 SPAN_INBOX_WRITE: Final = "inbox write {subscription}"
 SPAN_PROCESS: Final = "process {subscription}"
 SPAN_RECONCILE: Final = "reconcile {job_type}"
+SPAN_ACK: Final = "ack {subscription}"
 
 # -- messaging semantic conventions ---------------------------------------------------------------
 MESSAGING_SYSTEM: Final = "messaging.system"

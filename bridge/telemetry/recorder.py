@@ -128,7 +128,9 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self._hasher = hasher
-        self._tracer = trace.get_tracer(n.INSTRUMENTATION_NAME, tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer(
+            n.INSTRUMENTATION_NAME, tracer_provider=tracer_provider, schema_url=n.SCHEMA_URL
+        )
         meter = metrics.get_meter(n.INSTRUMENTATION_NAME, meter_provider=meter_provider)
         self._deliveries = meter.create_counter(
             n.METRIC_DELIVERIES, unit="{delivery}", description="Deliveries by inbox decision"
@@ -263,6 +265,22 @@ class Telemetry:
                     extra={"fencebridge": {n.MESSAGING_SUBSCRIPTION: subscription, **attributes}},
                 )
 
+    @contextmanager
+    def ack(self, system: str, subscription: str, count: int) -> Iterator[trace.Span]:
+        """The span of one acknowledging call to the broker (the broker's call is its child)."""
+        with self._tracer.start_as_current_span(
+            n.SPAN_ACK.format(subscription=subscription),
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                n.MESSAGING_SYSTEM: system,
+                n.MESSAGING_OPERATION_TYPE: "settle",
+                n.MESSAGING_OPERATION_NAME: "ack",
+                n.MESSAGING_SUBSCRIPTION: subscription,
+                n.MESSAGING_BATCH_COUNT: count,
+            },
+        ) as span:
+            yield span
+
     def acked(self, subscription: str, seconds: float) -> None:
         """A consumer acknowledged a delivery ``seconds`` after receiving it."""
         self._receive_to_ack.record(seconds, {n.LABEL_SUBSCRIPTION: subscription})
@@ -301,6 +319,8 @@ class Telemetry:
             n.SPAN_PROCESS.format(subscription=claim.subscription),
             kind=trace.SpanKind.CONSUMER,
             links=[link] if link else [],
+            # from the start: it marks the span as the root of an operation's trace
+            attributes={n.MESSAGING_SUBSCRIPTION: claim.subscription},
         )
         if span.is_recording():  # keyed hashes cost a few HMACs; skip them when unused
             span.set_attributes(self._claim_attributes(claim))

@@ -18,6 +18,10 @@ The SDK's standard variables choose the exporters, per signal:
   exporter on ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT`` (defaults localhost:9464).
 * ``OTEL_LOGS_EXPORTER`` other than ``none`` is reported once as ignored: the bridge's logs go
   to stderr, for the platform's log collector.
+* The official instrumentations (psycopg, botocore, gRPC, httpx, requests, urllib3) are wired
+  under fencebridge's spans when traces are exported and the ``instrumentation`` extra is
+  installed; ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` leaves some out
+  (:mod:`bridge.telemetry.instrument`).
 * Every other ``OTEL_*`` variable (headers, timeouts, ``OTEL_SERVICE_NAME``,
   ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SDK_DISABLED``) is read by the SDK itself.
 """
@@ -35,6 +39,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics.export import MetricReader
 
 from bridge.errors import ConfigError
+from bridge.telemetry import instrument
 
 PROMETHEUS_PORT_ENV = "FENCEBRIDGE_PROMETHEUS_PORT"
 PROMETHEUS_HOST_ENV = "FENCEBRIDGE_PROMETHEUS_HOST"
@@ -128,20 +133,25 @@ class TelemetrySetup:
 
 
 def _install_traces(names: list[str], resource: Any) -> Callable[[], object]:
-    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+    from opentelemetry.sdk.trace import TracerProvider, sampling  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
         BatchSpanProcessor,
         ConsoleSpanExporter,
         SimpleSpanProcessor,
     )
 
-    provider = TracerProvider(resource=resource)
+    wanted = instrument.available()
+    # With instrumentations, a call that is part of no operation starts no trace of its own.
+    sampler = instrument.InsideOurSpans(sampling._get_from_env_or_default()) if wanted else None
+    provider = TracerProvider(resource=resource, sampler=sampler)
     for name in names:
         if name == "console":  # for a person reading along: each span as it ends
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         else:
             provider.add_span_processor(BatchSpanProcessor(_entry_point("traces", name)()))
     trace.set_tracer_provider(provider)
+    if wanted:
+        instrument.wire(provider)
     return provider.shutdown
 
 

@@ -23,14 +23,18 @@ service's answer per ack id:
   for a while through no fault of its own: giving up at the ack deadline let one late
   predecessor turn every ack behind it into a replay.
 
-Acks follow the order of delivery. The emulator counts the unkeyed copies of an ordered
-subscription as one ordering key and reads a call's ack ids in order, refusing every one from
-the first out of its delivery order; a call holding two copies the wrong way round was refused
-whole at every retry, and under load (callbacks racing on the library's thread pool) a 1,150
-message backlog left 291 acks unanswered for the whole 60 s. So the callback runs on one thread
-(it only queues; its order is the stream's), each batch is acked in the order received, and
-when a call's ids are refused as out of order the first of them is sent again on its own after
-the others.
+Acks follow the order of delivery. With message ordering the service confirms a copy's ack only
+once the copies delivered before it of its ordering key are acknowledged; it refuses an early
+one (``TRANSIENT_FAILURE_UNORDERED_ACK_ID``), and every later copy of the key in the same call
+with it. The emulator enforces this per key across all streams of the subscription, and counts
+the unkeyed copies of an ordered subscription as one more key (the service does not order them).
+So the callback runs on one thread (it only queues; its order is the stream's), each batch is
+acked in the order received, and when a call's ids are refused as out of order the first of them
+is sent again on its own after the others. Held copies (``after_outcome``) are acked through the
+holder's ack groups: a copy of an ordering key only together with or after the copies of its key
+received before it, in that order, in one call; unkeyed copies wait for nothing, unless the
+service refuses one as out of order (the emulator): from then on the unkeyed copies are one
+group. Refusals are counted (``ack_unordered_keyed``, ``ack_unordered_unkeyed``) and retried.
 
 Whatever the answer, the message then leaves the client's lease management (``drop``): nothing
 stays leased, unacked and unredelivered. Without exactly-once, acks are best effort, as the
@@ -95,10 +99,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
-from typing import Annotated, Any, Final, Protocol, TypeVar
+from typing import Annotated, Any, Final
 
 import grpc
-from google.api_core import exceptions as api_exceptions
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 from pydantic import Field, StrictInt, StrictStr, WithJsonSchema
@@ -113,7 +116,6 @@ from bridge.adapters.kit import (
     Backoff,
     BrokerExpectations,
     BrokerFinding,
-    CallResult,
     Deadline,
     Deferred,
     Holder,
@@ -134,6 +136,8 @@ from bridge.adapters.kit import (
     stream_status,
 )
 from bridge.types import Key, RawDelivery
+from consumers.pubsub.acks import ACK_BATCH, AckCalls, describe
+from consumers.pubsub.ordering import KeyBarriers
 
 log = logging.getLogger(__name__)
 
@@ -158,21 +162,10 @@ ACK_DEADLINE_MIN: Final = 10
 ACK_DEADLINE_MAX: Final = 600
 #: the client library's floor for lease extensions with exactly-once delivery (seconds)
 EXACTLY_ONCE_LEASE_MIN: Final = 60
-#: ack ids per Acknowledge / ModifyAckDeadline call
-ACK_BATCH: Final = 500
 _BACKOFF_MAX: Final = 10.0
 #: seconds a stream must have run for its end to restart the reconnect backoff
 _HEALTHY_STREAM: Final = 60.0
 _ACK_MODES: Final = ("after_inbox", "after_outcome")
-_INVALID_ACK_ID: Final = "PERMANENT_FAILURE_INVALID_ACK_ID"
-#: the service's reason for an ack refused until the copies delivered before it are acked
-_UNORDERED: Final = "TRANSIENT_FAILURE_UNORDERED_ACK_ID"
-#: refusals that no retry can change
-_PERMANENT_CODES: Final = (
-    api_exceptions.NotFound,
-    api_exceptions.PermissionDenied,
-    api_exceptions.FailedPrecondition,
-)
 
 
 def subscriber_client(emulator_host: str | None = None) -> Any:
@@ -211,14 +204,6 @@ def to_raw(subscription: str, message: Any) -> RawDelivery:
     )
 
 
-class _AckId(Protocol):
-    @property
-    def handle(self) -> str: ...
-
-
-A = TypeVar("A", bound=_AckId)
-
-
 @dataclass(frozen=True, slots=True)
 class _Received:
     """A message waiting for its inbox transaction."""
@@ -236,6 +221,14 @@ class _Received:
         ack_id: str = self.message.ack_id
         return ack_id
 
+    @property
+    def ordering_key(self) -> str | None:
+        return self.raw.ordering_key
+
+    @property
+    def message_id(self) -> str | None:
+        return self.raw.message_id
+
 
 @dataclass(frozen=True, slots=True)
 class Held:
@@ -245,107 +238,13 @@ class Held:
     key: Key | None
     message: Any
     received_at: float
+    #: its place in the order the consumer received its messages (the stream's order)
+    arrival: int = 0
 
     @property
     def handle(self) -> str:
         ack_id: str = self.message.ack_id
         return ack_id
-
-
-class AckCalls:
-    """Acknowledge and ModifyAckDeadline as unary calls, answered per ack id."""
-
-    max_batch = ACK_BATCH
-
-    def __init__(self, client: Any, subscription_path: str) -> None:
-        self._client = client
-        self._path = subscription_path
-
-    def settle(self, held: Sequence[A]) -> CallResult[A]:
-        """Acknowledge; when ack ids are refused as out of order, the first of them is sent
-        again on its own, after the others, so that two copies the wrong way round cannot get
-        a batch refused whole at every retry (see the module's "Acks follow the order of
-        delivery")."""
-        result, refused = _answered(held, partial(self._acknowledge, held))
-        unordered = [h for h in result.retry if refused.get(h.handle) == _UNORDERED]
-        if len(unordered) < 2:
-            return result
-        first, others = unordered[0], unordered[1:]
-        rest, _ = _answered(others, partial(self._acknowledge, others), quiet=True)
-        alone, _ = _answered([first], partial(self._acknowledge, [first]), quiet=True)
-        # What is still unconfirmed is tried again in the order given.
-        still = {h.handle for h in (*rest.retry, *alone.retry)}
-        again = {h.handle for h in unordered}
-        return CallResult(
-            done=[*result.done, *rest.done, *alone.done],
-            lost=[*result.lost, *rest.lost, *alone.lost],
-            retry=[h for h in result.retry if h.handle not in again or h.handle in still],
-        )
-
-    def _acknowledge(self, held: Sequence[A]) -> None:
-        self._client.acknowledge(
-            request={"subscription": self._path, "ack_ids": [h.handle for h in held]},
-            retry=None,
-            timeout=30,
-        )
-
-    def extend(self, held: Sequence[A], seconds: float) -> CallResult[A]:
-        return self._modify(held, int(seconds))
-
-    def release(self, held: Sequence[A]) -> None:
-        self._modify(held, 0)
-
-    def _modify(self, held: Sequence[A], seconds: int) -> CallResult[A]:
-        def modify() -> None:
-            self._client.modify_ack_deadline(
-                request={
-                    "subscription": self._path,
-                    "ack_ids": [h.handle for h in held],
-                    "ack_deadline_seconds": seconds,
-                },
-                retry=None,
-                timeout=30,
-            )
-
-        return _answered(held, modify)[0]
-
-
-def _answered(
-    held: Sequence[A], call: Any, *, quiet: bool = False
-) -> tuple[CallResult[A], Mapping[str, str]]:
-    """Run an ack or modack call and sort its ack ids by the service's answer; also returns
-    the service's reason for each ack id it refused (exactly-once only)."""
-    try:
-        call()
-    except api_exceptions.GoogleAPICallError as exc:
-        exactly_once = exc.reason == "EXACTLY_ONCE_ACKID_FAILURE"
-        per_id: Mapping[str, str] = (exc.metadata or {}) if exactly_once else {}
-        # The service's reasons only (codes such as TRANSIENT_FAILURE_UNORDERED_ACK_ID).
-        reasons = ",".join(sorted(set(per_id.values()))) or "no reasons"
-        log.log(
-            logging.DEBUG if quiet else logging.INFO,
-            "ack or deadline call not confirmed: %s [%s]",
-            _describe(exc),
-            reasons,
-        )
-        if per_id:
-            # Exactly-once: the service lists the ack ids it refused, each with why; it applied
-            # every other one of the call.
-            answers = [(h, per_id.get(h.handle, "")) for h in held]
-            return CallResult(
-                done=[h for h, why in answers if not why],
-                lost=[h for h, why in answers if why.startswith("PERMANENT_")],
-                retry=[h for h, why in answers if why and not why.startswith("PERMANENT_")],
-            ), per_id
-        if isinstance(exc, _PERMANENT_CODES):
-            return CallResult(lost=list(held)), {}
-        return CallResult(retry=list(held)), {}
-    except ValueError:
-        # The client library could not read the service's error (its status and details
-        # disagree): unconfirmed, so try again.
-        log.info("ack or deadline call answered with an unreadable error")
-        return CallResult(retry=list(held)), {}
-    return CallResult(done=list(held)), {}
 
 
 class PubSubConsumer:
@@ -405,6 +304,10 @@ class PubSubConsumer:
         #: the current stream; without exactly-once, earlier streams' messages cannot be acked
         self._stream = 0
         self._exactly_once = False
+        self._ordered = False
+        #: the service refused an unkeyed copy's ack as out of order: it orders the unkeyed
+        #: copies of an ordered subscription as one key (the emulator does; the service not)
+        self._unkeyed_ordered = False
         self._ack_deadline = ACK_DEADLINE_MIN
         self._stream_error: str | None = "not connected yet"
         self._write_error: str | None = None
@@ -413,7 +316,8 @@ class PubSubConsumer:
         self._reopen: str | None = None
         self._closed = False
 
-        self._calls = AckCalls(client, subscription_path)
+        self._barriers = KeyBarriers()
+        self._calls = AckCalls(client, subscription_path, unordered=self._refused_unordered)
         # One call thread per unanswered batch, started as needed: a batch must never wait
         # for a thread held by batches that wait for its own ack (with message ordering the
         # service confirms an ack only after the acks of the messages delivered before it).
@@ -431,6 +335,8 @@ class PubSubConsumer:
                 extension=ACK_DEADLINE_MIN,  # the subscription's, once the stream opens
                 limit=max_lease_duration,
                 supervise=inbox.supervised,
+                on_settled=self._held_acked,
+                order=self._ack_group,
             )
 
         # Supervised loops: an unexpected error is logged by type, counted (here and in
@@ -582,7 +488,7 @@ class PubSubConsumer:
         try:
             future = self._open()
         except Exception as exc:
-            self._report_stream_error(f"cannot open the subscription: {_describe(exc)}")
+            self._report_stream_error(f"cannot open the subscription: {describe(exc)}")
             raise _StreamEndedError from exc
         opened = time.monotonic()
         ended = self._watch(future)
@@ -591,7 +497,7 @@ class PubSubConsumer:
             try:
                 future.result(timeout=10)
             except Exception as exc:  # noqa: BLE001
-                log.info("%s: stream closed with %s", self.subscription, _describe(exc))
+                log.info("%s: stream closed with %s", self.subscription, describe(exc))
             return
         self._end_stream()
         self._count("reconnects")
@@ -606,6 +512,7 @@ class PubSubConsumer:
             request={"subscription": self._path}, retry=None, timeout=self._probe_timeout
         )
         self._exactly_once = bool(found.enable_exactly_once_delivery)
+        self._ordered = bool(found.enable_message_ordering)
         deadline = int(found.ack_deadline_seconds) or ACK_DEADLINE_MIN
         self._ack_deadline = min(max(deadline, ACK_DEADLINE_MIN), ACK_DEADLINE_MAX)
         if self._holder is not None:
@@ -658,7 +565,7 @@ class PubSubConsumer:
             if future.done():
                 exc = future.exception()
                 if exc is not None:
-                    return _describe(exc)
+                    return describe(exc)
                 return self._reopen or "closed by the client library"
             self._probe()
         return None
@@ -670,7 +577,7 @@ class PubSubConsumer:
                 request={"subscription": self._path}, retry=None, timeout=self._probe_timeout
             )
         except Exception as exc:  # noqa: BLE001
-            self._report_stream_error(f"GetSubscription failed: {_describe(exc)}")
+            self._report_stream_error(f"GetSubscription failed: {describe(exc)}")
             return
         if bool(found.enable_exactly_once_delivery) != self._exactly_once:
             # Acks must follow the setting: close this stream; the next one reads it again.
@@ -753,11 +660,18 @@ class PubSubConsumer:
         return self._holder is not None and len(self._holder) >= self._max_messages
 
     def _write(self, batch: list[_Received]) -> None:
+        # A message of an ordering key whose earlier message left unwritten waits for it.
+        batch, held_back = self._barriers.sort(batch)
+        if held_back:
+            self._drop(held_back, "ordering_held_back")
+        if not batch:
+            return
         try:
             # Raises when the transaction did not commit: nothing is acked below.
             outcomes = self._inbox.admit([r.raw for r in batch], quota=self._quota)
         except Exception:  # whatever failed, nothing may be acked; the supervisor logs it
             self._count("write_failed")
+            self._barriers.left_unwritten(batch, self._barrier_ttl())
             self._nack(batch)
             log.warning(
                 "%s: inbox write failed; %d message(s) nacked", self.subscription, len(batch)
@@ -768,6 +682,7 @@ class PubSubConsumer:
         # ack deadline runs out, which paces the retries.
         deferred = [i for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Deferred)]
         if deferred:
+            self._barriers.left_unwritten(deferred, self._barrier_ttl())
             self._drop(deferred, "deferred_quota")
         kept = [(i, o) for i, o in zip(batch, outcomes, strict=True) if isinstance(o, Written)]
         batch = [i for i, _ in kept]
@@ -783,17 +698,30 @@ class PubSubConsumer:
         # ordering and exactly-once, a copy can be acknowledged only after the copies before it
         # of its key, so an ack may wait on the broker, and the copy must stay leased meanwhile.
         hold = [
-            Held(w.result.key if w.awaits_outcome else None, item.message, item.received_at)
+            Held(
+                w.result.key if w.awaits_outcome else None,
+                item.message,
+                item.received_at,
+                item.arrival,
+            )
             for item, w in zip(batch, written, strict=True)
         ]
-        for h in hold:
-            # From now on the holder keeps the deadline; the client must not extend it too.
-            h.message.drop()
         # The client's receipt acknowledgement may have asked for as little as the ack deadline
         # (its lease grows to its floor only once its lease manager has run), and it may have
         # renewed it since: the earliest the copies' deadline can end.
         earliest = min(h.received_at for h in hold) + self._ack_deadline
+        # Held before they leave the client: a drop hands the client's next message of the
+        # ordering key to the callback, and the holder must know the earlier copy by then to
+        # keep their acks in order.
         self._holder.hold(hold, deadline=earliest)
+        for h in hold:
+            # From now on the holder keeps the deadline; the client must not extend it too.
+            h.message.drop()
+
+    def _barrier_ttl(self) -> float:
+        """How long an ordering key waits for its message that left unwritten: by then that
+        copy was handed out again (to this consumer or another one)."""
+        return float(self._client_lease() + self._ack_deadline)
 
     def _client_lease(self) -> int:
         """The lease the client library gives messages awaiting their write (seconds)."""
@@ -869,6 +797,35 @@ class PubSubConsumer:
             log.exception("%s: unexpected error acknowledging", self.subscription)
             self._drop(chunk, "ack_unanswered")
 
+    def _ack_group(self, held: Held) -> tuple[str, int] | None:
+        """A held copy's ack group, for the holder: its ordering key on an ordered exactly-once
+        subscription, where the service confirms a key's acks only in delivery order. Unkeyed
+        copies have none, unless the service was seen ordering them (then they are one group)."""
+        if not (self._exactly_once and self._ordered):
+            return None
+        key = held.message.ordering_key
+        if key:
+            return f"k:{key}", held.arrival
+        return ("u", held.arrival) if self._unkeyed_ordered else None
+
+    def _refused_unordered(self, refused: Sequence[Any]) -> None:
+        """Acks the service refused as out of order: counted, keyed or not. An unkeyed one shows
+        that the service orders unkeyed copies too: from now on they are acked in order."""
+        keyed = sum(1 for r in refused if r.message.ordering_key)
+        self._count("ack_unordered_keyed", keyed)
+        self._count("ack_unordered_unkeyed", len(refused) - keyed)
+        if keyed < len(refused) and not self._unkeyed_ordered:
+            self._unkeyed_ordered = True
+            log.info(
+                "%s: the service orders the acks of unkeyed messages too; acking them in order",
+                self.subscription,
+            )
+
+    def _held_acked(self, held: Sequence[Held]) -> None:
+        """Held copies whose acks were confirmed: their receive-to-ack time."""
+        for h in held:
+            self._inbox.acked(self.subscription, h.received_at)
+
     def _drop(self, items: Sequence[_Received], counted_as: str) -> None:
         """Out of the client's lease management: nothing stays leased and unacked."""
         for item in items:
@@ -888,6 +845,8 @@ STREAM_COUNTS: Final = (
     "ack_id_expired",
     "ack_unanswered",
     "ack_retried",
+    "ack_unordered_keyed",
+    "ack_unordered_unkeyed",
     "nacked",
     "held",
     "extended",
@@ -898,6 +857,7 @@ STREAM_COUNTS: Final = (
     "reconnects",
     "write_failed",
     "deferred_quota",
+    "ordering_held_back",
 )
 #: the holder's counters under the consumer's names
 _HOLDER_COUNTS: Final = {
@@ -914,19 +874,6 @@ _HOLDER_COUNTS: Final = {
 def _join(thread: threading.Thread, end: float) -> None:
     if thread.ident is not None:
         thread.join(timeout=max(end - time.monotonic(), 0))
-
-
-def _describe(exc: BaseException) -> str:
-    """An error as a log line may show it: its kind and status, never message contents."""
-    if isinstance(exc, api_exceptions.GoogleAPICallError):
-        code = exc.grpc_status_code
-        status = code.name if code is not None else type(exc).__name__
-        detail = (exc.message or "").splitlines()[0][:200] if exc.message else ""
-        return f"{status} ({detail})" if detail else status
-    if isinstance(exc, api_exceptions.RetryError):
-        cause = exc.cause
-        return f"retries exhausted ({_describe(cause)})" if cause else "retries exhausted"
-    return type(exc).__name__
 
 
 _PATH: Final = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")

@@ -526,7 +526,10 @@ class QueueCalls:
         """``DeleteMessageBatch``: confirmed deletes count ``deleted``."""
         entries = [{"Id": str(i), "ReceiptHandle": h.handle} for i, h in enumerate(held)]
         try:
-            response = self._client.delete_message_batch(QueueUrl=self._queue_url, Entries=entries)
+            with self._inbox.acknowledging(self._subscription, len(held)):
+                response = self._client.delete_message_batch(
+                    QueueUrl=self._queue_url, Entries=entries
+                )
         except (BotoCoreError, ClientError) as exc:
             if isinstance(exc, ClientError) and _error_code(exc) in _LEASE_LOST_CODES:
                 self._refused("delete_failed", _error_code(exc), len(held))

@@ -37,6 +37,7 @@ from bridge.handlers import (
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.ingest.decode import decode
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.types import Delivery, RawDelivery, Rejection, State, TargetClass, Ticket
 from tests.support.bridge_process import record_identity_key
 
@@ -185,11 +186,11 @@ def parked(
     store: PostgresStore, tenant: str, op: str, job: str = "charge", *, intent: bool = False
 ) -> Ticket:
     """An operation whose only attempt ended ambiguous: parked as unknown."""
-    store.ingest([delivery(tenant, op, job)])
-    (claim,) = store.claim_keys("worker-1", [delivery(tenant, op, job).key], LEASE)
+    store.inbox.ingest([delivery(tenant, op, job)])
+    (claim,) = store.claims.claim_keys("worker-1", [delivery(tenant, op, job).key], LEASE)
     if intent:
-        store.record_intent(claim.ticket)
-    store.park_unknown(claim.ticket, "provider_timeout")
+        store.settle.record_intent(claim.ticket)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "provider_timeout"))
     return claim.ticket
 
 
@@ -208,9 +209,9 @@ def state(db: Db, tenant: str, op: str) -> tuple[Any, ...] | None:
 def test_status_counts_by_subscription_and_tenant_hash(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("acme", f"q-{i}") for i in range(3)] + [delivery("globex", "q-0")])
+    store.inbox.ingest([delivery("acme", f"q-{i}") for i in range(3)] + [delivery("globex", "q-0")])
     parked(store, "acme", "u-1")
-    (stalled,) = store.claim_keys("worker-2", [delivery("acme", "q-0").key], LEASE)
+    (stalled,) = store.claims.claim_keys("worker-2", [delivery("acme", "q-0").key], LEASE)
     db.execute(
         "UPDATE work_item SET lease_expires_at = now() - interval '1 minute'"
         " WHERE tenant_id = 'acme' AND operation_id = 'q-0'"
@@ -219,8 +220,8 @@ def test_status_counts_by_subscription_and_tenant_hash(
         "UPDATE work_item SET settled_at = now() - interval '2 hours'"
         " WHERE tenant_id = 'acme' AND operation_id = 'u-1'"
     )
-    store.ingest([delivery("acme", "q-1", note="a different payload")])
-    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{")])
+    store.inbox.ingest([delivery("acme", "q-1", note="a different payload")])
+    store.inbox.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{")])
 
     document = json.loads(cli("status", "--json").stdout)
     acme, globex = HASHER.tenant("acme"), HASHER.tenant("globex")
@@ -265,7 +266,7 @@ def test_inspect_shows_one_operations_history_without_its_payload(
     cli: Any, store: PostgresStore, config_file: Path, provider: Db
 ) -> None:
     ticket = parked(store, "acme", "op-1")
-    store.ingest([delivery("acme", "op-1", note="changed")])  # a conflict on the same key
+    store.inbox.ingest([delivery("acme", "op-1", note="changed")])  # a conflict on the same key
     cli("redrive", "--config", str(config_file), "--reason", "INC-7 provider back",
         "--actor", "alice")  # fmt: skip
 
@@ -406,9 +407,9 @@ def test_redrive_sends_class_a_unknown_and_quarantined_rows_back(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
     parked(store, "acme", "ledger-1", "ledger")
-    store.ingest([delivery("acme", "ledger-2", "ledger")])
-    (claim,) = store.claim_keys("w", [delivery("acme", "ledger-2", "ledger").key], LEASE)
-    store.quarantine(claim.ticket, "invalid_payload")
+    store.inbox.ingest([delivery("acme", "ledger-2", "ledger")])
+    (claim,) = store.claims.claim_keys("w", [delivery("acme", "ledger-2", "ledger").key], LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.QUARANTINED, "invalid_payload"))
 
     cli("redrive", "--config", str(config_file), "--reason", "fixed", "--job-type", "ledger")
 
@@ -438,7 +439,7 @@ def test_redrive_decodes_quarantined_deliveries_again_with_the_current_rules(
     unreadable = received("v9-op", "9", {"note": MARKER})
     assert isinstance(newer, Rejection)
     assert isinstance(unreadable, Rejection)
-    store.ingest([newer, unreadable])
+    store.inbox.ingest([newer, unreadable])
 
     out = cli("redrive", "--config", str(config_file), "--reason", "v2 rolled out",
               "--actor", "carol").stdout  # fmt: skip
@@ -475,8 +476,10 @@ def test_redrive_needs_a_reason(cli: Any, config_file: Path) -> None:
 def test_sweep_parks_expired_last_attempts_and_says_which(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("acme", "last"), delivery("acme", "live")])
-    store.claim_keys("w", [delivery("acme", "last").key, delivery("acme", "live").key], LEASE)
+    store.inbox.ingest([delivery("acme", "last"), delivery("acme", "live")])
+    store.claims.claim_keys(
+        "w", [delivery("acme", "last").key, delivery("acme", "live").key], LEASE
+    )
     db.execute(
         "UPDATE work_item SET lease_expires_at = now() - interval '1 second'"
         " WHERE operation_id = 'last'"
@@ -495,14 +498,9 @@ def test_sweep_parks_expired_last_attempts_and_says_which(
 
 
 def settled(store: PostgresStore, db: Db, op: str, final: State, days_ago: int) -> None:
-    store.ingest([delivery("acme", op, "ledger")])
-    (claim,) = store.claim_keys("w", [delivery("acme", op, "ledger").key], LEASE)
-    {
-        State.SUCCEEDED: store.complete,
-        State.FAILED_TERMINAL: store.fail_terminal,
-        State.UNKNOWN: store.park_unknown,
-        State.QUARANTINED: store.quarantine,
-    }[final](claim.ticket, "done")
+    store.inbox.ingest([delivery("acme", op, "ledger")])
+    (claim,) = store.claims.claim_keys("w", [delivery("acme", op, "ledger").key], LEASE)
+    store.settle.settle(Settlement(claim.ticket, final, "done"))
     db.execute(
         "UPDATE work_item SET settled_at = now() - make_interval(days => %s)"
         " WHERE operation_id = %s",
@@ -520,7 +518,7 @@ def test_purge_removes_old_finished_rows_and_payloads_in_batches(
     settled(store, db, "old-unknown", State.UNKNOWN, 400)
     settled(store, db, "old-quarantined", State.QUARANTINED, 400)
     settled(store, db, "recent-ok", State.SUCCEEDED, 5)
-    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{")])
+    store.inbox.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{")])
     db.execute("UPDATE rejected_delivery SET created_at = now() - interval '400 days'")
 
     preview = cli("purge", "--older-than", "35d", "--dry-run").stdout
@@ -625,8 +623,8 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
 ) -> None:
     for tenant in ("acme", "globex"):
         parked(store, tenant, "op-1", "ledger")
-        store.ingest([delivery(tenant, "op-1", note="changed")])
-        store.ingest(
+        store.inbox.ingest([delivery(tenant, "op-1", note="changed")])
+        store.inbox.ingest(
             [
                 Rejection(
                     subscription="orders",
@@ -642,8 +640,8 @@ def test_erase_removes_a_tenant_everywhere_and_records_it_by_hash(
     assert queued.returncode == 1
     assert "1 operation(s) in scope are queued or claimed" in queued.stderr
     assert "nothing was erased" in queued.stderr
-    for claim in store.claim("w", 10, LEASE):  # the redriven rows run
-        store.complete(claim.ticket)
+    for claim in store.claims.claim("w", 10, LEASE):  # the redriven rows run
+        store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
 
     dry = cli("erase", "--tenant", "acme", "--reason", "GDPR-1", "--dry-run").stdout
     assert dry.startswith(f"would erase tenant {HASHER.tenant('acme')}: 1 work row(s)")
@@ -710,9 +708,9 @@ def quarantined_delivery(tenant: str, op: str) -> Rejection:
 def test_resolve_closes_conflicts_audited_and_leaves_the_work_row_untouched(
     cli: Any, store: PostgresStore, db: Db, config_file: Path
 ) -> None:
-    store.ingest([delivery("acme", "op-1")])
-    store.ingest([delivery("acme", "op-1", note="changed")])  # a conflict on the same key
-    store.ingest([quarantined_delivery("acme", "op-2"), quarantined_delivery("acme", "op-3")])
+    store.inbox.ingest([delivery("acme", "op-1")])
+    store.inbox.ingest([delivery("acme", "op-1", note="changed")])  # a conflict on the same key
+    store.inbox.ingest([quarantined_delivery("acme", "op-2"), quarantined_delivery("acme", "op-3")])
     (conflict_id,) = db.execute(
         "SELECT id FROM rejected_delivery WHERE kind = 'conflict'"
     ).fetchone()
@@ -802,9 +800,9 @@ def test_inspect_json_has_nulls_settled_rows_no_next_attempt_and_the_trace_id(
     cli: Any, store: PostgresStore
 ) -> None:
     traced = replace(delivery("acme", "done"), trace_context=TRACEPARENT)
-    store.ingest([traced, delivery("acme", "waiting")])
-    (claim,) = store.claim_keys("w", [traced.key], LEASE)
-    store.complete(claim.ticket, "charged")
+    store.inbox.ingest([traced, delivery("acme", "waiting")])
+    (claim,) = store.claims.claim_keys("w", [traced.key], LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "charged"))
 
     document = json.loads(cli("inspect", "acme", "done", "--json").stdout)
     row = document["work_row"]
@@ -842,8 +840,8 @@ def test_inspect_says_whether_an_absent_operation_was_erased_purged_or_never_see
 ) -> None:
     parked(store, "acme", "old", "ledger")
     cli("redrive", "--config", str(config_file), "--reason", "r", "--state", "unknown")
-    (claim,) = store.claim_keys("w", [delivery("acme", "old", "ledger").key], LEASE)
-    store.complete(claim.ticket)
+    (claim,) = store.claims.claim_keys("w", [delivery("acme", "old", "ledger").key], LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     db.execute("UPDATE work_item SET settled_at = now() - interval '40 days'")
     cli("purge", "--older-than", "35d")
     parked(store, "initech", "op-9", "ledger")

@@ -28,7 +28,7 @@ def environment(db_url: str) -> dict[str, str]:
 
 
 def some_work(store: PostgresStore) -> None:
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id=f"tenant-{n}",

@@ -29,16 +29,16 @@ Db = psycopg.Connection[Any]
 
 def limited(store: PostgresStore, tenant: str, op: str, wait: timedelta) -> None:
     """A row its target refused for ``wait``: the row and its job type and tenant wait."""
-    (claim,) = store.claim_keys("worker-1", [Key(tenant, op)], LEASE)
-    store.rate_limited(claim.ticket, wait)
+    (claim,) = store.claims.claim_keys("worker-1", [Key(tenant, op)], LEASE)
+    store.settle.rate_limited(claim.ticket, wait)
 
 
 @pytest.mark.slow
 def test_rate_wait_lists_the_waits_and_clear_lifts_one_audited(
     cli: Any, store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery(op, tenant=ALPHA) for op in ("a-1", "a-2")])
-    store.ingest([delivery("b-1", tenant=BETA)])
+    store.inbox.ingest([delivery(op, tenant=ALPHA) for op in ("a-1", "a-2")])
+    store.inbox.ingest([delivery("b-1", tenant=BETA)])
     limited(store, ALPHA, "a-1", timedelta(hours=2))
     limited(store, BETA, "b-1", timedelta(hours=1))
 
@@ -62,7 +62,7 @@ def test_rate_wait_lists_the_waits_and_clear_lifts_one_audited(
     assert "lifted 1 wait(s); 1 row(s) due now, each audited" in done
     assert HASHER.tenant(ALPHA) in done
     assert ALPHA not in done
-    claimed = {c.operation_id for c in store.claim("worker-2", 10, LEASE)}
+    claimed = {c.operation_id for c in store.claims.claim("worker-2", 10, LEASE)}
     assert claimed == {"a-1", "a-2"}  # the beta tenant's wait is still on
     audit = db.execute(
         "SELECT operation_id, actor, reason, from_state, to_state FROM redrive_audit"

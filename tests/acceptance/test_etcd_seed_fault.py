@@ -75,7 +75,7 @@ def test_worker_paused_past_its_lease_is_refused_by_etcd_and_the_row_succeeds_on
     etcd: EtcdServer,
 ) -> None:
     operation = "value-1"
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id=TENANT,

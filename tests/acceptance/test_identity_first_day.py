@@ -142,8 +142,10 @@ def test_a_key_recorded_by_mistake_is_reset_while_unused_and_the_reset_is_audite
 def write_work_row(url: str) -> None:
     store = PostgresStore.connect(url, max_size=2)
     try:
-        keyring.attach(store, IdentityHasher(THROWAWAY.encode()), used_by="test", first_use=False)
-        store.ingest([delivery("op-1")])
+        keyring.attach(
+            store.keys, IdentityHasher(THROWAWAY.encode()), used_by="test", first_use=False
+        )
+        store.inbox.ingest([delivery("op-1")])
     finally:
         store.close()
 

@@ -84,7 +84,7 @@ def ingest(
     *,
     max_attempts: int = 5,
 ) -> Key:
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id=TENANT,
@@ -210,7 +210,7 @@ def test_class_a_worker_paused_inside_its_transaction_keeps_the_row_and_commits_
     for claim, rival in rivals.items():
         assert rival.claimed() is None, f"a {claim} claim took a locked row over"
         assert rival.finished() == 0
-    assert store.sweep() == Swept([], [])
+    assert store.settle.sweep() == Swept([], [])
     uncommitted = invoices.find_invoice(db, TENANT, "inv-1")
     assert uncommitted is not None
     assert uncommitted.status == "paid"
@@ -281,7 +281,7 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
     assert sink.read_text().splitlines() == [f"{TENANT} notify-1 fence=1"]
     wait_for_lapse(db, key)
 
-    assert store.sweep() == Swept([Ticket(TENANT, "notify-1", 1)], [])
+    assert store.settle.sweep() == Swept([Ticket(TENANT, "notify-1", 1)], [])
     row = work_row(db, key)
     assert (row["state"], row["outcome_code"], row["intent_fence"]) == (
         State.UNKNOWN,
@@ -289,7 +289,7 @@ def test_class_d_worker_killed_after_its_call_is_parked_unknown_and_never_called
         1,
     )
 
-    moved = store.redrive(
+    moved = store.operator.redrive(
         RedriveFilter(keys=(key,)), actor="on-call", reason="reconcile the notification"
     )
     assert [(m.key, m.from_state) for m in moved] == [(key, State.UNKNOWN)]
@@ -317,7 +317,7 @@ def test_class_d_worker_killed_before_its_intent_is_queued_again_and_called_once
     wait_for_lapse(db, key)
 
     # No intent: the target was never called, so the sweeper sends the row back to the queue.
-    assert store.sweep() == Swept([], [Ticket(TENANT, "notify-1", 1)])
+    assert store.settle.sweep() == Swept([], [Ticket(TENANT, "notify-1", 1)])
     row = work_row(db, key)
     assert (row["state"], row["outcome_code"], row["intent_fence"]) == (
         State.QUEUED,

@@ -101,7 +101,7 @@ class Site:
 
 @pytest.fixture
 def site(store: PostgresStore, db_url: str, tmp_path: Path) -> Iterator[Site]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     ops = populate(store)
     server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()

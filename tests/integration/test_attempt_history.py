@@ -26,7 +26,7 @@ Db = psycopg.Connection[tuple[Any, ...]]
 
 
 def attempts(store: PostgresStore, key: Key = KEY) -> tuple[AttemptRecord, ...]:
-    return store.history(key).attempts
+    return store.operator.history(key).attempts
 
 
 def ends(store: PostgresStore) -> list[tuple[Any, ...]]:
@@ -37,15 +37,21 @@ def ends(store: PostgresStore) -> list[tuple[Any, ...]]:
 def test_a_claim_opens_one_attempt_and_its_settlement_ends_it(
     clocked: PostgresStore, clock: Clock
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
     (opened,) = attempts(clocked)
     assert (opened.kind, opened.fence, opened.worker, opened.takeover) == ("claim", 1, "w1", False)
     assert (opened.started_at, opened.ended_at, opened.outcome) == (clock.at, None, None)
 
     clock.advance(timedelta(seconds=5))
-    clocked.park_unknown(
-        claim.ticket, "provider_timeout", "detail stays on the row", error="Timeout"
+    clocked.settle.settle(
+        Settlement(
+            claim.ticket,
+            State.UNKNOWN,
+            "provider_timeout",
+            outcome_detail="detail stays on the row",
+            error_class="Timeout",
+        )
     )
     (ended,) = attempts(clocked)
     assert (ended.ended_at, ended.outcome, ended.outcome_code) == (
@@ -59,20 +65,20 @@ def test_a_claim_opens_one_attempt_and_its_settlement_ends_it(
 def test_a_takeover_ends_the_earlier_attempt_as_lease_lost_and_its_late_settlement_ends_nothing(
     clocked: PostgresStore, clock: Clock
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (old,) = clocked.claim_keys("w1", [KEY], LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (old,) = clocked.claims.claim_keys("w1", [KEY], LEASE)
     clock.advance(LEASE * 2)
-    (new,) = clocked.claim("w2", 1, LEASE)
+    (new,) = clocked.claims.claim("w2", 1, LEASE)
     assert new.takeover
     first, second = attempts(clocked)
     assert (first.fence, first.outcome, first.ended_at) == (1, "lease_lost", clock.at)
     assert (second.fence, second.worker, second.takeover, second.outcome) == (2, "w2", True, None)
 
     with pytest.raises(LeaseLost):
-        clocked.complete(old.ticket)
+        clocked.settle.settle(Settlement(old.ticket, State.SUCCEEDED, "ok"))
     assert attempts(clocked) == (first, second)  # the refused settlement wrote nothing
 
-    clocked.complete_many([new.ticket])
+    clocked.settle.settle_many([Settlement(t, State.SUCCEEDED, "ok") for t in [new.ticket]])
     assert ends(clocked) == [
         ("claim", 1, "lease_lost", "lease_expired"),
         ("claim", 2, "succeeded", "ok"),
@@ -82,16 +88,16 @@ def test_a_takeover_ends_the_earlier_attempt_as_lease_lost_and_its_late_settleme
 def test_retry_release_and_sweep_each_end_the_attempt_they_move(
     clocked: PostgresStore, clock: Clock
 ) -> None:
-    clocked.ingest([delivery("a", max_attempts=3)])
-    (c1,) = clocked.claim("w1", 1, LEASE)
-    assert clocked.retry_later(c1.ticket, timedelta(0), "busy", error="Busy") is State.QUEUED
-    (c2,) = clocked.claim("w1", 1, LEASE)
-    clocked.release(c2.ticket)
-    clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a", max_attempts=3)])
+    (c1,) = clocked.claims.claim("w1", 1, LEASE)
+    assert clocked.settle.retry_later(c1.ticket, timedelta(0), "busy", error="Busy") is State.QUEUED
+    (c2,) = clocked.claims.claim("w1", 1, LEASE)
+    clocked.settle.release(c2.ticket)
+    clocked.claims.claim("w1", 1, LEASE)
     clock.advance(LEASE * 2)
-    (c5,) = clocked.claim("w2", 1, LEASE)  # takeover, with the last attempt left
+    (c5,) = clocked.claims.claim("w2", 1, LEASE)  # takeover, with the last attempt left
     clock.advance(LEASE * 2)
-    assert [t.fence for t in clocked.sweep().parked] == [c5.fence]
+    assert [t.fence for t in clocked.settle.sweep().parked] == [c5.fence]
     assert ends(clocked) == [
         ("claim", 1, "queued", "busy"),
         ("claim", 2, "released", "released"),
@@ -104,9 +110,9 @@ def test_retry_release_and_sweep_each_end_the_attempt_they_move(
 def test_batch_settlement_ends_each_moved_attempt_with_its_own_outcome(
     store: PostgresStore,
 ) -> None:
-    store.ingest([delivery("a"), delivery("b")])
-    a, b = sorted(store.claim("w1", 2, LEASE), key=lambda c: c.operation_id)
-    stale = store.settle_many(
+    store.inbox.ingest([delivery("a"), delivery("b")])
+    a, b = sorted(store.claims.claim("w1", 2, LEASE), key=lambda c: c.operation_id)
+    stale = store.settle.settle_many(
         [
             Settlement(a.ticket, State.QUARANTINED, "bad_input", error_class="ValueError"),
             Settlement(b.ticket, State.SUCCEEDED, "ok", finding="applied"),
@@ -125,11 +131,13 @@ def test_batch_settlement_ends_each_moved_attempt_with_its_own_outcome(
 
 
 def test_a_redrive_is_recorded_and_the_next_claim_follows_it(store: PostgresStore) -> None:
-    store.ingest([delivery("a")])
-    (claim,) = store.claim("w1", 1, LEASE)
-    store.park_unknown(claim.ticket, "ambiguous")
-    store.redrive(RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="provider fixed")
-    store.claim("w1", 1, LEASE)
+    store.inbox.ingest([delivery("a")])
+    (claim,) = store.claims.claim("w1", 1, LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "ambiguous"))
+    store.operator.redrive(
+        RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="provider fixed"
+    )
+    store.claims.claim("w1", 1, LEASE)
     assert ends(store) == [
         ("claim", 1, "unknown", "ambiguous"),
         ("redrive", 1, "queued", "redriven_from_unknown"),
@@ -138,10 +146,10 @@ def test_a_redrive_is_recorded_and_the_next_claim_follows_it(store: PostgresStor
 
 
 def test_a_dry_run_redrive_records_nothing(store: PostgresStore) -> None:
-    store.ingest([delivery("a")])
-    (claim,) = store.claim("w1", 1, LEASE)
-    store.park_unknown(claim.ticket, "ambiguous")
-    store.redrive(
+    store.inbox.ingest([delivery("a")])
+    (claim,) = store.claims.claim("w1", 1, LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "ambiguous"))
+    store.operator.redrive(
         RedriveFilter(states=(State.UNKNOWN,)), actor="oncall", reason="preview", dry_run=True
     )
     assert [a.kind for a in attempts(store)] == ["claim"]
@@ -149,22 +157,22 @@ def test_a_dry_run_redrive_records_nothing(store: PostgresStore) -> None:
 
 def test_only_the_newest_n_attempts_are_kept(store: PostgresStore) -> None:
     bounded = PostgresStore(store.pool, attempt_history=3)
-    bounded.ingest([delivery("a", max_attempts=10)])
+    bounded.inbox.ingest([delivery("a", max_attempts=10)])
     for _ in range(5):
-        (claim,) = bounded.claim("w1", 1, LEASE)
-        bounded.retry_later(claim.ticket, timedelta(0))
+        (claim,) = bounded.claims.claim("w1", 1, LEASE)
+        bounded.settle.retry_later(claim.ticket, timedelta(0))
     assert [a.fence for a in attempts(bounded)] == [3, 4, 5]
 
 
 def test_history_off_records_no_claim(store: PostgresStore, db: Db) -> None:
     off = PostgresStore(store.pool, attempt_history=0)
-    off.ingest([delivery("a"), delivery("b")])
-    first, second = off.claim("w1", 2, LEASE)
-    off.park_unknown(first.ticket, "provider_timeout")
-    off.complete(second.ticket)
+    off.inbox.ingest([delivery("a"), delivery("b")])
+    first, second = off.claims.claim("w1", 2, LEASE)
+    off.settle.settle(Settlement(first.ticket, State.UNKNOWN, "provider_timeout"))
+    off.settle.settle(Settlement(second.ticket, State.SUCCEEDED, "ok"))
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
     assert attempts(off, first.key) == ()
-    assert off.history(first.key).row is not None
+    assert off.operator.history(first.key).row is not None
     # A first attempt that succeeded is read from its row, recorded or not.
     assert [(a.fence, a.outcome) for a in attempts(off, second.key)] == [(1, "succeeded")]
 
@@ -172,20 +180,22 @@ def test_history_off_records_no_claim(store: PostgresStore, db: Db) -> None:
 def test_purge_and_erasure_remove_the_history_with_the_row(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a"), delivery("b", tenant="t2")])
-    for claim in clocked.claim("w1", 2, LEASE):
-        clocked.fail_terminal(claim.ticket, "declined")
+    clocked.inbox.ingest([delivery("a"), delivery("b", tenant="t2")])
+    for claim in clocked.claims.claim("w1", 2, LEASE):
+        clocked.settle.settle(Settlement(claim.ticket, State.FAILED_TERMINAL, "declined"))
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (2,)
 
     clock.advance(timedelta(days=40))
-    counts = clocked.purge_batch(timedelta(days=30), 1)
+    counts = clocked.operator.purge_batch(timedelta(days=30), 1)
     assert counts is not None
     assert counts.work_rows == 1
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (1,)
 
-    keyring.attach(clocked, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test")
-    clocked.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
-    clocked.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
+    keyring.attach(
+        clocked.keys, IdentityHasher(b"attempt-history-test-identity-key"), used_by="test"
+    )
+    clocked.operator.erase("t2", tenant_hash="h2", actor="dpo", reason="request 7")
+    clocked.operator.erase("t1", tenant_hash="h1", actor="dpo", reason="request 8")
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
 
 
@@ -194,8 +204,8 @@ def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
 ) -> None:
     """The claim writes no record (half the history's cost): the attempt still running is read
     from the row, and the statement that ends it writes its one record."""
-    clocked.ingest([delivery(op) for op in "abc"])
-    claims = clocked.claim("w1", 3, LEASE)
+    clocked.inbox.ingest([delivery(op) for op in "abc"])
+    claims = clocked.claims.claim("w1", 3, LEASE)
     assert db.execute("SELECT count(*) FROM work_attempt").fetchone() == (0,)
     (running,) = attempts(clocked)
     assert (running.fence, running.worker, running.started_at, running.ended_at) == (
@@ -206,7 +216,7 @@ def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
     )
     clock.advance(timedelta(seconds=2))
     settlements = [Settlement(c.ticket, State.FAILED_TERMINAL, "declined") for c in claims]
-    assert clocked.settle_many(settlements) == []
+    assert clocked.settle.settle_many(settlements) == []
     rows = db.execute(
         "SELECT operation_id, fence, worker, started_at, ended_at, outcome FROM work_attempt"
         " ORDER BY operation_id"
@@ -215,7 +225,7 @@ def test_a_running_attempt_is_the_work_row_and_is_recorded_once_when_it_ends(
         (op, 1, "w1", clock.at - timedelta(seconds=2), clock.at, "failed_terminal") for op in "abc"
     ]
     # The settled row keeps its last owner for that record; inspect shows no lease.
-    row = clocked.history(KEY).row
+    row = clocked.operator.history(KEY).row
     assert row is not None
     assert row.lease_owner is None
 
@@ -229,19 +239,19 @@ def test_a_first_attempt_that_succeeded_is_its_row_and_every_other_ending_is_rec
     a record. A success under a later fence, or with a lookup's finding, is recorded; so is an
     unknown the operator later confirmed applied, whose record the row does not replace."""
     batch = [delivery(op, max_attempts=3) for op in ("first", "later", "found")]
-    clocked.ingest([*batch, replace(delivery("fixed"), target_class=TargetClass.C)])
-    claims = {c.operation_id: c for c in clocked.claim("w1", 4, LEASE)}
+    clocked.inbox.ingest([*batch, replace(delivery("fixed"), target_class=TargetClass.C)])
+    claims = {c.operation_id: c for c in clocked.claims.claim("w1", 4, LEASE)}
     first, later, found, fixed = (claims[op] for op in ("first", "later", "found", "fixed"))
     clock.advance(timedelta(seconds=3))
-    clocked.complete(first.ticket, "ok")
-    clocked.retry_later(later.ticket, timedelta(0))
-    clocked.complete(found.ticket, "applied", finding="applied")
-    clocked.park_unknown(fixed.ticket, "provider_timeout")
-    (again,) = clocked.claim("w2", 1, LEASE)
+    clocked.settle.settle(Settlement(first.ticket, State.SUCCEEDED, "ok"))
+    clocked.settle.retry_later(later.ticket, timedelta(0))
+    clocked.settle.settle(Settlement(found.ticket, State.SUCCEEDED, "applied", finding="applied"))
+    clocked.settle.settle(Settlement(fixed.ticket, State.UNKNOWN, "provider_timeout"))
+    (again,) = clocked.claims.claim("w2", 1, LEASE)
     assert again.key == later.key
-    clocked.complete(again.ticket)
-    (seen,) = clocked.parked(RedriveFilter(states=(State.UNKNOWN,)))
-    assert clocked.redrive_applied(
+    clocked.settle.settle(Settlement(again.ticket, State.SUCCEEDED, "ok"))
+    (seen,) = clocked.operator.parked(RedriveFilter(states=(State.UNKNOWN,)))
+    assert clocked.operator.redrive_applied(
         seen, outcome_code="charged", outcome_detail=None, actor="oncall", reason="confirmed"
     )
 
@@ -282,12 +292,12 @@ def test_an_attempt_left_open_by_an_earlier_version_is_not_shown_beside_its_reco
 ) -> None:
     """An earlier version recorded attempts when they began: a row claimed by it and settled by
     this one has an entry that never ended beside the one its settlement wrote."""
-    store.ingest([delivery("a")])
-    (claim,) = store.claim("w1", 1, LEASE)
+    store.inbox.ingest([delivery("a")])
+    (claim,) = store.claims.claim("w1", 1, LEASE)
     db.execute(
         "INSERT INTO work_attempt (tenant_id, operation_id, kind, fence, worker, started_at)"
         " VALUES ('t1', 'a', 'claim', 1, 'w1', now())"
     )
     assert [(a.fence, a.ended_at) for a in attempts(store)] == [(1, None)]
-    store.complete(claim.ticket)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     assert ends(store) == [("claim", 1, "succeeded", "ok")]

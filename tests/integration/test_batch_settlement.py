@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +27,9 @@ from bridge.executors.registry import Registry
 from bridge.handlers import ConditionalWriteHandler, Context, SameDatabaseHandler, TerminalFailure
 from bridge.identity import IdentityHasher
 from bridge.runtime.worker import WorkerPool
-from bridge.store import PostgresStore, SettledClaim, Settlement
+from bridge.store import Database, PostgresStore, SettledClaim, Settlement
+from bridge.store.claims import ClaimPolicy, ClaimStore
+from bridge.store.settle import SettleStore
 from bridge.types import Claim, Delivery, State, TargetClass, Ticket
 from tests.support.clock import Clock
 from tests.support.waiting import eventually
@@ -78,12 +80,12 @@ def one_stale_among(
     Returns the first claim of ``stale`` (its fence is no longer current) and the current
     claims of the fresh rows.
     """
-    store.ingest(deliveries(["stale", *fresh]))
-    (first,) = store.claim("w1", 1, SHORT)
+    store.inbox.ingest(deliveries(["stale", *fresh]))
+    (first,) = store.claims.claim("w1", 1, SHORT)
     assert first.operation_id == "stale"
-    others = store.claim("w1", len(fresh), LONG)
+    others = store.claims.claim("w1", len(fresh), LONG)
     clock.advance(SHORT * 2)
-    (newer,) = store.claim("w2", 1, SHORT)
+    (newer,) = store.claims.claim("w2", 1, SHORT)
     assert (newer.operation_id, newer.fence) == ("stale", first.fence + 1)
     return first, others
 
@@ -115,14 +117,14 @@ def test_a_batch_refuses_only_its_stale_ticket_and_commits_the_rest(
     store, clock = clocked
     stale_claim, fresh = one_stale_among(store, clock, ["a", "b", "c"])
     stale = stale_claim.ticket
-    completer = BatchCompleter(store)
+    completer = BatchCompleter(store.settle)
     settlements = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, stale_claim]]
     threads, answers = settle_in_threads(completer, settlements)
 
     batch = completer.take()
     assert batch is not None
     assert len(batch) == 4
-    batch.write(store)
+    batch.write(store.settle)
     for t in threads:
         t.join(DEADLINE)
 
@@ -152,8 +154,8 @@ def test_a_batch_behind_a_concurrent_write_is_judged_on_the_row_that_write_left(
     lease, a takeover raising the other row's fence) tests each row's fence and state again as
     that transaction left it: the heartbeat's row settles, the taken row is refused. A
     settlement that updated the row version it first found refused both."""
-    store.ingest(deliveries(["beat", "taken"]))
-    claims = {c.operation_id: c for c in store.claim("w1", 2, LONG)}
+    store.inbox.ingest(deliveries(["beat", "taken"]))
+    claims = {c.operation_id: c for c in store.claims.claim("w1", 2, LONG)}
     assert set(claims) == {"beat", "taken"}
     settled: list[list[Ticket]] = []
     with psycopg.connect(db_url) as other:
@@ -167,7 +169,7 @@ def test_a_batch_behind_a_concurrent_write_is_judged_on_the_row_that_write_left(
         )
         writer = threading.Thread(
             target=lambda: settled.append(
-                store.settle_many(
+                store.settle.settle_many(
                     [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claims.values()]
                 )
             )
@@ -191,13 +193,13 @@ def test_a_batch_settled_for_a_writer_with_more_to_do_waits_for_its_answer(
     writer answers (the pool first hands the runs the rows it claimed meanwhile)."""
     store, clock = clocked
     stale_claim, fresh = one_stale_among(store, clock, ["a", "b"])
-    completer = BatchCompleter(store)
+    completer = BatchCompleter(store.settle)
     settlements = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, stale_claim]]
     threads, answers = settle_in_threads(completer, settlements)
     batch = completer.take()
     assert batch is not None
 
-    stale = batch.settle(store)
+    stale = batch.settle(store.settle)
 
     assert stale == [stale_claim.ticket]
     assert [state_of(db, op)[0] for op in "ab"] == ["succeeded"] * 2
@@ -214,7 +216,7 @@ def test_a_batch_whose_write_fails_gives_every_run_the_error() -> None:
     # Nothing listens on port 1: the pool cannot hand out a connection.
     unreachable = PostgresStore(open_pool("postgresql://postgres@127.0.0.1:1/none", timeout=0.5))
     try:
-        completer = BatchCompleter(unreachable)
+        completer = BatchCompleter(unreachable.settle)
         settlements = [
             Settlement(Ticket("t1", op, 1), State.SUCCEEDED, "ok") for op in ("a", "b", "c")
         ]
@@ -222,7 +224,7 @@ def test_a_batch_whose_write_fails_gives_every_run_the_error() -> None:
         batch = completer.take()
         assert batch is not None
         with pytest.raises(StoreUnavailable):
-            batch.write(unreachable)
+            batch.write(unreachable.settle)
         for t in threads:
             t.join(DEADLINE)
     finally:
@@ -236,7 +238,7 @@ def test_a_closed_completer_writes_each_settlement_alone_under_its_fence(
 ) -> None:
     store, clock = clocked
     stale, (fresh,) = one_stale_among(store, clock, ["a"])
-    completer = BatchCompleter(store)
+    completer = BatchCompleter(store.settle)
     completer.close()
 
     completer.settle(Settlement(fresh.ticket, State.SUCCEEDED, "ok"))  # no writer: at once
@@ -251,9 +253,9 @@ def test_closing_writes_what_is_pending_and_marks_those_runs_taken(
     clocked: tuple[PostgresStore, Clock], db: Db
 ) -> None:
     store, _ = clocked
-    store.ingest(deliveries(["a", "b"]))
-    claims = store.claim("w1", 2, LONG)
-    completer = BatchCompleter(store)
+    store.inbox.ingest(deliveries(["a", "b"]))
+    claims = store.claims.claim("w1", 2, LONG)
+    completer = BatchCompleter(store.settle)
     runs = [completer.for_run() for _ in claims]
     threads = [
         threading.Thread(target=r.settle, args=(Settlement(c.ticket, State.SUCCEEDED, "ok"),))
@@ -279,7 +281,7 @@ def test_handed_over_settlements_are_answered_by_their_writer_and_one_bad_reacti
     completer is closed, a settlement handed over is written at once, in the caller's thread."""
     store, clock = clocked
     stale, fresh = one_stale_among(store, clock, ["a", "b"])
-    completer = BatchCompleter(store)
+    completer = BatchCompleter(store.settle)
     answers: dict[str, tuple[str | None, str]] = {}
 
     def reaction(op: str, *, broken: bool = False) -> Any:
@@ -296,7 +298,7 @@ def test_handed_over_settlements_are_answered_by_their_writer_and_one_bad_reacti
         run.settle_later(settlement, reaction(claim.operation_id, broken=claim is fresh[0]))
     assert answers == {}  # nothing written yet: every call returned at once
     assert completer.pending == 3
-    writer = threading.Thread(target=lambda: completer.take().write(store), name="writer")  # type: ignore[union-attr]
+    writer = threading.Thread(target=lambda: completer.take().write(store.settle), name="writer")  # type: ignore[union-attr]
     writer.start()
     writer.join(DEADLINE)
 
@@ -309,8 +311,8 @@ def test_handed_over_settlements_are_answered_by_their_writer_and_one_bad_reacti
     assert [state_of(db, op)[0] for op in "ab"] == ["succeeded", "succeeded"]
     assert state_of(db, "stale") == ("claimed", stale.fence + 1, None)
 
-    store.ingest(deliveries(["late"]))
-    (late,) = store.claim("w1", 1, LONG)
+    store.inbox.ingest(deliveries(["late"]))
+    (late,) = store.claims.claim("w1", 1, LONG)
     completer.close()
     completer.settle_later(Settlement(late.ticket, State.SUCCEEDED, "ok"), None, reaction("late"))
     assert answers["late"] == (None, threading.current_thread().name)
@@ -332,13 +334,13 @@ def test_executor_settlements_in_one_batch_are_answered_per_claim(
     registry = Registry()
     spec = registry.register("job", Noop())
     stale, fresh = one_stale_among(store, clock, ["a", "b"])
-    completer = BatchCompleter(store)
+    completer = BatchCompleter(store.settle)
     events: dict[str, EventCounter] = {}
 
     def run(claim: Claim) -> None:
         events[claim.operation_id] = counter = EventCounter()
         ctx = Context.for_claim(claim, HASHER)
-        execute(Run(store, claim, spec, ctx, counter, completer.for_run()))
+        execute(Run(store.settle, claim, spec, ctx, counter, completer.for_run()))
 
     threads = [threading.Thread(target=run, args=(c,)) for c in [*fresh, stale]]
     for t in threads:
@@ -346,7 +348,7 @@ def test_executor_settlements_in_one_batch_are_answered_per_claim(
     eventually(lambda: completer.pending == 3, "every run to be settling")
     batch = completer.take()
     assert batch is not None
-    batch.write(store)
+    batch.write(store.settle)
     for t in threads:
         t.join(DEADLINE)
 
@@ -362,14 +364,34 @@ class Recording(PostgresStore):
         super().__init__(store.pool)
         self._lock = threading.Lock()
         self.batched: set[str] = set()
+        self.settle = RecordingSettle(self, self._note)
+        self.claims = RecordingClaims(self, self.claims.policy, self.settle, self._note)
 
     def _note(self, settlements: Sequence[Settlement]) -> None:
         with self._lock:
             self.batched.update(s.ticket.operation_id for s in settlements)
 
+
+class RecordingSettle(SettleStore):
+    def __init__(self, db: Database, note: Callable[[Sequence[Settlement]], None]) -> None:
+        super().__init__(db)
+        self._note = note
+
     def settle_many(self, settlements: Sequence[Settlement]) -> list[Ticket]:
         self._note(settlements)
         return super().settle_many(settlements)
+
+
+class RecordingClaims(ClaimStore):
+    def __init__(
+        self,
+        db: Database,
+        policy: ClaimPolicy,
+        settle: SettleStore,
+        note: Callable[[Sequence[Settlement]], None],
+    ) -> None:
+        super().__init__(db, policy, settle)
+        self._note = note
 
     def settle_and_claim(
         self, settlements: Sequence[Settlement], *args: Any, **kwargs: Any
@@ -394,7 +416,7 @@ def test_the_pool_batches_final_settlements_but_never_class_a(recording: Recordi
     registry.register("a", Refuses())
     b_ops = [f"b{i}" for i in range(30)]
     a_ops = [f"a{i}" for i in range(6)]
-    recording.ingest([*deliveries(b_ops, "b"), *deliveries(a_ops, "a", TargetClass.A)])
+    recording.inbox.ingest([*deliveries(b_ops, "b"), *deliveries(a_ops, "a", TargetClass.A)])
     pool = WorkerPool(recording, registry, HASHER, threads=4, poll_interval=0.05)
     pool.start()
     try:
@@ -438,14 +460,14 @@ def test_settle_and_claim_commits_both_and_the_claim_takes_the_rows_the_settleme
         )
         for op in ("g1", "g2")
     ]
-    store.ingest(ordered)
-    (g1,) = store.claim("w1", 5, LONG)
+    store.inbox.ingest(ordered)
+    (g1,) = store.claims.claim("w1", 5, LONG)
     assert g1.operation_id == "g1"
-    assert store.claim("w1", 5, LONG) == [], "g2 waits behind g1"
+    assert store.claims.claim("w1", 5, LONG) == [], "g2 waits behind g1"
     clock.advance(timedelta(seconds=1))
 
     batch = [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in [*fresh, g1, stale_claim]]
-    done = store.settle_and_claim(batch, "w1", LONG, limit=5)
+    done = store.claims.settle_and_claim(batch, "w1", LONG, limit=5)
 
     assert done.stale == [stale_claim.ticket]
     assert done.claim_error is None
@@ -473,12 +495,12 @@ def test_a_claim_that_fails_leaves_the_settlements_written_alone(db_url: str, db
         db_url, max_size=2, timeouts=SessionTimeouts(lock=timedelta(milliseconds=200))
     )
     try:
-        store.ingest(deliveries(["a", "b", "c"]))
-        claims = store.claim("w1", 2, LONG)
+        store.inbox.ingest(deliveries(["a", "b", "c"]))
+        claims = store.claims.claim("w1", 2, LONG)
         batch = [Settlement(c.ticket, State.FAILED_TERMINAL, "declined") for c in claims]
         with db.transaction():
             db.execute("LOCK TABLE rate_wait IN ACCESS EXCLUSIVE MODE")
-            done = store.settle_and_claim(batch, "w1", LONG, limit=2)
+            done = store.claims.settle_and_claim(batch, "w1", LONG, limit=2)
         assert isinstance(done.claim_error, StoreUnavailable)
         assert "lock_timeout" in str(done.claim_error)
         assert done.claims == []
@@ -514,7 +536,7 @@ def test_a_thread_that_keeps_its_connection_claims_on_one_server_process_until_i
     try:
         store.pool.wait()
         for _ in range(8):
-            store.claim("w1", 1, LONG)
+            store.claims.claim("w1", 1, LONG)
         assert len(_backends_that_claimed(db)) == 4
 
         db.execute(
@@ -526,14 +548,14 @@ def test_a_thread_that_keeps_its_connection_claims_on_one_server_process_until_i
         eventually(lambda: store.pool.get_stats()["pool_available"] == 4, "the pool refilled")
         store.keep_connection()
         for _ in range(8):
-            store.claim("w1", 1, LONG)
+            store.claims.claim("w1", 1, LONG)
         (kept,) = _backends_that_claimed(db)
 
         db.execute("SELECT pg_terminate_backend(%s)", (kept,))
         with pytest.raises(StoreUnavailable):
-            store.claim("w1", 1, LONG)
-        store.claim("w1", 1, LONG)
-        store.claim("w1", 1, LONG)
+            store.claims.claim("w1", 1, LONG)
+        store.claims.claim("w1", 1, LONG)
+        store.claims.claim("w1", 1, LONG)
         (other,) = _backends_that_claimed(db)
         assert other != kept
 

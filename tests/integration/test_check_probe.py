@@ -92,7 +92,7 @@ def probe_schemas(db: psycopg.Connection[Any]) -> list[str]:
 def test_the_probe_holds_on_the_shipped_statements_and_adapters_and_leaves_live_rows_alone(
     db_url: str, db: psycopg.Connection[Any], store: PostgresStore, bridge_config: BridgeConfig
 ) -> None:
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="acme",
@@ -106,7 +106,7 @@ def test_the_probe_holds_on_the_shipped_statements_and_adapters_and_leaves_live_
         ]
     )
     # a live claim in flight: the probe must neither take it over nor settle it
-    assert len(store.claim("live-worker", 2, timedelta(minutes=5))) == 2
+    assert len(store.claims.claim("live-worker", 2, timedelta(minutes=5))) == 2
     before = live_rows(db)
 
     report = probe.run(db_url, bridge_config)

@@ -14,7 +14,7 @@ import pytest
 from bridge import sql
 from bridge.errors import LeaseLost
 from bridge.store import PostgresStore
-from bridge.store.work import ATTEMPT_HISTORY_DEFAULT
+from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, Settlement
 from bridge.types import Claim, Key, State
 from tests.support.clock import EPOCH as START
 from tests.support.clock import Clock
@@ -42,139 +42,139 @@ def ops(claims: list[Claim]) -> list[str]:
 def test_claim_bumps_fence_and_attempts_and_leases_from_the_store_clock(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 10, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 10, LEASE)
     assert (claim.key, claim.fence, claim.attempts, claim.takeover) == (Key("t1", "a"), 1, 1, False)
     assert claim.lease_expires_at == START + LEASE
     assert claim.payload == b'{"op": "a"}'
     assert row(db, "a") == ("claimed", 1, 1, "w1", START + LEASE, None)
-    assert clocked.claim("w2", 10, LEASE) == []
+    assert clocked.claims.claim("w2", 10, LEASE) == []
 
 
 def test_ingest_uses_the_store_clock_so_rows_are_due_at_once(
     clocked: PostgresStore, db: Db
 ) -> None:
-    clocked.ingest([delivery("a")])
+    clocked.inbox.ingest([delivery("a")])
     due = db.execute("SELECT next_attempt_at, created_at FROM work_item").fetchone()
     assert due == (START, START)
-    assert ops(clocked.claim("w1", 1, LEASE)) == ["a"]
+    assert ops(clocked.claims.claim("w1", 1, LEASE)) == ["a"]
 
 
 def test_claim_takes_at_most_limit_rows_in_ingest_order(clocked: PostgresStore) -> None:
-    clocked.ingest([delivery(op) for op in ("e", "d", "c", "b", "a")])
-    assert sorted(ops(clocked.claim("w1", 2, LEASE))) == ["d", "e"]
-    assert sorted(ops(clocked.claim("w1", 2, LEASE))) == ["b", "c"]
-    assert ops(clocked.claim("w1", 2, LEASE)) == ["a"]
-    assert clocked.claim("w1", 2, LEASE) == []
+    clocked.inbox.ingest([delivery(op) for op in ("e", "d", "c", "b", "a")])
+    assert sorted(ops(clocked.claims.claim("w1", 2, LEASE))) == ["d", "e"]
+    assert sorted(ops(clocked.claims.claim("w1", 2, LEASE))) == ["b", "c"]
+    assert ops(clocked.claims.claim("w1", 2, LEASE)) == ["a"]
+    assert clocked.claims.claim("w1", 2, LEASE) == []
 
 
 def test_live_lease_is_not_claimable(clocked: PostgresStore, clock: Clock) -> None:
-    clocked.ingest([delivery("a")])
-    clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    clocked.claims.claim("w1", 1, LEASE)
     clock.advance(LEASE)  # expiry is exclusive: a lease that ends now is still held
-    assert clocked.claim("w2", 1, LEASE) == []
-    assert clocked.claim_keys("w2", [Key("t1", "a")], LEASE) == []
+    assert clocked.claims.claim("w2", 1, LEASE) == []
+    assert clocked.claims.claim_keys("w2", [Key("t1", "a")], LEASE) == []
 
 
 def test_expired_claim_with_attempts_left_is_taken_over(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (first,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (first,) = clocked.claims.claim("w1", 1, LEASE)
     clock.advance(LEASE + timedelta(seconds=1))
-    (second,) = clocked.claim("w2", 1, LEASE)
+    (second,) = clocked.claims.claim("w2", 1, LEASE)
     assert (second.fence, second.attempts, second.takeover) == (2, 2, True)
     assert second.lease_expires_at == clock() + LEASE
     with pytest.raises(LeaseLost):
-        clocked.complete(first.ticket)
+        clocked.settle.settle(Settlement(first.ticket, State.SUCCEEDED, "ok"))
     with pytest.raises(LeaseLost):
-        clocked.heartbeat(first.ticket, LEASE)
+        clocked.settle.heartbeat(first.ticket, LEASE)
     assert row(db, "a") == ("claimed", 2, 2, "w2", clock() + LEASE, None)
-    clocked.complete(second.ticket)
+    clocked.settle.settle(Settlement(second.ticket, State.SUCCEEDED, "ok"))
     assert row(db, "a")[:3] == ("succeeded", 2, 2)
 
 
 def test_takeovers_come_first_longest_expired_first(clocked: PostgresStore, clock: Clock) -> None:
-    clocked.ingest([delivery(op) for op in ("a", "b", "c")])
-    held = {c.operation_id: c.ticket for c in clocked.claim("w1", 3, LEASE)}
+    clocked.inbox.ingest([delivery(op) for op in ("a", "b", "c")])
+    held = {c.operation_id: c.ticket for c in clocked.claims.claim("w1", 3, LEASE)}
     clock.advance(timedelta(seconds=10))
-    clocked.heartbeat(held["a"], LEASE)  # a now expires 10 s after c
+    clocked.settle.heartbeat(held["a"], LEASE)  # a now expires 10 s after c
     clock.advance(timedelta(seconds=5))
-    clocked.heartbeat(held["b"], LEASE)  # b 15 s after c
-    clocked.ingest([delivery("queued")])
+    clocked.settle.heartbeat(held["b"], LEASE)  # b 15 s after c
+    clocked.inbox.ingest([delivery("queued")])
     clock.advance(LEASE * 2)
     order = [
         (claim.operation_id, claim.takeover)
         for _ in range(4)
-        for claim in clocked.claim("w2", 1, LEASE)
+        for claim in clocked.claims.claim("w2", 1, LEASE)
     ]
     assert order == [("c", True), ("a", True), ("b", True), ("queued", False)]
 
 
 def test_takeover_by_claim_keys_is_marked_as_takeover(clocked: PostgresStore, clock: Clock) -> None:
-    clocked.ingest([delivery("a")])
-    clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    clocked.claims.claim("w1", 1, LEASE)
     clock.advance(LEASE * 2)
-    (claim,) = clocked.claim_keys("w2", [Key("t1", "a")], LEASE)
+    (claim,) = clocked.claims.claim_keys("w2", [Key("t1", "a")], LEASE)
     assert (claim.fence, claim.attempts, claim.takeover) == (2, 2, True)
 
 
 def test_expired_claim_with_attempts_exhausted_is_not_claimable(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a", max_attempts=1)])
-    clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a", max_attempts=1)])
+    clocked.claims.claim("w1", 1, LEASE)
     clock.advance(LEASE * 2)
-    assert clocked.claim("w2", 10, LEASE) == []
-    assert clocked.claim_keys("w2", [Key("t1", "a")], LEASE) == []
+    assert clocked.claims.claim("w2", 10, LEASE) == []
+    assert clocked.claims.claim_keys("w2", [Key("t1", "a")], LEASE) == []
     assert row(db, "a")[:4] == ("claimed", 1, 1, "w1")
 
 
 def test_claim_respects_job_types(clocked: PostgresStore) -> None:
-    clocked.ingest(
+    clocked.inbox.ingest(
         [delivery("r1"), delivery("n1", job_type="notify"), delivery("m1", job_type="mail")]
     )
-    assert ops(clocked.claim("w", 10, LEASE, job_types=["notify"])) == ["n1"]
-    assert clocked.claim("w", 10, LEASE, job_types=["notify"]) == []
-    assert clocked.claim("w", 10, LEASE, job_types=[]) == []
-    assert sorted(ops(clocked.claim("w", 10, LEASE, job_types=["refund", "mail"]))) == [
+    assert ops(clocked.claims.claim("w", 10, LEASE, job_types=["notify"])) == ["n1"]
+    assert clocked.claims.claim("w", 10, LEASE, job_types=["notify"]) == []
+    assert clocked.claims.claim("w", 10, LEASE, job_types=[]) == []
+    assert sorted(ops(clocked.claims.claim("w", 10, LEASE, job_types=["refund", "mail"]))) == [
         "m1",
         "r1",
     ]
 
 
 def test_claim_respects_job_types_for_takeovers(clocked: PostgresStore, clock: Clock) -> None:
-    clocked.ingest([delivery("r1"), delivery("n1", job_type="notify")])
-    clocked.claim("w1", 10, LEASE)
+    clocked.inbox.ingest([delivery("r1"), delivery("n1", job_type="notify")])
+    clocked.claims.claim("w1", 10, LEASE)
     clock.advance(LEASE * 2)
-    (claim,) = clocked.claim("w2", 10, LEASE, job_types=["notify"])
+    (claim,) = clocked.claims.claim("w2", 10, LEASE, job_types=["notify"])
     assert (claim.operation_id, claim.takeover) == ("n1", True)
 
 
 def test_claim_keys_claims_only_the_given_claimable_keys(clocked: PostgresStore, db: Db) -> None:
-    clocked.ingest([delivery(op) for op in ("queued", "held", "done", "later", "other")])
-    earlier = clocked.claim_keys(
+    clocked.inbox.ingest([delivery(op) for op in ("queued", "held", "done", "later", "other")])
+    earlier = clocked.claims.claim_keys(
         "w0", [Key("t1", "held"), Key("t1", "done"), Key("t1", "later")], LEASE
     )
     tickets = {c.operation_id: c.ticket for c in earlier}
     assert sorted(tickets) == ["done", "held", "later"]
-    clocked.complete(tickets["done"])
-    clocked.retry_later(tickets["later"], timedelta(minutes=5))
+    clocked.settle.settle(Settlement(tickets["done"], State.SUCCEEDED, "ok"))
+    clocked.settle.retry_later(tickets["later"], timedelta(minutes=5))
 
     wanted = [Key("t1", op) for op in ("queued", "held", "done", "later", "missing")]
-    claims = clocked.claim_keys("w1", wanted, LEASE)
+    claims = clocked.claims.claim_keys("w1", wanted, LEASE)
     assert ops(claims) == ["queued"]
     assert (claims[0].fence, claims[0].takeover) == (1, False)
     assert row(db, "held")[:4] == ("claimed", 1, 1, "w0")
     assert row(db, "done")[:2] == ("succeeded", 1)
     assert row(db, "later")[:2] == ("queued", 1)
     assert row(db, "other")[:2] == ("queued", 0)  # not asked for, not claimed
-    assert clocked.claim_keys("w1", [], LEASE) == []
+    assert clocked.claims.claim_keys("w1", [], LEASE) == []
 
 
 def test_claim_keys_does_not_cross_tenants(clocked: PostgresStore, db: Db) -> None:
-    clocked.ingest([delivery("a", tenant="t1"), delivery("a", tenant="t2")])
-    (claim,) = clocked.claim_keys("w1", [Key("t2", "a")], LEASE)
+    clocked.inbox.ingest([delivery("a", tenant="t1"), delivery("a", tenant="t2")])
+    (claim,) = clocked.claims.claim_keys("w1", [Key("t2", "a")], LEASE)
     assert claim.key == Key("t2", "a")
     assert row(db, "a", tenant="t1")[0] == "queued"
 
@@ -182,25 +182,25 @@ def test_claim_keys_does_not_cross_tenants(clocked: PostgresStore, db: Db) -> No
 def test_retry_later_is_not_claimable_before_the_backoff(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (first,) = clocked.claim("w1", 1, LEASE)
-    assert clocked.retry_later(first.ticket, timedelta(seconds=60), "busy") is State.QUEUED
+    clocked.inbox.ingest([delivery("a")])
+    (first,) = clocked.claims.claim("w1", 1, LEASE)
+    assert clocked.settle.retry_later(first.ticket, timedelta(seconds=60), "busy") is State.QUEUED
     # The lease is gone; the row keeps its last owner for the attempt's record.
     assert row(db, "a") == ("queued", 1, 1, "w1", None, "busy")
     clock.advance(timedelta(seconds=59))
-    assert clocked.claim("w2", 1, LEASE) == []
-    assert clocked.claim_keys("w2", [Key("t1", "a")], LEASE) == []
+    assert clocked.claims.claim("w2", 1, LEASE) == []
+    assert clocked.claims.claim_keys("w2", [Key("t1", "a")], LEASE) == []
     clock.advance(timedelta(seconds=1))
-    (second,) = clocked.claim("w2", 1, LEASE)
+    (second,) = clocked.claims.claim("w2", 1, LEASE)
     assert (second.fence, second.attempts, second.takeover) == (2, 2, False)
     with pytest.raises(LeaseLost):
-        clocked.complete(first.ticket)
+        clocked.settle.settle(Settlement(first.ticket, State.SUCCEEDED, "ok"))
 
 
 def test_ordered_group_releases_its_next_row_only_after_the_first_settles(
     clocked: PostgresStore,
 ) -> None:
-    clocked.ingest(
+    clocked.inbox.ingest(
         [
             delivery("g1", ordering_key="g"),
             delivery("g2", ordering_key="g"),
@@ -210,37 +210,39 @@ def test_ordered_group_releases_its_next_row_only_after_the_first_settles(
             delivery("g3", ordering_key="g"),
         ]
     )
-    first = {c.operation_id: c.ticket for c in clocked.claim("w1", 10, LEASE)}
+    first = {c.operation_id: c.ticket for c in clocked.claims.claim("w1", 10, LEASE)}
     assert sorted(first) == ["free", "g1", "h1"]
-    assert clocked.claim("w1", 10, LEASE) == []
-    assert clocked.claim_keys("w1", [Key("t1", op) for op in ("g2", "g3", "h2")], LEASE) == []
+    assert clocked.claims.claim("w1", 10, LEASE) == []
+    assert (
+        clocked.claims.claim_keys("w1", [Key("t1", op) for op in ("g2", "g3", "h2")], LEASE) == []
+    )
 
     # Another group moves on its own.
-    clocked.complete(first["h1"])
-    assert ops(clocked.claim("w1", 10, LEASE)) == ["h2"]
+    clocked.settle.settle(Settlement(first["h1"], State.SUCCEEDED, "ok"))
+    assert ops(clocked.claims.claim("w1", 10, LEASE)) == ["h2"]
 
     # Back to the queue is not settled: the group stays blocked behind its first row.
-    clocked.retry_later(first["g1"], timedelta(0))
-    (again,) = clocked.claim("w1", 10, LEASE)
+    clocked.settle.retry_later(first["g1"], timedelta(0))
+    (again,) = clocked.claims.claim("w1", 10, LEASE)
     assert (again.operation_id, again.fence) == ("g1", 2)
 
     # Settled (here: parked) releases the next row of the group, and only that one.
-    clocked.park_unknown(again.ticket, "timeout")
-    (g2,) = clocked.claim("w1", 10, LEASE)
+    clocked.settle.settle(Settlement(again.ticket, State.UNKNOWN, "timeout"))
+    (g2,) = clocked.claims.claim("w1", 10, LEASE)
     assert g2.operation_id == "g2"
-    assert clocked.claim_keys("w1", [Key("t1", "g3")], LEASE) == []
-    clocked.complete(g2.ticket)
-    assert ops(clocked.claim_keys("w1", [Key("t1", "g3")], LEASE)) == ["g3"]
+    assert clocked.claims.claim_keys("w1", [Key("t1", "g3")], LEASE) == []
+    clocked.settle.settle(Settlement(g2.ticket, State.SUCCEEDED, "ok"))
+    assert ops(clocked.claims.claim_keys("w1", [Key("t1", "g3")], LEASE)) == ["g3"]
 
 
 def test_ordered_groups_are_scoped_by_subscription(clocked: PostgresStore) -> None:
     other = delivery("x1", subscription="notices", ordering_key="g")
-    clocked.ingest([delivery("g1", ordering_key="g"), other])
-    assert sorted(ops(clocked.claim("w1", 10, LEASE))) == ["g1", "x1"]
+    clocked.inbox.ingest([delivery("g1", ordering_key="g"), other])
+    assert sorted(ops(clocked.claims.claim("w1", 10, LEASE))) == ["g1", "x1"]
 
 
 def test_concurrent_claimers_never_get_the_same_row(store: PostgresStore, db: Db) -> None:
-    store.ingest([delivery(f"op-{i:03d}") for i in range(200)])
+    store.inbox.ingest([delivery(f"op-{i:03d}") for i in range(200)])
     workers = 8
     barrier = threading.Barrier(workers)
     got: dict[str, list[Claim]] = {}
@@ -248,7 +250,7 @@ def test_concurrent_claimers_never_get_the_same_row(store: PostgresStore, db: Db
     def work(name: str) -> None:
         barrier.wait()
         mine: list[Claim] = []
-        while batch := store.claim(name, 7, LEASE):
+        while batch := store.claims.claim(name, 7, LEASE):
             mine.extend(batch)
         got[name] = mine
 
@@ -305,7 +307,7 @@ def test_claim_reads_the_queued_index_not_the_history(
     # many rows are due before it runs: the clock is read once, when the claim runs, so it
     # takes a third of them.)
     for start in range(0, QUEUED_ROWS, 100):
-        store.ingest([delivery(f"new-{i}") for i in range(start, start + 100)])
+        store.inbox.ingest([delivery(f"new-{i}") for i in range(start, start + 100)])
     db.execute("ANALYZE work_item")
     pages = db.execute("SELECT relpages FROM pg_class WHERE relname = 'work_item'").fetchone()
     assert pages is not None

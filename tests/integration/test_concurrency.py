@@ -141,7 +141,7 @@ class Worker:
     def run(self, deadline: float) -> None:
         try:
             while time.monotonic() < deadline and not self.history.wedged():
-                claims = self.store.claim(self.name, BATCH, LEASE)
+                claims = self.store.claims.claim(self.name, BATCH, LEASE)
                 self.history.claimed(self.name, claims)
                 work = self.triage(claims)
                 self.wake_stalled()
@@ -169,7 +169,7 @@ class Worker:
                 # they meet a row that is claimed under a newer fence, not a settled one.
                 self.held_back.append(c.ticket)
             elif c.fence == 1 and i % RETRY_EVERY == 0:
-                self.store.retry_later(c.ticket, timedelta(0), "busy")
+                self.store.settle.retry_later(c.ticket, timedelta(0), "busy")
                 self.history.wrote(Write("retry_later", c.key, c.fence, self.name, ok=True))
             else:
                 work.append(c.ticket)
@@ -191,14 +191,14 @@ class Worker:
     def settle_batch(self, work: list[Ticket]) -> None:
         if not work:
             return
-        stale = set(self.store.heartbeat_many(work, LEASE))
+        stale = set(self.store.settle.heartbeat_many(work, LEASE))
         self.history.wrote(
             *(Write("heartbeat", t.key, t.fence, self.name, t not in stale) for t in work)
         )
         settlements = [
             Settlement(t, outcome(t), "done", self.detail(t)) for t in work if t not in stale
         ]  # a ticket found stale is dropped: ownership lost, never retried
-        refused = set(self.store.settle_many(settlements))
+        refused = set(self.store.settle.settle_many(settlements))
         self.history.wrote(
             *(
                 Write(
@@ -216,7 +216,7 @@ class Worker:
     def settle_one_by_one(self, work: list[Ticket]) -> None:
         for t in work:
             try:
-                expires = self.store.heartbeat(t, LEASE)
+                expires = self.store.settle.heartbeat(t, LEASE)
             except LeaseLost:
                 self.history.wrote(Write("heartbeat", t.key, t.fence, self.name, ok=False))
                 continue
@@ -226,9 +226,13 @@ class Worker:
             state = outcome(t)
             try:
                 if state is State.SUCCEEDED:
-                    self.store.complete(t, "done", self.detail(t))
+                    self.store.settle.settle(
+                        Settlement(t, State.SUCCEEDED, "done", outcome_detail=self.detail(t))
+                    )
                 else:
-                    self.store.fail_terminal(t, "done", self.detail(t))
+                    self.store.settle.settle(
+                        Settlement(t, State.FAILED_TERMINAL, "done", outcome_detail=self.detail(t))
+                    )
             except LeaseLost:
                 ok = False
             else:
@@ -240,11 +244,20 @@ class Worker:
         for t in [t for t in self.stalled if self.history.taken_over(t)]:
             self.stalled.remove(t)
             if self.batch:
-                beat = self.store.heartbeat_many([t], LEASE) == []
-                done = self.store.complete_many([t], "done") == []
+                beat = self.store.settle.heartbeat_many([t], LEASE) == []
+                done = (
+                    self.store.settle.settle_many(
+                        [Settlement(t, State.SUCCEEDED, "done") for t in [t]]
+                    )
+                    == []
+                )
             else:
-                beat = self.attempt(lambda t=t: self.store.heartbeat(t, LEASE))
-                done = self.attempt(lambda t=t: self.store.complete(t, "done", self.detail(t)))
+                beat = self.attempt(lambda t=t: self.store.settle.heartbeat(t, LEASE))
+                done = self.attempt(
+                    lambda t=t: self.store.settle.settle(
+                        Settlement(t, State.SUCCEEDED, "done", outcome_detail=self.detail(t))
+                    )
+                )
             self.history.wrote(
                 Write("heartbeat", t.key, t.fence, self.name, beat, stalled=True),
                 Write("settle", t.key, t.fence, self.name, done, State.SUCCEEDED, stalled=True),
@@ -266,7 +279,7 @@ def test_sixteen_workers_never_share_a_row_and_settle_each_exactly_once(
     store: PostgresStore, db: Db
 ) -> None:
     assert store.pool.max_size >= WORKERS
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id=f"t{i % 3}",
@@ -361,6 +374,6 @@ def test_sixteen_workers_never_share_a_row_and_settle_each_exactly_once(
             win.worker,  # the row keeps the owner whose fence settled it
             None,
         ), key
-    stats = store.stats()
+    stats = store.operator.stats()
     assert stats.total(State.SUCCEEDED) + stats.total(State.FAILED_TERMINAL) == ROWS
     assert stats.total(State.FAILED_TERMINAL) == len(range(0, ROWS, FAIL_EVERY))

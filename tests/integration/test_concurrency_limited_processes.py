@@ -34,6 +34,7 @@ from bridge.store.work import ConcurrencyLimit
 from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded
+from tests.support.policy import with_policy
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -77,7 +78,7 @@ def limited_replica(url: str) -> None:
     timeouts = SessionTimeouts(idle_in_transaction=IDLE_IN_TRANSACTION)
     store = PostgresStore.connect(url, max_size=12, timeouts=timeouts)
     try:
-        store.use_concurrency_limits({JOB: ConcurrencyLimit(total=LIMIT)})
+        store = with_policy(store, concurrency={JOB: ConcurrencyLimit(total=LIMIT)})
         pool = WorkerPool(store, registry_for(url), HASHER, threads=4, poll_interval=0.02)
         pool.start()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -97,7 +98,7 @@ def test_a_limit_of_three_holds_across_three_processes_with_a_takeover(
         for_job(registry, JOB, f"op-{i}", {"i": i}, tenant=f"t{i % 4}") for i in range(OPERATIONS)
     ]
     for start in range(0, len(batch), 500):
-        store.ingest(batch[start : start + 500])
+        store.inbox.ingest(batch[start : start + 500])
 
     spawn = multiprocessing.get_context("spawn")
     children = [spawn.Process(target=limited_replica, args=(db_url,)) for _ in range(PROCESSES)]

@@ -40,7 +40,8 @@ from bridge.handlers import Applied, Context, IdempotentApiHandler, Success
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report, evaluate, read_database
 from bridge.store import PostgresStore
-from bridge.types import Delivery, Rejection, TargetClass
+from bridge.store.work import Settlement
+from bridge.types import Delivery, Rejection, State, TargetClass
 from tests.support.bridge_process import free_port
 
 Db = psycopg.Connection[Any]
@@ -123,15 +124,15 @@ def populate(store: PostgresStore) -> list[str]:
         fresh = [
             delivery(tenant, f"op-raw-{t}-{i}", "charge" if i % 2 else "mail") for i in range(9)
         ]
-        store.ingest(fresh)
+        store.inbox.ingest(fresh)
         ops += [d.operation_id for d in fresh]
-        claims = store.claim_keys("worker-1", [d.key for d in fresh[:5]], LEASE)
-        store.complete(claims[0].ticket)
-        store.fail_terminal(claims[1].ticket, "declined")
-        store.park_unknown(claims[2].ticket, "timeout")
-        store.quarantine(claims[3].ticket, "bad_schema")
+        claims = store.claims.claim_keys("worker-1", [d.key for d in fresh[:5]], LEASE)
+        store.settle.settle(Settlement(claims[0].ticket, State.SUCCEEDED, "ok"))
+        store.settle.settle(Settlement(claims[1].ticket, State.FAILED_TERMINAL, "declined"))
+        store.settle.settle(Settlement(claims[2].ticket, State.UNKNOWN, "timeout"))
+        store.settle.settle(Settlement(claims[3].ticket, State.QUARANTINED, "bad_schema"))
         # claims[4] stays claimed; fresh[5:] stay queued
-    store.ingest(
+    store.inbox.ingest(
         [
             delivery(TENANTS[0], "op-raw-0-0", mark="CONFLICTING-" + PAYLOAD_MARK),
             Rejection(
@@ -179,7 +180,7 @@ class Console:
 
 @pytest.fixture
 def console(store: PostgresStore, db_url: str) -> Iterator[Console]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     ops = populate(store)
     server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()

@@ -62,7 +62,7 @@ def rows(store: PostgresStore, db: Db) -> None:
     """Rows at known times before the clock's now (every time below is "before now")."""
     ops = ["quarantined-90s", "quarantined-30s", "quarantined-20m", "unknown-10m", "unknown-3m",
            "stalled", "held", "taken"]  # fmt: skip
-    store.ingest([delivery(T, op) for op in ops])
+    store.inbox.ingest([delivery(T, op) for op in ops])
     put(db, "quarantined-90s", "quarantined", settled=timedelta(seconds=90))
     put(db, "quarantined-30s", "quarantined", settled=timedelta(seconds=30))
     put(db, "quarantined-20m", "quarantined", settled=20 * MINUTE)
@@ -105,7 +105,7 @@ def test_rows_with_known_timestamps_give_the_expected_series(
     store: PostgresStore, clock: Clock
 ) -> None:
     clocked = PostgresStore(store.pool, clock=clock)
-    points = clocked.figures(buckets=15, bucket=MINUTE)
+    points = clocked.console.figures(buckets=15, bucket=MINUTE)
 
     assert [p.at for p in points] == [clock.at - (14 - i) * MINUTE for i in range(15)]
     assert [p.stalled for p in points] == STALLED
@@ -116,7 +116,7 @@ def test_rows_with_known_timestamps_give_the_expected_series(
 
 @pytest.fixture
 def console_port(store: PostgresStore, clock: Clock, db_url: str) -> Iterator[int]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     clocked = PostgresStore(store.pool, clock=clock)
     server = ConsoleServer(console_api(clocked, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()

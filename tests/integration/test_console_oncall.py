@@ -17,7 +17,8 @@ from bridge import keyring
 from bridge.console.auth import Tokens
 from bridge.console.server import ConsoleServer
 from bridge.store import PostgresStore
-from bridge.types import Delivery, TargetClass
+from bridge.store.work import Settlement
+from bridge.types import Delivery, State, TargetClass
 from tests.integration.test_console_api import (
     HASHER,
     TENANTS,
@@ -113,7 +114,7 @@ def test_a_conflict_is_closed_from_the_console_and_audited(console: Console, db:
 def parked(store: PostgresStore, db_url: str) -> Iterator[Console]:
     """A console over a thousand unknown rows of one job type (with replays and a conflict in
     the batch), parked by a provider timeout."""
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     deliveries = [
         Delivery(
             tenant_id=TENANTS[i % 2],
@@ -128,9 +129,9 @@ def parked(store: PostgresStore, db_url: str) -> Iterator[Console]:
     ]
     for start in range(0, PARKED, 250):
         chunk = deliveries[start : start + 250]
-        store.ingest([*chunk, chunk[0]])  # a replay in every batch
-        for claim in store.claim_keys("worker-1", [d.key for d in chunk], LEASE):
-            store.park_unknown(claim.ticket, "timeout")
+        store.inbox.ingest([*chunk, chunk[0]])  # a replay in every batch
+        for claim in store.claims.claim_keys("worker-1", [d.key for d in chunk], LEASE):
+            store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "timeout"))
     server = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     server.start()
     try:

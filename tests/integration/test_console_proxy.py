@@ -36,7 +36,7 @@ Serve = Callable[[ProxyAuth], int]
 @pytest.fixture
 def serve(store: PostgresStore, db_url: str) -> Iterator[Serve]:
     """Starts a console with the given proxy configuration; answers its port."""
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     populate(store)
     servers: list[ConsoleServer] = []
 

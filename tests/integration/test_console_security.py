@@ -34,7 +34,8 @@ from bridge.console.server import ConsoleServer
 from bridge.console.sessions import SESSIONS_PER_USER, Sessions
 from bridge.errors import ConfigError
 from bridge.store import PostgresStore
-from bridge.types import Delivery, Rejection, TargetClass
+from bridge.store.work import Settlement
+from bridge.types import Delivery, Rejection, State, TargetClass
 from tests.integration.test_console_api import (
     HASHER,
     OPERATOR,
@@ -57,7 +58,7 @@ LEASE = timedelta(seconds=60)
 
 @pytest.fixture
 def server(store: PostgresStore, db_url: str) -> Iterator[ConsoleServer]:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     populate(store)
     served = ConsoleServer(
         console_api(store, db_url),
@@ -338,7 +339,7 @@ def test_a_host_that_is_not_the_console_is_refused(server: ConsoleServer) -> Non
 
 
 def test_a_repeated_proxy_user_header_is_refused(store: PostgresStore, db_url: str) -> None:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     proxy = ProxyAuth(
         "X-Forwarded-Email",
         {"ana@example.com": Role.OPERATOR, "vic@example.com": Role.VIEWER},
@@ -452,7 +453,7 @@ def _has_ipv6_loopback() -> bool:
 
 @pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
 def test_the_console_serves_on_ipv6_loopback(store: PostgresStore, db_url: str) -> None:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     served = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "::1", 0)
     served.start()
     try:
@@ -522,7 +523,7 @@ HOSTILE = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 def test_hostile_data_on_the_on_call_pages_is_escaped(store: PostgresStore, db_url: str) -> None:
     """An outcome code, a rejection reason and an audit reason holding markup show as text on
     the overview, the failure groups, a group and an operation page (no element made of it)."""
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     populate(store)
     hostile = Delivery(
         tenant_id=TENANTS[0],
@@ -533,10 +534,10 @@ def test_hostile_data_on_the_on_call_pages_is_escaped(store: PostgresStore, db_u
         payload=b"{}",
         max_attempts=1,
     )
-    store.ingest([hostile])
-    (claim,) = store.claim_keys("worker-1", [hostile.key], LEASE)
-    store.park_unknown(claim.ticket, HOSTILE)
-    store.ingest([Rejection(subscription="orders", reason=HOSTILE, body=b"x")])
+    store.inbox.ingest([hostile])
+    (claim,) = store.claims.claim_keys("worker-1", [hostile.key], LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, HOSTILE))
+    store.inbox.ingest([Rejection(subscription="orders", reason=HOSTILE, body=b"x")])
     served = ConsoleServer(console_api(store, db_url), Tokens.parse(TOKENS), "127.0.0.1", 0)
     served.start()
     try:

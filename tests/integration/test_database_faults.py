@@ -26,6 +26,7 @@ from psycopg import conninfo
 from bridge.database import APPLICATION_NAME, connect, open_pool, translate_errors
 from bridge.errors import LeaseLost, StoreError, StoreUnavailable, TransientError
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.types import Claim, Delivery, Key, State, TargetClass, Ticket
 from tests.support.cluster import Cluster
 from tests.support.proxy import Proxy
@@ -187,7 +188,7 @@ class Workers:
                 calls += 1
                 owner = f"w{index}-{calls}"
                 try:
-                    claims = self._store.claim(owner, BATCH, LEASE)
+                    claims = self._store.claims.claim(owner, BATCH, LEASE)
                 except StoreUnavailable as exc:
                     self._failed(index, exc)
                     self._stop.wait(rng.uniform(0.02, 0.1))
@@ -212,7 +213,7 @@ class Workers:
         unknown = False
         while True:
             try:
-                self._store.complete(ticket)
+                self._store.settle.settle(Settlement(ticket, State.SUCCEEDED, "ok"))
             except LeaseLost:
                 attempt = Attempt(ticket, "lease_lost", after_unknown=unknown)
             except StoreUnavailable as exc:
@@ -242,7 +243,7 @@ def test_postmaster_killed_mid_claim_no_double_claim_no_lost_row(
     keys = [Key(TENANTS[i % len(TENANTS)], f"refund-{i:04d}") for i in range(ROWS)]
     store = open_store(url, max_size=WORKERS + 2)
     try:
-        store.ingest([delivery(k.tenant_id, k.operation_id) for k in keys])
+        store.inbox.ingest([delivery(k.tenant_id, k.operation_id) for k in keys])
         workers = Workers(store, WORKERS)
         workers.start()
         try:
@@ -436,8 +437,10 @@ def test_claim_cut_in_flight_is_outcome_unknown_and_its_lease_is_taken_over(
     url = cluster_db_url
     store = open_store(through(proxy, url))
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
-        error, pid = cut_in_flight(url, proxy, lambda: store.claim("lost", 10, LEASE), LOCK_TABLE)
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        error, pid = cut_in_flight(
+            url, proxy, lambda: store.claims.claim("lost", 10, LEASE), LOCK_TABLE
+        )
         assert error.outcome_unknown
 
         # The statement was inside the server: released, it commits, and nobody holds the lease.
@@ -447,10 +450,12 @@ def test_claim_cut_in_flight_is_outcome_unknown_and_its_lease_is_taken_over(
 
         proxy.start()
         # The same store works again; once the lost lease expires, a claim takes the row over.
-        [claim] = wait_for("a takeover claim", recovered(lambda: store.claim("next", 10, LEASE)))
+        [claim] = wait_for(
+            "a takeover claim", recovered(lambda: store.claims.claim("next", 10, LEASE))
+        )
         assert (claim.key, claim.fence, claim.attempts, claim.takeover) == (KEY, 2, 2, True)
         assert claim.lease_expires_at - LEASE > first_expiry
-        store.complete(claim.ticket)
+        store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
         assert row_state(url, KEY) == (State.SUCCEEDED, 2, None)
     finally:
         store.close()
@@ -462,10 +467,14 @@ def test_complete_cut_in_flight_that_landed_is_never_applied_twice(
     url = cluster_db_url
     store = open_store(through(proxy, url))
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
-        [claim] = store.claim("w", 10, LEASE)
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        [claim] = store.claims.claim("w", 10, LEASE)
         error, pid = cut_in_flight(
-            url, proxy, lambda: store.complete(claim.ticket), LOCK_ROW, KEY_PARAMS
+            url,
+            proxy,
+            lambda: store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok")),
+            LOCK_ROW,
+            KEY_PARAMS,
         )
         assert error.outcome_unknown
         wait_for("the orphaned backend to finish", lambda: backend_gone(url, pid))
@@ -489,10 +498,12 @@ def test_complete_cut_in_flight_that_never_ran_succeeds_once_on_retry(
     url = cluster_db_url
     store = open_store(through(proxy, url))
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
-        [claim] = store.claim("w", 10, LEASE)
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        [claim] = store.claims.claim("w", 10, LEASE)
         with holding(url, LOCK_ROW, KEY_PARAMS):
-            pending = Call(lambda: store.complete(claim.ticket))
+            pending = Call(
+                lambda: store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+            )
             pid = wait_for("the complete to block on the row lock", lambda: waiting_backend(url))
             proxy.stop()
             error = pending.error()
@@ -515,7 +526,7 @@ def test_complete_cut_in_flight_that_never_ran_succeeds_once_on_retry(
 def retry_complete(store: PostgresStore, claim: Claim) -> bool | LeaseLost:
     """True when the complete applied now, the LeaseLost when the fence no longer holds."""
     try:
-        store.complete(claim.ticket)
+        store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     except LeaseLost as lost:
         return lost
     return True
@@ -528,18 +539,18 @@ def test_calls_while_the_connection_is_down_fail_fast_and_the_store_recovers(
     url = cluster_db_url
     store = open_store(through(proxy, url))
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
         wait_for("the pool to connect through the proxy", lambda: proxy.open_connections)
         proxy.stop()
 
         # The pool's cut connections fail first (it cannot know what the server saw); then no
         # connection can be made and the error says nothing was sent. No call hangs.
-        until_unreachable(lambda: store.claim("down", 10, LEASE))
+        until_unreachable(lambda: store.claims.claim("down", 10, LEASE))
         assert row_state(url, KEY) == (State.QUEUED, 0, None)
 
         proxy.start()
-        wait_for("the same store to work again", recovered(store.stats))
-        [claim] = store.claim("back", 10, LEASE)
+        wait_for("the same store to work again", recovered(store.operator.stats))
+        [claim] = store.claims.claim("back", 10, LEASE)
         assert (claim.key, claim.fence, claim.takeover) == (KEY, 1, False)
     finally:
         store.close()
@@ -567,17 +578,21 @@ def test_a_statement_the_server_cancelled_is_known_not_applied(cluster_db_url: s
     url = cluster_db_url
     store = open_store(url)
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
-        [claim] = store.claim("w", 10, LEASE)
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        [claim] = store.claims.claim("w", 10, LEASE)
         with holding(url, LOCK_ROW, KEY_PARAMS):
-            pending = Call(lambda: store.complete(claim.ticket))
+            pending = Call(
+                lambda: store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+            )
             pid = wait_for("the complete to block on the row lock", lambda: waiting_backend(url))
             fetch(url, "SELECT pg_cancel_backend(%s)", (pid,))  # as statement_timeout would
             error = pending.error()
         assert isinstance(error, StoreUnavailable)
         assert not error.outcome_unknown
         assert row_state(url, KEY) == (State.CLAIMED, 1, "w")
-        store.complete(claim.ticket)  # the same connection pool, the same fence: now it lands
+        store.settle.settle(
+            Settlement(claim.ticket, State.SUCCEEDED, "ok")
+        )  # the same connection pool, the same fence: now it lands
         assert row_state(url, KEY) == (State.SUCCEEDED, 1, None)
     finally:
         store.close()
@@ -594,22 +609,26 @@ def test_store_unavailable_says_the_database_is_unavailable_without_identifiers(
     store = open_store(through(proxy, url))
     errors: list[StoreUnavailable] = []
     try:
-        store.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
-        [claim] = store.claim("w", 10, LEASE)
+        store.inbox.ingest([delivery(KEY.tenant_id, KEY.operation_id)])
+        [claim] = store.claims.claim("w", 10, LEASE)
 
         # Cut mid-statement.
         error, _ = cut_in_flight(
-            url, proxy, lambda: store.complete(claim.ticket), LOCK_ROW, KEY_PARAMS
+            url,
+            proxy,
+            lambda: store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok")),
+            LOCK_ROW,
+            KEY_PARAMS,
         )
         errors.append(error)
         # Unreachable: the cut connection, then no connection at all.
-        errors += until_unreachable(lambda: store.heartbeat(claim.ticket, LEASE))
+        errors += until_unreachable(lambda: store.settle.heartbeat(claim.ticket, LEASE))
         # The server crashed under an established connection.
         proxy.start()
-        wait_for("the store to reconnect", recovered(store.stats))
+        wait_for("the store to reconnect", recovered(store.operator.stats))
         cluster.kill()
         try:
-            failed = Call(lambda: store.heartbeat(claim.ticket, LEASE)).error()
+            failed = Call(lambda: store.settle.heartbeat(claim.ticket, LEASE)).error()
         finally:
             cluster.restart()
         assert isinstance(failed, StoreUnavailable)

@@ -1,4 +1,4 @@
-"""Delivery evidence per operation (migration 0029): a thousand operations delivered with
+"""Delivery evidence per operation (migration 0030): a thousand operations delivered with
 duplicates (inside a batch and across batches) and conflicts, each operation's copies, replays
 and conflicts counted exactly, and ``inspect`` and the console reading the same evidence; a
 batch that fails midway counts nothing, and its redelivery counts once."""
@@ -15,7 +15,6 @@ from typing import Any
 import psycopg
 
 from bridge.store import PostgresStore
-from bridge.store.evidence import evidence_of
 from bridge.types import Delivery, Key, TargetClass
 
 Db = psycopg.Connection[Any]
@@ -45,7 +44,7 @@ def test_every_copy_of_a_thousand_operations_is_counted(store: PostgresStore, db
     late = [delivery(i) for i in chance.sample(range(OPERATIONS), 100)]
     sent += late
     for start in range(0, len(sent), 10):
-        store.ingest(sent[start : start + 10])
+        store.inbox.ingest(sent[start : start + 10])
 
     copies = Counter((d.key, d.payload) for d in sent)
     expected: dict[Key, tuple[int, int]] = {}
@@ -69,7 +68,7 @@ def test_every_copy_of_a_thousand_operations_is_counted(store: PostgresStore, db
     assert sum(c for _, c in counted.values()) > 30
 
     busiest = max(expected, key=lambda k: sum(expected[k]))
-    evidence = evidence_of(store.pool, busiest)
+    evidence = store.operator.evidence(busiest)
     assert (evidence.replays, evidence.conflicts) == expected[busiest]
     assert evidence.copies == 1 + sum(expected[busiest])
     assert evidence.first_seen is not None
@@ -80,13 +79,13 @@ def test_every_copy_of_a_thousand_operations_is_counted(store: PostgresStore, db
 def test_a_batch_that_fails_counts_nothing_and_its_redelivery_counts_once(
     store: PostgresStore, db: Db, db_url: str
 ) -> None:
-    store.ingest([delivery(1), delivery(2)])
+    store.inbox.ingest([delivery(1), delivery(2)])
     batch = [delivery(1), delivery(2), delivery(3)]
     failed: list[BaseException] = []
 
     def ingest() -> None:
         try:
-            store.ingest(batch)
+            store.inbox.ingest(batch)
         except Exception as exc:  # noqa: BLE001  (the fault this test makes)
             failed.append(exc)
 
@@ -109,7 +108,7 @@ def test_a_batch_that_fails_counts_nothing_and_its_redelivery_counts_once(
     assert len(failed) == 1
     assert db.execute("SELECT sum(replays), count(*) FROM work_item").fetchone() == (0, 2)
 
-    store.ingest(batch)  # the broker delivers the batch again
+    store.inbox.ingest(batch)  # the broker delivers the batch again
 
     assert db.execute(
         "SELECT operation_id, replays FROM work_item ORDER BY operation_id"

@@ -20,6 +20,7 @@ from bridge.identity import IdentityHasher
 from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
 from bridge.store.records import ErasureCounts
+from bridge.store.work import Settlement
 from bridge.types import Decision, Delivery, IngestResult, Key, RawDelivery, Rejection, State
 from tests.support.clock import Clock
 from tests.support.deliveries import delivery
@@ -32,19 +33,21 @@ LEASE = timedelta(seconds=30)
 
 @pytest.fixture
 def keyed(store: PostgresStore) -> PostgresStore:
-    keyring.attach(store, HASHER, used_by="test")
+    keyring.attach(store.keys, HASHER, used_by="test")
     return store
 
 
 def settle_all(store: PostgresStore, state: State = State.SUCCEEDED) -> int:
     """Claim every claimable row and settle it; how many were settled."""
     done = 0
-    while claims := store.claim("w1", 200, LEASE):
+    while claims := store.claims.claim("w1", 200, LEASE):
         if state is State.SUCCEEDED:
-            store.complete_many([c.ticket for c in claims])
+            store.settle.settle_many(
+                [Settlement(t, State.SUCCEEDED, "ok") for t in [c.ticket for c in claims]]
+            )
         else:
             for c in claims:
-                store.park_unknown(c.ticket, "lost")
+                store.settle.settle(Settlement(c.ticket, State.UNKNOWN, "lost"))
         done += len(claims)
     return done
 
@@ -52,7 +55,7 @@ def settle_all(store: PostgresStore, state: State = State.SUCCEEDED) -> int:
 def erase(
     store: PostgresStore, tenant: str, operation: str | None = None, *, dry_run: bool = False
 ) -> ErasureCounts:
-    return store.erase(
+    return store.operator.erase(
         tenant,
         operation_id=operation,
         tenant_hash=HASHER.tenant(tenant),
@@ -93,12 +96,12 @@ def test_erasing_a_tenant_keeps_one_tombstone_per_operation_and_no_identifier_or
     keyed: PostgresStore, db: Db
 ) -> None:
     tenant, other = "acme-customer-4711", "globex"
-    keyed.ingest(
+    keyed.inbox.ingest(
         [traced(f"order-{i}", tenant) for i in range(5)] + [delivery("order-0", tenant=other)]
     )
     settle_all(keyed)
     # a conflict and an undecodable delivery of the tenant, with a body
-    keyed.ingest(
+    keyed.inbox.ingest(
         [
             traced("order-1", tenant, payload=b'{"amount": 2}'),
             Rejection(
@@ -144,11 +147,11 @@ def test_erasing_a_tenant_keeps_one_tombstone_per_operation_and_no_identifier_or
 def test_a_redelivery_of_an_erased_operation_is_a_replay_never_new_work(
     keyed: PostgresStore, db: Db
 ) -> None:
-    keyed.ingest([traced("a"), traced("b")])
+    keyed.inbox.ingest([traced("a"), traced("b")])
     settle_all(keyed)
     erase(keyed, "t1")
 
-    results = keyed.ingest([traced("a"), traced("a"), traced("b")])
+    results = keyed.inbox.ingest([traced("a"), traced("a"), traced("b")])
 
     assert results == [
         IngestResult(Decision.REPLAY, Key("t1", "a"), State.SUCCEEDED, erased=True),
@@ -157,18 +160,18 @@ def test_a_redelivery_of_an_erased_operation_is_a_replay_never_new_work(
     ]
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (0,)
-    assert keyed.claim("w1", 10, LEASE) == []
+    assert keyed.claims.claim("w1", 10, LEASE) == []
 
 
 def test_a_changed_payload_of_an_erased_operation_is_a_conflict_recorded_by_hashes_only(
     keyed: PostgresStore, db: Db
 ) -> None:
-    keyed.ingest([traced("a")])
+    keyed.inbox.ingest([traced("a")])
     settle_all(keyed, State.UNKNOWN)
     erase(keyed, "t1")
 
     changed = traced("a", payload=b'{"amount": 999}')
-    results = keyed.ingest([changed, traced("a")])
+    results = keyed.inbox.ingest([changed, traced("a")])
 
     assert [(r.decision, r.state, r.erased) for r in results] == [
         (Decision.CONFLICT, State.UNKNOWN, True),
@@ -191,32 +194,32 @@ def test_an_after_outcome_consumer_acks_an_erased_replay_at_once(keyed: Postgres
     """A replay of an existing row is held until the row settles; an erased one has no row to
     wait for, so it must not be held (it would be let go and redelivered forever)."""
     raw = RawDelivery(subscription="refunds", message_id="m-1", body=b"{}", attributes={})
-    keyed.ingest([traced("a")])
-    (live,) = Inbox(keyed, lambda r: traced("a")).write([raw])
+    keyed.inbox.ingest([traced("a")])
+    (live,) = Inbox(keyed.inbox, lambda r: traced("a")).write([raw])
     assert (live.decision, live.awaits_outcome) == (Decision.REPLAY, True)
     settle_all(keyed)
     erase(keyed, "t1")
-    (gone,) = Inbox(keyed, lambda r: traced("a")).write([raw])
+    (gone,) = Inbox(keyed.inbox, lambda r: traced("a")).write([raw])
     assert (gone.decision, gone.awaits_outcome) == (Decision.REPLAY, False)
 
 
 def test_a_new_operation_of_an_erased_tenant_is_new_work(keyed: PostgresStore) -> None:
-    keyed.ingest([traced("a")])
+    keyed.inbox.ingest([traced("a")])
     settle_all(keyed)
     erase(keyed, "t1")
-    (result,) = keyed.ingest([traced("b")])
+    (result,) = keyed.inbox.ingest([traced("b")])
     assert (result.decision, result.erased) == (Decision.NEW, False)
-    (claim,) = keyed.claim("w1", 10, LEASE)
+    (claim,) = keyed.claims.claim("w1", 10, LEASE)
     assert claim.key == Key("t1", "b")
 
 
 def test_erasure_is_refused_while_an_operation_in_scope_is_queued_or_claimed(
     keyed: PostgresStore, db: Db
 ) -> None:
-    keyed.ingest([traced("a"), traced("b")])
+    keyed.inbox.ingest([traced("a"), traced("b")])
     with pytest.raises(ErasureRefused, match=r"2 operation\(s\) in scope are queued or claimed"):
         erase(keyed, "t1")
-    keyed.claim("w1", 1, LEASE)
+    keyed.claims.claim("w1", 1, LEASE)
     with pytest.raises(ErasureRefused, match="settled or been parked; nothing was erased"):
         erase(keyed, "t1")
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (2,)
@@ -227,9 +230,9 @@ def test_erasure_is_refused_while_an_operation_in_scope_is_queued_or_claimed(
 def test_erasing_one_operation_leaves_the_tenants_other_operations(
     keyed: PostgresStore, db: Db
 ) -> None:
-    keyed.ingest([traced("a"), traced("b")])
+    keyed.inbox.ingest([traced("a"), traced("b")])
     settle_all(keyed)
-    keyed.ingest([traced("c")])  # queued: out of scope, so it does not refuse
+    keyed.inbox.ingest([traced("c")])  # queued: out of scope, so it does not refuse
 
     counts = erase(keyed, "t1", "a")
 
@@ -238,7 +241,7 @@ def test_erasing_one_operation_leaves_the_tenants_other_operations(
     assert db.execute("SELECT operation_hash FROM erasure_audit").fetchall() == [
         (HASHER.operation("t1", "a"),)
     ]
-    results = keyed.ingest([traced("a"), traced("b")])
+    results = keyed.inbox.ingest([traced("a"), traced("b")])
     assert [(r.decision, r.erased) for r in results] == [
         (Decision.REPLAY, True),
         (Decision.REPLAY, False),
@@ -246,7 +249,7 @@ def test_erasing_one_operation_leaves_the_tenants_other_operations(
 
 
 def test_a_dry_run_counts_and_erases_nothing(keyed: PostgresStore, db: Db) -> None:
-    keyed.ingest([traced("a")])
+    keyed.inbox.ingest([traced("a")])
     settle_all(keyed)
     counts = erase(keyed, "t1", dry_run=True)
     assert (counts.work_rows, counts.tombstones) == (1, 1)
@@ -257,16 +260,16 @@ def test_a_dry_run_counts_and_erases_nothing(keyed: PostgresStore, db: Db) -> No
 def test_a_store_without_identity_keys_writes_no_new_work_while_tombstones_exist(
     keyed: PostgresStore, db_url: str
 ) -> None:
-    keyed.ingest([traced("a")])
+    keyed.inbox.ingest([traced("a")])
     settle_all(keyed)
     unkeyed = PostgresStore.connect(db_url, max_size=1)
     try:
         with pytest.raises(ConfigError, match="erase"):
-            unkeyed.erase("t1", tenant_hash="t_x", actor="dpo", reason="r")
-        unkeyed.ingest([traced("b")])  # no tombstone yet: it cannot match any
+            unkeyed.operator.erase("t1", tenant_hash="t_x", actor="dpo", reason="r")
+        unkeyed.inbox.ingest([traced("b")])  # no tombstone yet: it cannot match any
         erase(keyed, "t1", "a")
         with pytest.raises(ConfigError, match="identity keys to recognise them"):
-            unkeyed.ingest([traced("a")])
+            unkeyed.inbox.ingest([traced("a")])
     finally:
         unkeyed.close()
 
@@ -274,7 +277,7 @@ def test_a_store_without_identity_keys_writes_no_new_work_while_tombstones_exist
 def test_a_tombstone_written_before_a_key_rotation_is_still_found(
     keyed: PostgresStore, db_url: str
 ) -> None:
-    keyed.ingest([traced("a")])
+    keyed.inbox.ingest([traced("a")])
     settle_all(keyed)
     erase(keyed, "t1")
     new = IdentityHasher(
@@ -282,15 +285,15 @@ def test_a_tombstone_written_before_a_key_rotation_is_still_found(
     )
     rotated = PostgresStore.connect(db_url, max_size=2)
     try:
-        keyring.rotate(rotated, new, actor="ops", reason="yearly")
-        keyring.attach(rotated, new, used_by="test")
-        (result,) = rotated.ingest([traced("a")])
+        keyring.rotate(rotated.keys, new, actor="ops", reason="yearly")
+        keyring.attach(rotated.keys, new, used_by="test")
+        (result,) = rotated.inbox.ingest([traced("a")])
         assert (result.decision, result.erased) == (Decision.REPLAY, True)
 
         # a process without the key the tombstones were written under is refused at start
         alone = IdentityHasher(b"erasure-test-identity-key-rotated!!")
         with pytest.raises(keyring.IdentityKeyMismatch, match="1 erased operation"):
-            keyring.attach(rotated, alone, used_by="test")
+            keyring.attach(rotated.keys, alone, used_by="test")
     finally:
         rotated.close()
 
@@ -299,25 +302,31 @@ def test_tombstones_are_purged_only_past_the_horizon(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
     clock.at = datetime.now(UTC)  # erased_at is the database's now(): the clock starts there
-    keyring.attach(clocked, HASHER, used_by="test")
-    clocked.ingest([traced("a"), traced("b")])
+    keyring.attach(clocked.keys, HASHER, used_by="test")
+    clocked.inbox.ingest([traced("a"), traced("b")])
     settle_all(clocked)
     erase(clocked, "t1")
     clock.advance(timedelta(days=34))
     horizon = timedelta(days=35)
-    assert clocked.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones == 0
-    counts = clocked.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
+    assert (
+        clocked.operator.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones
+        == 0
+    )
+    counts = clocked.operator.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 0
-    (result,) = clocked.ingest([traced("a")])
+    (result,) = clocked.inbox.ingest([traced("a")])
     assert (result.decision, result.erased) == (Decision.REPLAY, True)
 
     clock.advance(timedelta(days=2))
-    assert clocked.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones == 2
-    counts = clocked.purge_batch(timedelta(days=30), 1, tombstone_horizon=horizon)
+    assert (
+        clocked.operator.purge_preview(timedelta(days=30), tombstone_horizon=horizon).tombstones
+        == 2
+    )
+    counts = clocked.operator.purge_batch(timedelta(days=30), 1, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 1
-    counts = clocked.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
+    counts = clocked.operator.purge_batch(timedelta(days=30), 100, tombstone_horizon=horizon)
     assert counts is not None
     assert counts.tombstones == 1
     assert db.execute("SELECT count(*) FROM erased_operation").fetchone() == (0,)
@@ -335,8 +344,8 @@ def test_a_backlog_of_erased_and_kept_tenants_redelivered_with_duplicates_and_ch
     runs beside the redeliveries: no erased operation ever becomes new work."""
     tenants = ["erased-1", "erased-2", "kept-1", "kept-2"]
     ops = [f"op-{i}" for i in range(300)]
-    keyed.ingest([traced(o, t) for t in tenants for o in ops[:150]])
-    keyed.ingest([traced(o, t) for t in tenants for o in ops[150:]])
+    keyed.inbox.ingest([traced(o, t) for t in tenants for o in ops[:150]])
+    keyed.inbox.ingest([traced(o, t) for t in tenants for o in ops[150:]])
     assert settle_all(keyed) == 1200
     erase(keyed, "erased-1")
 
@@ -360,7 +369,7 @@ def test_a_backlog_of_erased_and_kept_tenants_redelivered_with_duplicates_and_ch
             for batch in batches:
                 while True:
                     try:
-                        seen.extend(zip(batch, keyed.ingest(batch), strict=True))
+                        seen.extend(zip(batch, keyed.inbox.ingest(batch), strict=True))
                         break
                     except StoreUnavailable:
                         retried["vanished"] += 1  # not acked: the broker hands it over again
@@ -401,4 +410,4 @@ def test_a_backlog_of_erased_and_kept_tenants_redelivered_with_duplicates_and_ch
     # erased-2 conflict recorded before its erasure was erased with it)
     assert all_conflicts - erased_conflicts_recorded == 30
     assert 15 <= erased_conflicts_recorded <= 30
-    assert keyed.claim("w1", 100, LEASE) == []
+    assert keyed.claims.claim("w1", 100, LEASE) == []

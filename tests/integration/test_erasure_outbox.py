@@ -22,7 +22,7 @@ from bridge.demo import invoices
 from bridge.errors import ErasureRefused
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.store.records import ErasureCounts
 from bridge.types import Key
@@ -46,7 +46,7 @@ def bench(store: PostgresStore, db: Db) -> Bench:
     invoices.install(db)
     b = Bench(store, db)
     b.hasher = IdentityHasher(SECRET.encode())
-    keyring.attach(store, b.hasher, used_by="test")
+    keyring.attach(store.keys, b.hasher, used_by="test")
     return b
 
 
@@ -57,7 +57,7 @@ def sqs() -> Iterator[SqsServer]:
 
 
 def erase(bench: Bench, tenant: str, **options: Any) -> ErasureCounts:
-    return bench.store.erase(
+    return bench.store.operator.erase(
         tenant,
         tenant_hash=bench.hasher.tenant(tenant),
         actor="dpo",
@@ -106,7 +106,7 @@ def test_an_erasure_waits_for_the_relay_to_send_every_message_and_none_is_lost(
     relay = DestinationRelay(
         DESTINATION,
         destination(queue_url),
-        OutboxStore(bench.store.pool),
+        bench.store.outbox,
         sqs_sink(sqs.endpoint, queue_url),
         owner="relay-1",
     )

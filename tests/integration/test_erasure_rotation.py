@@ -21,6 +21,7 @@ from bridge import keyring
 from bridge.errors import ConfigError, ErasureRefused, IdentityKeysOutdated
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.types import Decision, Delivery, IngestResult, Key, State, TargetClass
 from tests.integration.test_inbox_new_batches import waiting_on
 from tests.support.deliveries import delivery
@@ -60,7 +61,7 @@ def stores(db_url: str) -> Iterator[Any]:
 
 def attached(make: Any, hasher: IdentityHasher) -> PostgresStore:
     s: PostgresStore = make()
-    keyring.attach(s, hasher, used_by="test")
+    keyring.attach(s.keys, hasher, used_by="test")
     return s
 
 
@@ -68,19 +69,19 @@ def run_all(store: PostgresStore, park: frozenset[Key] | set[Key] = frozenset())
     """Claim every row this store may claim and run it as class D does: the intent recorded,
     then succeeded, or parked unknown for the keys in ``park``; how many ran."""
     done = 0
-    while claims := store.claim("w", 200, LEASE):
+    while claims := store.claims.claim("w", 200, LEASE):
         for c in claims:
-            store.record_intent(c.ticket)
+            store.settle.record_intent(c.ticket)
             if c.key in park:
-                store.park_unknown(c.ticket, "lost")
+                store.settle.settle(Settlement(c.ticket, State.UNKNOWN, "lost"))
             else:
-                store.complete(c.ticket)
+                store.settle.settle(Settlement(c.ticket, State.SUCCEEDED, "ok"))
         done += len(claims)
     return done
 
 
 def erase_tenant(store: PostgresStore, hasher: IdentityHasher, tenant: str) -> None:
-    store.erase(
+    store.operator.erase(
         tenant,
         tenant_hash=hasher.tenant(tenant),
         actor="dpo",
@@ -109,11 +110,11 @@ def test_erased_tenants_redelivered_to_bridges_holding_old_and_new_keys_are_neve
 
     old_bridge = attached(stores, IdentityHasher(OLD))
     for tenant in tenants:
-        old_bridge.ingest([notify(o, tenant) for o in ops])
+        old_bridge.inbox.ingest([notify(o, tenant) for o in ops])
     assert run_all(old_bridge, unknown) == 1200
 
     rotator = stores()
-    keyring.rotate(rotator, IdentityHasher(NEW, [OLD]), actor="ops", reason="yearly")
+    keyring.rotate(rotator.keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="yearly")
     new_bridge = attached(stores, IdentityHasher(NEW, [OLD]))
 
     both = IdentityHasher(NEW, [OLD])
@@ -137,10 +138,10 @@ def test_erased_tenants_redelivered_to_bridges_holding_old_and_new_keys_are_neve
         broker hands it to the new bridge."""
         for batch in part:
             try:
-                results = old_bridge.ingest(batch)
+                results = old_bridge.inbox.ingest(batch)
             except ConfigError as exc:
                 refusals.append(str(exc))
-                results = new_bridge.ingest(batch)
+                results = new_bridge.inbox.ingest(batch)
             seen.extend(zip(batch, results, strict=True))
 
     # The old bridge holds the old key, under which the first erasure left tombstones too.
@@ -182,8 +183,8 @@ def test_erased_tenants_redelivered_to_bridges_holding_old_and_new_keys_are_neve
     assert db.execute(
         "SELECT tenant_id, count(*) FROM work_item GROUP BY 1 ORDER BY 1"
     ).fetchall() == [("kept-1", 300), ("kept-2", 300)]
-    assert old_bridge.claim("w", 100, LEASE) == []
-    assert new_bridge.claim("w", 100, LEASE) == []
+    assert old_bridge.claims.claim("w", 100, LEASE) == []
+    assert new_bridge.claims.claim("w", 100, LEASE) == []
 
 
 def test_an_eraser_started_before_a_rotation_is_refused_after_it(stores: Any, db: Db) -> None:
@@ -192,9 +193,9 @@ def test_an_eraser_started_before_a_rotation_is_refused_after_it(stores: Any, db
     alone never looks up."""
     old = IdentityHasher(OLD)
     before = attached(stores, old)
-    before.ingest([notify("op-1", "t1"), notify("op-2", "t1")])
+    before.inbox.ingest([notify("op-1", "t1"), notify("op-2", "t1")])
     run_all(before)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     after = attached(stores, IdentityHasher(NEW))
 
     with pytest.raises(ErasureRefused, match="key 2") as refused:
@@ -204,7 +205,7 @@ def test_an_eraser_started_before_a_rotation_is_refused_after_it(stores: Any, db
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (2,)
 
     erase_operation(after, IdentityHasher(NEW), "t1", "op-1")
-    (result,) = after.ingest([notify("op-1", "t1")])
+    (result,) = after.inbox.ingest([notify("op-1", "t1")])
     assert (result.decision, result.erased) == (Decision.REPLAY, True)
 
 
@@ -216,7 +217,7 @@ def test_an_erasure_waits_for_a_rotation_in_progress_and_is_refused_once_it_comm
     check yet) would never find the erasure's tombstones."""
     old = IdentityHasher(OLD)
     eraser = attached(stores, old)
-    eraser.ingest([notify("op-1", "t1")])
+    eraser.inbox.ingest([notify("op-1", "t1")])
     run_all(eraser)
 
     rotation: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(db_url)
@@ -266,9 +267,9 @@ def test_every_inbox_path_of_a_bridge_on_the_old_key_refuses_once_an_erasure_mis
     refuses, writing nothing, once an erasure hashed its tombstones under none of the
     process's keys; a process started with the current key writes as before."""
     old_bridge = attached(stores, IdentityHasher(OLD))
-    old_bridge.ingest([notify("erased", "t1"), notify("kept", "t1")])
+    old_bridge.inbox.ingest([notify("erased", "t1"), notify("kept", "t1")])
     run_all(old_bridge)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     new_only = IdentityHasher(NEW)
     new_bridge = attached(stores, new_only)
     erase_operation(new_bridge, new_only, "t1", "erased")
@@ -281,13 +282,13 @@ def test_every_inbox_path_of_a_bridge_on_the_old_key_refuses_once_an_erasure_mis
     }
     for name, batch in batches.items():
         with pytest.raises(IdentityKeysOutdated, match="restart it with") as refused:
-            old_bridge.ingest(batch)
+            old_bridge.inbox.ingest(batch)
         assert "key 2, the current key" in str(refused.value), name
     with pytest.raises(IdentityKeysOutdated):
-        old_bridge.ingest_within_quota([notify("fresh-5", "t1")], 10)
+        old_bridge.inbox.ingest_within_quota([notify("fresh-5", "t1")], 10)
     assert db.execute("SELECT operation_id FROM work_item").fetchall() == [("kept",)]
 
-    results = new_bridge.ingest([notify("erased", "t1"), notify("fresh-1", "t1")])
+    results = new_bridge.inbox.ingest([notify("erased", "t1"), notify("fresh-1", "t1")])
     assert [(r.decision, r.erased) for r in results] == [
         (Decision.REPLAY, True),
         (Decision.NEW, False),
@@ -303,9 +304,9 @@ def test_an_erasure_that_commits_while_an_old_bridges_insert_waits_on_its_row_is
     statement's own snapshot, taken before the wait, would have let the erased operation in
     as new work."""
     old_bridge = attached(stores, IdentityHasher(OLD))
-    old_bridge.ingest([notify("erased", "t1")])
+    old_bridge.inbox.ingest([notify("erased", "t1")])
     run_all(old_bridge)
-    keyring.rotate(stores(), IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
+    keyring.rotate(stores().keys, IdentityHasher(NEW, [OLD]), actor="ops", reason="leak")
     new_only = IdentityHasher(NEW)
     eraser = attached(stores, new_only)
     # Holds the erasure after it deleted the row, wrote the tombstone and marked the old key:
@@ -320,7 +321,7 @@ def test_an_erasure_that_commits_while_an_old_bridges_insert_waits_on_its_row_is
 
         def write() -> None:
             try:
-                old_bridge.ingest([notify("erased", "t1"), notify("other", "t1")])
+                old_bridge.inbox.ingest([notify("erased", "t1"), notify("other", "t1")])
                 outcome.append(None)
             except BaseException as exc:  # noqa: BLE001  (asserted below)
                 outcome.append(exc)

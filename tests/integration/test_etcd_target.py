@@ -197,7 +197,7 @@ def test_through_the_executor_an_ambiguous_write_is_retried_or_parked_unknown(
 ) -> None:
     """As for every class B target: retried under the next fence, unknown on the last attempt."""
     operation = f"op-{state}"
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -210,12 +210,12 @@ def test_through_the_executor_an_ambiguous_write_is_retried_or_parked_unknown(
             )
         ]
     )
-    (claim,) = store.claim_keys("w1", [Key("t1", operation)], LEASE)
+    (claim,) = store.claims.claim_keys("w1", [Key("t1", operation)], LEASE)
     spec = Registry().register(
         JOB_TYPE, SetValueInEtcd(EtcdClient(paused.url, timeout=0.5)), lease=LEASE
     )
     events = EventCounter()
-    execute(Run(store, claim, spec, context_for(claim, HASHER), events))
+    execute(Run(store.settle, claim, spec, context_for(claim, HASHER), events))
 
     with store.pool.connection() as conn:
         row = conn.execute(

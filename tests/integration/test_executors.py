@@ -94,7 +94,7 @@ class Bench:
     def ingest(
         self, job: str, operation: str, payload: object = None, *, tenant: str = TENANT
     ) -> Key:
-        (result,) = self.store.ingest([self.delivery(job, operation, payload, tenant=tenant)])
+        (result,) = self.store.inbox.ingest([self.delivery(job, operation, payload, tenant=tenant)])
         assert result.decision is Decision.NEW
         return Key(tenant, operation)
 
@@ -104,13 +104,13 @@ class Bench:
         return for_job(self.registry, job, operation, payload, tenant=tenant)
 
     def claim(self, key: Key) -> Claim:
-        (claim,) = self.store.claim_keys("worker", [key], LEASE)
+        (claim,) = self.store.claims.claim_keys("worker", [key], LEASE)
         return claim
 
     def execute(self, claim: Claim) -> EventCounter:
         events = EventCounter()
         spec = self.registry[claim.job_type]
-        execute(Run(self.store, claim, spec, context_for(claim, self.hasher), events))
+        execute(Run(self.store.settle, claim, spec, context_for(claim, self.hasher), events))
         return events
 
     def run(self, key: Key) -> EventCounter:
@@ -495,8 +495,8 @@ def test_class_a_handler_past_its_lease_still_commits_the_sweeper_cannot_take_a_
 
     def outlive_the_lease() -> None:
         bench.lapse()  # the refund is written, the lease is over ...
-        swept.extend(bench.store.sweep().parked)  # ... and neither the sweeper
-        rivals.extend(bench.store.claim("rival", 1, LEASE))  # nor a claim can take the row
+        swept.extend(bench.store.settle.sweep().parked)  # ... and neither the sweeper
+        rivals.extend(bench.store.claims.claim("rival", 1, LEASE))  # nor a claim can take the row
 
     handler.outcomes["op"] = outlive_the_lease
 
@@ -566,7 +566,9 @@ def test_class_c_later_attempt_that_cannot_tell_is_unknown_and_never_performs(
 ) -> None:
     key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
     ikey = key_of(bench, key)
-    bench.store.record_intent(bench.claim(key).ticket)  # it was about to charge, then vanished
+    bench.store.settle.record_intent(
+        bench.claim(key).ticket
+    )  # it was about to charge, then vanished
     bench.lapse()
     provider.set_fault(FaultKind.LOOKUP_UNAVAILABLE, key=ikey)
 
@@ -601,7 +603,7 @@ def test_class_c_redriven_quarantined_row_is_quarantined_again_not_parked_unknow
     ikey = key_of(bench, key)
     bench.run(key)
     assert bench.outcome(key) == (QUARANTINED, "invalid_payload")
-    (moved,) = bench.store.redrive(
+    (moved,) = bench.store.operator.redrive(
         RedriveFilter(states=(QUARANTINED,)), actor="oncall", reason="handler fixed?"
     )
     assert moved.key == key
@@ -621,7 +623,7 @@ def test_class_c_lookup_that_cannot_read_the_payload_after_an_intent_is_unknown(
     key = bench.ingest(payments.JOB_TYPE, "charge-1", {"amount": "12.00", "currency": "eur"})
     ikey = key_of(bench, key)
     # An earlier attempt recorded its intent (a request may have left), then vanished.
-    bench.store.record_intent(bench.claim(key).ticket)
+    bench.store.settle.record_intent(bench.claim(key).ticket)
     bench.lapse()
 
     counts = bench.run(key).snapshot()
@@ -671,7 +673,7 @@ def test_class_c_reset_before_apply_retries_later_and_the_later_claim_charges_on
     assert first == {"reconciled.not_applied": 1, "settled.queued": 1}
     assert bench.outcome(key) == (QUEUED, "provider_connection_error")
     assert provider.charges_for(ikey) == 0
-    assert bench.store.claim("worker", 1, LEASE) == [], "not due before its backoff"
+    assert bench.store.claims.claim("worker", 1, LEASE) == [], "not due before its backoff"
 
     bench.clock.advance(PAST_ANY_BACKOFF)
     second = bench.run(key).snapshot()
@@ -683,7 +685,8 @@ def test_class_c_reset_before_apply_retries_later_and_the_later_claim_charges_on
     assert (provider.requests_for(ikey), provider.lookups_for(ikey)) == (2, 2)
     # Each attempt's record keeps the error its outcome came from and its lookup's finding.
     recorded = [
-        (a.fence, a.outcome, a.error_class, a.finding) for a in bench.store.history(key).attempts
+        (a.fence, a.outcome, a.error_class, a.finding)
+        for a in bench.store.operator.history(key).attempts
     ]
     assert recorded == [
         (1, "queued", "ProviderConnectionError", "not_applied"),
@@ -728,7 +731,7 @@ def test_class_c_timeout_on_the_last_attempt_that_the_lookup_cannot_find_yet_is_
     assert provider.charges_for(ikey) == 1
 
     # The unknown runbook: a redrive, whose next claim looks the key up and finds the charge.
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
+    bench.store.operator.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-2")
     assert bench.run(key).snapshot() == {"reconciled.applied": 1, "settled.succeeded": 1}
     (charge,) = provider.ledger()
     assert bench.row(key)["outcome_detail"] == charge.id
@@ -811,7 +814,7 @@ def test_class_c_lookup_that_finds_another_charge_under_the_key_cannot_tell(
 ) -> None:
     key = bench.ingest(payments.JOB_TYPE, "charge-1", CHARGE)
     ikey = key_of(bench, key)
-    bench.store.record_intent(bench.claim(key).ticket)
+    bench.store.settle.record_intent(bench.claim(key).ticket)
     charges.charge(ikey, {**CHARGE, "amount": 999})
     bench.lapse()
 
@@ -936,7 +939,7 @@ def test_class_c_unreadable_payload_read_inside_perform_is_still_quarantined(
     bench: Bench, charges: PaymentClient, provider: PaymentProvider
 ) -> None:
     """ctx.json() failing is about the input, not the provider's answer: no lookup, no guess."""
-    (result,) = bench.store.ingest(
+    (result,) = bench.store.inbox.ingest(
         [replace(bench.delivery(payments.JOB_TYPE, "charge-1"), payload=b"{not json")]
     )
     key = result.key
@@ -963,7 +966,7 @@ def test_class_d_error_after_the_call_is_unknown_and_never_called_again(
     assert (row["state"], row["outcome_code"], row["intent_fence"]) == ("unknown", code, 1)
     assert row["outcome_detail"] == "ambiguous result from an unfenced target"
     # A redrive sends it back, and the next claim finds the intent: still no second call.
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-1")
+    bench.store.operator.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="INC-1")
     handler.outcomes["op"] = None
     assert bench.run(key).snapshot() == {"settled.unknown": 1}
     assert bench.outcome(key) == (UNKNOWN, "intent_recorded")
@@ -1013,7 +1016,9 @@ def test_class_d_intent_found_by_a_later_claim_parks_unknown_without_calling(
 
     assert bench.outcome(key) == (UNKNOWN, "no_answer")
     assert handler.calls == [("op", 1)]
-    bench.store.redrive(RedriveFilter(keys=(key,)), actor="on-call", reason="retry the call")
+    bench.store.operator.redrive(
+        RedriveFilter(keys=(key,)), actor="on-call", reason="retry the call"
+    )
     handler.outcomes["op"] = None
 
     assert bench.run(key).snapshot() == {"settled.unknown": 1}
@@ -1034,7 +1039,7 @@ def test_class_d_rows_written_claimed_for_a_process_that_died_are_queued_again_a
     # its workers had recorded its intent and was calling, the others had not started.
     claimed = {
         r.key.operation_id: r.claim
-        for r in bench.store.ingest(batch, InsertClaim("dead", {"scripted": LEASE}, 3))
+        for r in bench.store.inbox.ingest(batch, InsertClaim("dead", {"scripted": LEASE}, 3))
     }
     assert {op: c.fence for op, c in claimed.items() if c is not None} == {
         "op-1": 1,
@@ -1043,10 +1048,10 @@ def test_class_d_rows_written_claimed_for_a_process_that_died_are_queued_again_a
     }
     called = claimed["op-3"]
     assert called is not None
-    bench.store.record_intent(called.ticket)
+    bench.store.settle.record_intent(called.ticket)
     bench.lapse()
 
-    swept = bench.store.sweep()
+    swept = bench.store.settle.sweep()
 
     assert swept.parked == [Ticket(TENANT, "op-3", 1)]
     assert set(swept.requeued) == {Ticket(TENANT, "op-1", 1), Ticket(TENANT, "op-2", 1)}
@@ -1078,7 +1083,7 @@ def test_a_last_attempt_that_outlives_its_lease_is_unknown_whatever_it_returns(
     def slow_then(outcome: Outcome) -> Callable[[], Success | None]:
         def run() -> Success | None:
             bench.lapse()  # the handler took longer than its lease ...
-            swept.extend(bench.store.sweep().parked)  # ... and the sweeper ran meanwhile
+            swept.extend(bench.store.settle.sweep().parked)  # ... and the sweeper ran meanwhile
             return act(outcome)
 
         return run
@@ -1107,14 +1112,14 @@ def test_a_replayed_delivery_of_a_succeeded_operation_runs_nothing(
     assert bench.outcome(key) == (SUCCEEDED, "charged")
     before = bench.row(key)
 
-    replay = bench.store.ingest([bench.delivery(payments.JOB_TYPE, "charge-1", CHARGE)])
+    replay = bench.store.inbox.ingest([bench.delivery(payments.JOB_TYPE, "charge-1", CHARGE)])
     changed = {**CHARGE, "amount": 5000}
-    conflict = bench.store.ingest([bench.delivery(payments.JOB_TYPE, "charge-1", changed)])
+    conflict = bench.store.inbox.ingest([bench.delivery(payments.JOB_TYPE, "charge-1", changed)])
 
     assert replay == [IngestResult(Decision.REPLAY, key, State.SUCCEEDED)]
     assert conflict == [IngestResult(Decision.CONFLICT, key, State.SUCCEEDED)]
     bench.clock.advance(PAST_ANY_BACKOFF)
-    assert bench.store.claim("worker", 10, LEASE) == []
+    assert bench.store.claims.claim("worker", 10, LEASE) == []
     assert bench.row(key) == before
     ikey = key_of(bench, key)
     assert (provider.charges_for(ikey), provider.requests_for(ikey)) == (1, 1)
@@ -1130,7 +1135,7 @@ def test_two_tenants_with_the_same_operation_id_act_independently(
         bench.ingest(payments.JOB_TYPE, "op-1", {**CHARGE, "amount": amount}, tenant=tenant)
         bench.ingest(invoices.JOB_TYPE, "refund-1", {"invoice_id": "inv-1"}, tenant=tenant)
 
-    claims = bench.store.claim("worker", 10, LEASE)
+    claims = bench.store.claims.claim("worker", 10, LEASE)
     assert len(claims) == 4
     for claim in claims:
         bench.execute(claim)

@@ -24,6 +24,7 @@ from bridge.identity import IdentityHasher
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
 from tests.support.deliveries import for_job
+from tests.support.policy import with_policy
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -82,7 +83,7 @@ def replica(url: str, fairness: bool, stop: Any) -> None:
     """One bridge's worker pool in a process of its own, until ``stop`` is set."""
     store = PostgresStore.connect(url, max_size=THREADS + 3, generic_plans=True)
     if fairness:
-        store.use_tenant_fairness()
+        store = with_policy(store, fairness={})
     try:
         pool = WorkerPool(store, registry(), HASHER, threads=THREADS, poll_interval=0.05)
         pool.start()
@@ -123,7 +124,7 @@ def overtaken(
             quick = registry()
             visible: dict[str, Any] = {}
             for i in range(QUIET_ROWS):
-                store.ingest([for_job(quick, JOB, f"quiet-{i}", tenant="quiet")])
+                store.inbox.ingest([for_job(quick, JOB, f"quiet-{i}", tenant="quiet")])
                 found = conn.execute("SELECT now()").fetchone()
                 assert found is not None
                 visible[f"quiet-{i}"] = found[0]

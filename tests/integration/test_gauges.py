@@ -23,6 +23,7 @@ from bridge import sql
 from bridge.database import GENERIC_PLANS
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
 from bridge.types import Key, State
@@ -71,16 +72,16 @@ PARTIAL = frozenset(
 def backlog(store: PostgresStore) -> int:
     """Open and parked rows beside the history: 30 queued, 10 claimed (3 of them with an
     expired lease), one unknown and one quarantined, in two subscriptions. Their number."""
-    store.ingest([delivery(f"open-{i}", tenant=f"t{i % 4}") for i in range(40)])
-    store.ingest([delivery(f"p-{i}", subscription="orders") for i in range(2)])
-    assert len(store.claim("w", 7, LEASE)) == 7
-    assert len(store.claim("stalled", 3, timedelta(seconds=-1))) == 3  # run out already
+    store.inbox.ingest([delivery(f"open-{i}", tenant=f"t{i % 4}") for i in range(40)])
+    store.inbox.ingest([delivery(f"p-{i}", subscription="orders") for i in range(2)])
+    assert len(store.claims.claim("w", 7, LEASE)) == 7
+    assert len(store.claims.claim("stalled", 3, timedelta(seconds=-1))) == 3  # run out already
     parked = {
         c.operation_id: c
-        for c in store.claim_keys("w", [Key("t1", "p-0"), Key("t1", "p-1")], LEASE)
+        for c in store.claims.claim_keys("w", [Key("t1", "p-0"), Key("t1", "p-1")], LEASE)
     }
-    store.park_unknown(parked["p-0"].ticket, "intent_recorded")
-    store.quarantine(parked["p-1"].ticket, "bad_payload")
+    store.settle.settle(Settlement(parked["p-0"].ticket, State.UNKNOWN, "intent_recorded"))
+    store.settle.settle(Settlement(parked["p-1"].ticket, State.QUARANTINED, "bad_payload"))
     return 42
 
 
@@ -123,12 +124,14 @@ def test_the_gauges_read_only_open_and_parked_rows_beside_200000_terminal_ones(
     try:
         open_rows = backlog(store)
         before = flushed(store, db, READS)
-        telemetry.observe(store, interval=3600, subscriptions=["refunds", "orders", "idle"])
+        telemetry.observe(
+            store.operator, interval=3600, subscriptions=["refunds", "orders", "idle"]
+        )
         eventually(lambda: bool(_read(reader)), "a first reading")
         telemetry.stop_observing()
         after = flushed(store, db, READS)
         points = _read(reader)
-        full = store.stats()
+        full = store.operator.stats()
     finally:
         meters.shutdown()
         store.close()

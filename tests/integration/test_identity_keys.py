@@ -33,6 +33,7 @@ from bridge.identity import (
     shown,
 )
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.types import Delivery, Key, State, TargetClass
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
@@ -78,7 +79,7 @@ def test_the_first_use_records_a_fingerprint_never_the_key_and_the_same_key_is_a
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
     hasher = IdentityHasher(KEY_1)
-    keyring.attach(store, hasher, used_by="fencebridge run")
+    keyring.attach(store.keys, hasher, used_by="fencebridge run")
     assert recorded(db) == [(1, fingerprint(KEY_1))]
     assert hasher.key_id == 1
     stored = db.execute("SELECT row_to_json(k)::text FROM identity_key k").fetchone()
@@ -86,19 +87,19 @@ def test_the_first_use_records_a_fingerprint_never_the_key_and_the_same_key_is_a
     assert KEY_1.decode() not in stored[0]
 
     again = IdentityHasher(KEY_1)
-    keyring.attach(second, again, used_by="fencebridge redrive")
+    keyring.attach(second.keys, again, used_by="fencebridge redrive")
     assert recorded(db) == [(1, fingerprint(KEY_1))]
-    store.ingest([delivery("op-1")])
+    store.inbox.ingest([delivery("op-1")])
     assert row_keys(db) == {"op-1": 1}
 
 
 def test_another_key_is_refused_naming_the_key_the_database_expects(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     other = IdentityHasher(STRANGER)
     with pytest.raises(IdentityKeyMismatch) as refused:
-        keyring.attach(second, other, used_by="fencebridge run")
+        keyring.attach(second.keys, other, used_by="fencebridge run")
     message = str(refused.value)
     assert f"key 1 (fingerprint {shown(fingerprint(KEY_1))})" in message
     assert "the deployment's key" in message
@@ -108,7 +109,7 @@ def test_another_key_is_refused_naming_the_key_the_database_expects(
     assert other.key_id is None, "a refused hasher learns no key ids"
     # Commands that only show hashes compare too.
     with pytest.raises(IdentityKeyMismatch):
-        keyring.verify(second, IdentityHasher(STRANGER))
+        keyring.verify(second.keys, IdentityHasher(STRANGER))
 
 
 def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
@@ -121,7 +122,7 @@ def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
     def first_use(i: int, secret: bytes) -> None:
         start.wait()
         try:
-            keyring.attach(stores[i], IdentityHasher(secret), used_by="fencebridge run")
+            keyring.attach(stores[i].keys, IdentityHasher(secret), used_by="fencebridge run")
             outcomes[i] = "accepted"
         except IdentityKeyMismatch:
             outcomes[i] = "refused"
@@ -141,13 +142,13 @@ def test_of_two_first_uses_at_once_one_key_is_recorded_and_the_other_refused(
 
 
 def test_a_command_that_only_shows_hashes_records_nothing(store: PostgresStore, db: Db) -> None:
-    keyring.verify(store, IdentityHasher(KEY_1))
+    keyring.verify(store.keys, IdentityHasher(KEY_1))
     assert recorded(db) == []
 
 
 def test_a_first_use_that_is_refused_records_nothing(store: PostgresStore, db: Db) -> None:
     with pytest.raises(IdentityKeyMismatch, match="never recorded"):
-        keyring.attach(store, IdentityHasher(KEY_1, [KEY_2]), used_by="fencebridge run")
+        keyring.attach(store.keys, IdentityHasher(KEY_1, [KEY_2]), used_by="fencebridge run")
     assert recorded(db) == []
 
 
@@ -155,18 +156,18 @@ def test_a_rotation_keeps_every_existing_operations_key(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
     old = IdentityHasher(KEY_1)
-    keyring.attach(store, old, used_by="fencebridge run")
-    store.ingest([delivery(f"before-{i}") for i in range(3)])
+    keyring.attach(store.keys, old, used_by="fencebridge run")
+    store.inbox.ingest([delivery(f"before-{i}") for i in range(3)])
 
     rotated = IdentityHasher(KEY_2, [KEY_1])
-    rotation = keyring.rotate(second, rotated, actor="ops", reason="yearly rotation")
+    rotation = keyring.rotate(second.keys, rotated, actor="ops", reason="yearly rotation")
     assert rotation.new is not None
     assert rotation.new.key_id == 2
     assert rotation.open_rows == {1: 3}
-    keyring.attach(second, rotated, used_by="fencebridge run")
-    second.ingest([delivery(f"after-{i}") for i in range(2)])
+    keyring.attach(second.keys, rotated, used_by="fencebridge run")
+    second.inbox.ingest([delivery(f"after-{i}") for i in range(2)])
     # The old bridge, still running, writes under its own key; rows never change key.
-    store.ingest([delivery("late-old-bridge")])
+    store.inbox.ingest([delivery("late-old-bridge")])
     assert row_keys(db) == {
         **{f"before-{i}": 1 for i in range(3)},
         **{f"after-{i}": 2 for i in range(2)},
@@ -174,12 +175,12 @@ def test_a_rotation_keeps_every_existing_operations_key(
     }
 
     # The old bridge claims only what it can derive keys for: never a key 2 row.
-    by_old = store.claim("old", 10, LEASE)
+    by_old = store.claims.claim("old", 10, LEASE)
     assert {c.operation_id for c in by_old} == {
         *(f"before-{i}" for i in range(3)),
         "late-old-bridge",
     }
-    by_new = second.claim("new", 10, LEASE)
+    by_new = second.claims.claim("new", 10, LEASE)
     assert {c.operation_id for c in by_new} == {"after-0", "after-1"}
 
     # Every operation's idempotency key is the one derived under the key its row was written
@@ -198,51 +199,51 @@ def test_a_rotation_keeps_every_existing_operations_key(
 def test_after_a_rotation_the_old_key_alone_and_a_missing_previous_key_are_refused(
     store: PostgresStore, second: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
-    store.ingest([delivery("open-under-1")])
-    keyring.rotate(second, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="rotation")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
+    store.inbox.ingest([delivery("open-under-1")])
+    keyring.rotate(second.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="rotation")
 
     with pytest.raises(IdentityKeyMismatch, match="replaced with key 2") as stale:
-        keyring.attach(second, IdentityHasher(KEY_1), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     assert IDENTITY_PREVIOUS_KEYS_ENV in str(stale.value)
 
     with pytest.raises(IdentityKeyMismatch, match=r"1 open operation\(s\) under key 1") as lacking:
-        keyring.attach(second, IdentityHasher(KEY_2), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_2), used_by="fencebridge run")
     assert f"add it to {IDENTITY_PREVIOUS_KEYS_ENV}" in str(lacking.value)
 
     with pytest.raises(IdentityKeyMismatch, match="never recorded"):
-        keyring.attach(second, IdentityHasher(KEY_2, [STRANGER]), used_by="fencebridge run")
+        keyring.attach(second.keys, IdentityHasher(KEY_2, [STRANGER]), used_by="fencebridge run")
 
     # Once no open row needs key 1, the new key alone is enough.
-    (claim,) = store.claim("old", 1, LEASE)
-    store.complete(claim.ticket)
-    keyring.attach(second, IdentityHasher(KEY_2), used_by="fencebridge run")
+    (claim,) = store.claims.claim("old", 1, LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+    keyring.attach(second.keys, IdentityHasher(KEY_2), used_by="fencebridge run")
 
 
 def test_a_rotation_is_refused_without_the_current_key_and_for_a_recorded_key(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, IdentityHasher(KEY_1), used_by="fencebridge run")
+    keyring.attach(store.keys, IdentityHasher(KEY_1), used_by="fencebridge run")
     with pytest.raises(IdentityKeyMismatch, match=r"current key, key 1 .* is not in"):
-        keyring.rotate(store, IdentityHasher(KEY_2), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_2), actor="ops", reason="r")
     with pytest.raises(IdentityKeyMismatch, match="nothing to rotate"):
-        keyring.rotate(store, IdentityHasher(KEY_1), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_1), actor="ops", reason="r")
     dry = keyring.rotate(
-        store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r", dry_run=True
+        store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r", dry_run=True
     )
     assert dry.new is not None
     assert dry.new.key_id == 2
     assert recorded(db) == [(1, fingerprint(KEY_1))], "a dry run records nothing"
-    keyring.rotate(store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
+    keyring.rotate(store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
     with pytest.raises(IdentityKeyMismatch, match="never brought back"):
-        keyring.rotate(store, IdentityHasher(KEY_1, [KEY_2]), actor="ops", reason="r")
+        keyring.rotate(store.keys, IdentityHasher(KEY_1, [KEY_2]), actor="ops", reason="r")
 
 
 def test_a_first_rotation_records_the_key_rows_were_written_under_as_key_1(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("written-before-keys-were-recorded")])
-    keyring.rotate(store, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
+    store.inbox.ingest([delivery("written-before-keys-were-recorded")])
+    keyring.rotate(store.keys, IdentityHasher(KEY_2, [KEY_1]), actor="ops", reason="r")
     assert recorded(db) == [(1, fingerprint(KEY_1)), (2, fingerprint(KEY_2))]
     assert row_keys(db) == {"written-before-keys-were-recorded": 1}
 
@@ -258,16 +259,18 @@ def test_a_class_c_charge_sent_under_key_1_is_looked_up_and_sent_under_key_1_aft
         registry = Registry()
         registry.register(CHARGE, handler, retry=RetryPolicy(max_attempts=5))
         old = IdentityHasher(KEY_1)
-        keyring.attach(old_store, old, used_by="fencebridge run")
+        keyring.attach(old_store.keys, old, used_by="fencebridge run")
         charge = {"amount": 1200, "currency": "eur", "reference": "order-1"}
-        old_store.ingest([for_job(registry, CHARGE, op, charge) for op in ("applied", "lost")])
+        old_store.inbox.ingest(
+            [for_job(registry, CHARGE, op, charge) for op in ("applied", "lost")]
+        )
         key_1 = {op: old.idempotency_key("t1", op) for op in ("applied", "lost")}
         key_2 = {op: IdentityHasher(KEY_2).idempotency_key("t1", op) for op in key_1}
 
         # Attempt 1, under key 1: both requests leave; "applied" lands, "lost" is reset before
         # it is applied. The worker dies before settling either.
         provider.set_fault(FaultKind.RESET_BEFORE_APPLY, key=key_1["lost"])
-        for claim in old_store.claim("old", 2, LEASE):
+        for claim in old_store.claims.claim("old", 2, LEASE):
             ctx = Context.for_claim(claim, old)
             assert ctx.idempotency_key == key_1[claim.operation_id]
             if claim.operation_id == "lost":
@@ -280,15 +283,15 @@ def test_a_class_c_charge_sent_under_key_1_is_looked_up_and_sent_under_key_1_aft
 
         # Rotation; the bridge restarted with the new key (and key 1 as previous) takes over.
         rotated = IdentityHasher(KEY_2, [KEY_1])
-        keyring.rotate(new_store, rotated, actor="ops", reason="rotation")
-        keyring.attach(new_store, rotated, used_by="fencebridge run")
+        keyring.rotate(new_store.keys, rotated, actor="ops", reason="rotation")
+        keyring.attach(new_store.keys, rotated, used_by="fencebridge run")
         clock.advance(LEASE * 2)
-        claims = new_store.claim("new", 2, LEASE)
+        claims = new_store.claims.claim("new", 2, LEASE)
         assert {c.operation_id: c.attempts for c in claims} == {"applied": 2, "lost": 2}
         for claim in claims:
             spec = registry[claim.job_type]
             ctx = Context.for_claim(claim, rotated)
-            execute(Run(new_store, claim, spec, ctx, EventCounter()))
+            execute(Run(new_store.settle, claim, spec, ctx, EventCounter()))
 
         states = dict(db.execute("SELECT operation_id, state FROM work_item").fetchall())
         assert states == {"applied": State.SUCCEEDED.value, "lost": State.SUCCEEDED.value}
@@ -303,8 +306,8 @@ def test_a_class_c_charge_sent_under_key_1_is_looked_up_and_sent_under_key_1_aft
 
 
 def test_a_hasher_that_consulted_no_database_derives_key_1_rows_only(store: PostgresStore) -> None:
-    store.ingest([delivery("unbound")])
-    (claim,) = store.claim_keys("w", [Key("t1", "unbound")], LEASE)
+    store.inbox.ingest([delivery("unbound")])
+    (claim,) = store.claims.claim_keys("w", [Key("t1", "unbound")], LEASE)
     hasher = IdentityHasher(KEY_1)
     assert Context.for_claim(claim, hasher).idempotency_key == hasher.idempotency_key(
         "t1", "unbound"

@@ -10,6 +10,7 @@ import pytest
 
 from bridge.errors import LeaseLost
 from bridge.store import PostgresStore
+from bridge.store.work import Settlement
 from bridge.types import (
     Decision,
     Delivery,
@@ -39,8 +40,8 @@ def delivery(tenant: str, op: str, payload: bytes = b'{"amount": 5}', **kw: obje
 
 @pytest.mark.promise("replay-conflict")
 def test_same_payload_twice_is_a_replay(store: PostgresStore) -> None:
-    first = store.ingest([delivery("t1", "op-1")])
-    second = store.ingest([delivery("t1", "op-1")])
+    first = store.inbox.ingest([delivery("t1", "op-1")])
+    second = store.inbox.ingest([delivery("t1", "op-1")])
     assert [r.decision for r in first] == [Decision.NEW]
     assert [r.decision for r in second] == [Decision.REPLAY]
     assert second[0].state is State.QUEUED
@@ -67,7 +68,7 @@ def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
         ),
         delivery("t2", "op-2", b""),
     ]
-    results = store.ingest(given)
+    results = store.inbox.ingest(given)
     assert [r.decision for r in results] == [Decision.NEW, Decision.NEW]
     rows = db.execute(
         "SELECT w.tenant_id, w.operation_id, w.subscription, w.job_type, w.target_class,"
@@ -100,9 +101,9 @@ def test_a_new_row_holds_every_field_of_its_delivery_as_delivered(
 def test_changed_payload_is_a_conflict_that_mutates_nothing(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    store.ingest([delivery("t1", "op-1", b"one")])
+    store.inbox.ingest([delivery("t1", "op-1", b"one")])
     before = db.execute("SELECT * FROM work_item").fetchall()
-    result = store.ingest([delivery("t1", "op-1", b"two", broker_message_id="m-2")])
+    result = store.inbox.ingest([delivery("t1", "op-1", b"two", broker_message_id="m-2")])
     assert [r.decision for r in result] == [Decision.CONFLICT]
     assert db.execute("SELECT * FROM work_item").fetchall() == before
     rejected = db.execute(
@@ -113,7 +114,7 @@ def test_changed_payload_is_a_conflict_that_mutates_nothing(
 
 
 def test_duplicates_inside_one_batch(store: PostgresStore) -> None:
-    result = store.ingest(
+    result = store.inbox.ingest(
         [delivery("t1", "a", b"x"), delivery("t1", "a", b"x"), delivery("t1", "a", b"y")]
     )
     assert [r.decision for r in result] == [Decision.NEW, Decision.REPLAY, Decision.CONFLICT]
@@ -122,9 +123,9 @@ def test_duplicates_inside_one_batch(store: PostgresStore) -> None:
 def test_two_tenants_with_the_same_operation_id_are_two_operations(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    result = store.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
+    result = store.inbox.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
     assert [r.decision for r in result] == [Decision.NEW, Decision.NEW]
-    claims = store.claim("w", 10, lease=LEASE)
+    claims = store.claims.claim("w", 10, lease=LEASE)
     assert {c.key for c in claims} == {Key("t1", "op-1"), Key("t2", "op-1")}
     assert {c.key: c.payload for c in claims} == {Key("t1", "op-1"): b"x", Key("t2", "op-1"): b"y"}
 
@@ -133,7 +134,7 @@ def test_two_tenants_with_the_same_operation_id_are_two_operations(
 def test_rejections_are_recorded_with_reason_and_body(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    result = store.ingest(
+    result = store.inbox.ingest(
         [
             Rejection(
                 subscription="refunds",
@@ -155,18 +156,18 @@ def test_rejections_are_recorded_with_reason_and_body(
 def test_replay_reports_the_current_state_and_schedules_nothing(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    store.ingest([delivery("t1", "op-1")])
-    (claim,) = store.claim("w", 1, LEASE)
-    assert [r.state for r in store.ingest([delivery("t1", "op-1")])] == [State.CLAIMED]
-    store.complete(claim.ticket)
+    store.inbox.ingest([delivery("t1", "op-1")])
+    (claim,) = store.claims.claim("w", 1, LEASE)
+    assert [r.state for r in store.inbox.ingest([delivery("t1", "op-1")])] == [State.CLAIMED]
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     # the row is not touched but for its delivery evidence (the replays counted on it)
     row = "SELECT to_jsonb(w) - 'replays' - 'last_replay_at' FROM work_item w"
     before = db.execute(row).fetchall()
-    replay = store.ingest([delivery("t1", "op-1")])
+    replay = store.inbox.ingest([delivery("t1", "op-1")])
     assert replay == [IngestResult(Decision.REPLAY, Key("t1", "op-1"), State.SUCCEEDED)]
     assert db.execute(row).fetchall() == before
     assert db.execute("SELECT replays FROM work_item").fetchone() == (2,)
-    assert store.claim("w", 10, LEASE) == []
+    assert store.claims.claim("w", 10, LEASE) == []
     assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (1,)
 
@@ -174,11 +175,11 @@ def test_replay_reports_the_current_state_and_schedules_nothing(
 def test_conflict_on_a_settled_operation_changes_nothing(
     store: PostgresStore, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    store.ingest([delivery("t1", "op-1", b"one")])
-    (claim,) = store.claim("w", 1, LEASE)
-    store.fail_terminal(claim.ticket, "declined")
+    store.inbox.ingest([delivery("t1", "op-1", b"one")])
+    (claim,) = store.claims.claim("w", 1, LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.FAILED_TERMINAL, "declined"))
     before = db.execute("SELECT * FROM work_item").fetchall()
-    conflict = store.ingest([delivery("t1", "op-1", b"two")])
+    conflict = store.inbox.ingest([delivery("t1", "op-1", b"two")])
     assert conflict == [IngestResult(Decision.CONFLICT, Key("t1", "op-1"), State.FAILED_TERMINAL)]
     assert db.execute("SELECT * FROM work_item").fetchall() == before
     stored = db.execute("SELECT payload_hash FROM rejected_delivery").fetchone()
@@ -186,9 +187,9 @@ def test_conflict_on_a_settled_operation_changes_nothing(
 
 
 def test_a_replay_after_a_conflict_is_still_a_replay(store: PostgresStore) -> None:
-    store.ingest([delivery("t1", "op-1", b"one")])
-    assert store.ingest([delivery("t1", "op-1", b"two")])[0].decision is Decision.CONFLICT
-    assert store.ingest([delivery("t1", "op-1", b"one")])[0].decision is Decision.REPLAY
+    store.inbox.ingest([delivery("t1", "op-1", b"one")])
+    assert store.inbox.ingest([delivery("t1", "op-1", b"two")])[0].decision is Decision.CONFLICT
+    assert store.inbox.ingest([delivery("t1", "op-1", b"one")])[0].decision is Decision.REPLAY
 
 
 @pytest.mark.promise("colliding-tenants")
@@ -202,34 +203,34 @@ def test_tenants_with_colliding_operation_ids_never_touch_each_other(
         ).fetchall()
         return {str(r[0]): r[1:] for r in found}
 
-    store.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
+    store.inbox.ingest([delivery("t1", "op-1", b"x"), delivery("t2", "op-1", b"y")])
     t2_queued = rows()["t2"]
 
     # A claim of one tenant's key leaves the other's row queued.
-    (c1,) = store.claim_keys("w1", [Key("t1", "op-1")], LEASE)
+    (c1,) = store.claims.claim_keys("w1", [Key("t1", "op-1")], LEASE)
     assert rows()["t2"] == t2_queued
     # Same operation id, same fence number, other tenant: the ticket does not fit.
     with pytest.raises(LeaseLost):
-        store.complete(Ticket("t2", "op-1", c1.fence))
+        store.settle.settle(Settlement(Ticket("t2", "op-1", c1.fence), State.SUCCEEDED, "ok"))
     assert rows()["t2"] == t2_queued
 
-    (c2,) = store.claim_keys("w2", [Key("t2", "op-1")], LEASE)
+    (c2,) = store.claims.claim_keys("w2", [Key("t2", "op-1")], LEASE)
     assert c2.fence == c1.fence == 1
-    store.complete(c1.ticket)
+    store.settle.settle(Settlement(c1.ticket, State.SUCCEEDED, "ok"))
     assert rows()["t1"][0] == "succeeded"
     t2_claimed = rows()["t2"]
     assert t2_claimed[:3] == ("claimed", 1, 1)
 
     # One tenant's conflict is recorded against that tenant only; the other's payload is the
     # conflicting one here, so the same bytes are a replay for t2.
-    result = store.ingest([delivery("t1", "op-1", b"y"), delivery("t2", "op-1", b"y")])
+    result = store.inbox.ingest([delivery("t1", "op-1", b"y"), delivery("t2", "op-1", b"y")])
     assert [r.decision for r in result] == [Decision.CONFLICT, Decision.REPLAY]
     assert [r.state for r in result] == [State.SUCCEEDED, State.CLAIMED]
     assert rows()["t2"] == t2_claimed
     rejected = db.execute("SELECT tenant_id, operation_id FROM rejected_delivery").fetchall()
     assert rejected == [("t1", "op-1")]
 
-    store.park_unknown(c2.ticket, "timeout")
+    store.settle.settle(Settlement(c2.ticket, State.UNKNOWN, "timeout"))
     assert rows()["t1"][0] == "succeeded"
     assert rows()["t2"][0] == "unknown"
 
@@ -243,7 +244,7 @@ def test_concurrent_batches_with_the_same_keys_create_each_operation_once(
 
     def ingest(order: list[Delivery]) -> None:
         barrier.wait()
-        results.append(store.ingest(order))
+        results.append(store.inbox.ingest(order))
 
     threads = [threading.Thread(target=ingest, args=(batch[::step],)) for step in (1, -1, 1, -1)]
     for t in threads:

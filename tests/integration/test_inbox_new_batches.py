@@ -19,7 +19,8 @@ from bridge import keyring
 from bridge.errors import StoreError, StoreUnavailable
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
-from bridge.types import Decision, IngestResult
+from bridge.store.work import Settlement
+from bridge.types import Decision, IngestResult, State
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
 from tests.support.proxy import Proxy
@@ -59,7 +60,7 @@ def test_a_batch_of_new_operations_is_one_round_trip_with_no_begin_or_commit(
 ) -> None:
     batch = [delivery(f"op-{i}", tenant=f"t{i % 3}") for i in range(10)]
     results: list[IngestResult] = []
-    sent = frontend_messages(single, lambda: results.extend(single.ingest(batch)))
+    sent = frontend_messages(single, lambda: results.extend(single.inbox.ingest(batch)))
     assert [r.decision for r in results] == [Decision.NEW] * 10
     # The insert and its check in one statement, closed by one Sync; no simple query.
     assert sent["Sync"] == 1, sent
@@ -72,7 +73,7 @@ def test_a_batch_of_new_operations_is_one_round_trip_with_no_begin_or_commit(
 def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_doubles(
     single: PostgresStore, db: Db
 ) -> None:
-    single.ingest([delivery("op-1"), delivery("op-2", payload=b'{"amount": 1}')])
+    single.inbox.ingest([delivery("op-1"), delivery("op-2", payload=b'{"amount": 1}')])
     batch = [
         delivery("op-0"),
         delivery("op-1"),  # a replay
@@ -80,7 +81,7 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
         delivery("op-3"),
     ]
     results: list[IngestResult] = []
-    sent = frontend_messages(single, lambda: results.extend(single.ingest(batch)))
+    sent = frontend_messages(single, lambda: results.extend(single.inbox.ingest(batch)))
     assert [r.decision for r in results] == [
         Decision.NEW,
         Decision.REPLAY,
@@ -95,7 +96,7 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
     assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (1,)
     # A refusal is no ROLLBACK: the connection's prepared statements survive it.
     for i in range(8):
-        single.ingest([delivery(f"again-{i}"), delivery("op-1")])
+        single.inbox.ingest([delivery(f"again-{i}"), delivery("op-1")])
     with single.pool.connection() as conn:
         prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared is not None
@@ -106,12 +107,12 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
 def test_an_erased_key_in_a_batch_of_new_ones_is_a_replay_and_the_rest_is_new(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, HASHER, used_by="test")
-    store.ingest([delivery("gone", tenant="t1")])
-    [claim] = store.claim("w", 1, timedelta(seconds=30))
-    store.complete(claim.ticket)
+    keyring.attach(store.keys, HASHER, used_by="test")
+    store.inbox.ingest([delivery("gone", tenant="t1")])
+    [claim] = store.claims.claim("w", 1, timedelta(seconds=30))
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     erase_operation(store, HASHER, "t1", "gone")
-    results = store.ingest([delivery("new-1", tenant="t1"), delivery("gone", tenant="t1")])
+    results = store.inbox.ingest([delivery("new-1", tenant="t1"), delivery("gone", tenant="t1")])
     assert [r.decision for r in results] == [Decision.NEW, Decision.REPLAY]
     assert results[1].erased
     rows = db.execute("SELECT operation_id FROM work_item ORDER BY 1").fetchall()
@@ -123,13 +124,13 @@ def test_a_batch_whose_check_cannot_be_sent_commits_nothing(
 ) -> None:
     # The check's parameters cannot be adapted: the statement is never sent.
     unsendable = {"key_id": [object()], "operation_hash": [], "any_erased": False}
-    monkeypatch.setattr(single, "_tombstone_hashes", lambda keys: unsendable)
+    monkeypatch.setattr(single.inbox, "_tombstone_hashes", lambda keys: unsendable)
     with pytest.raises(StoreError, match="cannot adapt"):
-        single.ingest([delivery("op-1"), delivery("op-2")])
+        single.inbox.ingest([delivery("op-1"), delivery("op-2")])
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (0,)
     monkeypatch.undo()
-    assert [r.decision for r in single.ingest([delivery("op-1")])] == [Decision.NEW]
+    assert [r.decision for r in single.inbox.ingest([delivery("op-1")])] == [Decision.NEW]
 
 
 def waiting_on(db: Db, lock: str) -> bool:
@@ -157,10 +158,12 @@ def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
     # it waits for this lock on a table it deletes from later.
     blocker = psycopg.connect(db_url)
     try:
-        keyring.attach(store, HASHER, used_by="test")
-        store.ingest([delivery("erased", tenant="t1")])
-        claims = store.claim("w1", 10, timedelta(seconds=30))
-        store.complete_many([c.ticket for c in claims])
+        keyring.attach(store.keys, HASHER, used_by="test")
+        store.inbox.ingest([delivery("erased", tenant="t1")])
+        claims = store.claims.claim("w1", 10, timedelta(seconds=30))
+        store.settle.settle_many(
+            [Settlement(t, State.SUCCEEDED, "ok") for t in [c.ticket for c in claims]]
+        )
         blocker.execute("LOCK TABLE shadow_delivery IN ACCESS EXCLUSIVE MODE")
         erased: list[object] = []
         eraser = threading.Thread(
@@ -170,7 +173,7 @@ def test_an_erasure_that_commits_while_the_insert_waits_on_its_row_is_seen(
         eventually(lambda: waiting_on(db, "relation"), "the erasure waits on the blocker")
         results: list[IngestResult] = []
         batch = [delivery("erased", tenant="t1"), delivery("other", tenant="t1")]
-        writer = threading.Thread(target=lambda: results.extend(store.ingest(batch)))
+        writer = threading.Thread(target=lambda: results.extend(store.inbox.ingest(batch)))
         writer.start()
         eventually(lambda: waiting_on(db, "transactionid"), "the insert waits on the erasure")
         blocker.rollback()  # the erasure goes on and commits; then the insert goes on
@@ -221,7 +224,7 @@ def test_racing_writers_with_duplicates_conflicts_and_a_cut_create_each_operatio
             ]
             while True:
                 try:
-                    results = store.ingest(batch)
+                    results = store.inbox.ingest(batch)
                     break
                 except StoreUnavailable:
                     with lock:

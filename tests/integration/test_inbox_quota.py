@@ -13,7 +13,7 @@ import pytest
 
 from bridge.ingest.inbox import Deferred, Inbox, Written
 from bridge.store import PostgresStore
-from bridge.store.work import QuotaDeferred
+from bridge.store.work import QuotaDeferred, Settlement
 from bridge.types import (
     Claim,
     Decision,
@@ -23,6 +23,7 @@ from bridge.types import (
     Key,
     RawDelivery,
     Rejection,
+    State,
     TargetClass,
 )
 
@@ -55,7 +56,7 @@ def decisions(results: Sequence[IngestResult | QuotaDeferred]) -> list[str]:
 def test_a_tenant_at_its_quota_is_deferred_while_the_other_tenant_flows(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("flood", f"old-{i}") for i in range(3)])
+    store.inbox.ingest([delivery("flood", f"old-{i}") for i in range(3)])
     batch: list[Delivery | Rejection] = [
         delivery("flood", "new-1"),
         delivery("quiet", "q-1"),
@@ -67,7 +68,7 @@ def test_a_tenant_at_its_quota_is_deferred_while_the_other_tenant_flows(
         Rejection(subscription="refunds", reason="not_json", body=b"{", tenant_id="flood"),
     ]
 
-    results = store.ingest_within_quota(batch, quota=3)
+    results = store.inbox.ingest_within_quota(batch, quota=3)
 
     assert decisions(results) == [
         "deferred",
@@ -96,8 +97,10 @@ def test_a_tenant_at_its_quota_is_deferred_while_the_other_tenant_flows(
 def test_a_tenant_below_its_quota_takes_what_is_left_in_delivery_order(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("t1", "old")])
-    results = store.ingest_within_quota([delivery("t1", f"op-{i}") for i in range(5)], quota=3)
+    store.inbox.ingest([delivery("t1", "old")])
+    results = store.inbox.ingest_within_quota(
+        [delivery("t1", f"op-{i}") for i in range(5)], quota=3
+    )
     assert decisions(results) == ["new", "new", "deferred", "deferred", "deferred"]
     assert rows(db, "t1") == {"old", "op-0", "op-1"}
 
@@ -105,14 +108,16 @@ def test_a_tenant_below_its_quota_takes_what_is_left_in_delivery_order(
 def test_the_backlog_is_queued_and_claimed_rows_of_every_subscription(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("t1", "other", subscription="sms"), delivery("t1", "a")])
-    claimed = store.claim("w", 1, lease=LEASE)
+    store.inbox.ingest([delivery("t1", "other", subscription="sms"), delivery("t1", "a")])
+    claimed = store.claims.claim("w", 1, lease=LEASE)
     assert len(claimed) == 1
     # one claimed, one queued, from two subscriptions: at a quota of 2
-    assert decisions(store.ingest_within_quota([delivery("t1", "b")], quota=2)) == ["deferred"]
-    store.complete(claimed[0].ticket)
+    assert decisions(store.inbox.ingest_within_quota([delivery("t1", "b")], quota=2)) == [
+        "deferred"
+    ]
+    store.settle.settle(Settlement(claimed[0].ticket, State.SUCCEEDED, "ok"))
     # one settled: terminal rows do not count, so the deferred delivery is written on its return
-    assert decisions(store.ingest_within_quota([delivery("t1", "b")], quota=2)) == ["new"]
+    assert decisions(store.inbox.ingest_within_quota([delivery("t1", "b")], quota=2)) == ["new"]
     assert rows(db, "t1") == {"other", "a", "b"}
 
 
@@ -120,26 +125,26 @@ def test_a_deferred_delivery_is_written_when_it_comes_back_below_the_quota(
     store: PostgresStore, db: Db
 ) -> None:
     flood = [delivery("flood", f"op-{i}") for i in range(6)]
-    first = store.ingest_within_quota(flood, quota=2)
+    first = store.inbox.ingest_within_quota(flood, quota=2)
     assert decisions(first) == ["new", "new"] + ["deferred"] * 4
     settled = 0
     for _ in range(10):
-        for claim in store.claim("w", 10, lease=LEASE):
-            store.complete(claim.ticket)
+        for claim in store.claims.claim("w", 10, lease=LEASE):
+            store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
             settled += 1
-        again = store.ingest_within_quota(flood, quota=2)
+        again = store.inbox.ingest_within_quota(flood, quota=2)
         if all(isinstance(r, IngestResult) for r in again):
             break
     assert decisions(again).count("deferred") == 0
     # every operation written once: now a replay each, never a second row
-    assert decisions(store.ingest_within_quota(flood, quota=2)) == ["replay"] * 6
+    assert decisions(store.inbox.ingest_within_quota(flood, quota=2)) == ["replay"] * 6
     assert rows(db, "flood") == {f"op-{i}" for i in range(6)}
     assert settled >= 4
 
 
 def test_a_quota_below_one_is_refused(store: PostgresStore) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        store.ingest_within_quota([delivery("t1", "a")], quota=0)
+        store.inbox.ingest_within_quota([delivery("t1", "a")], quota=0)
 
 
 def test_concurrent_writers_pass_the_quota_by_at_most_one_batch_each(
@@ -153,7 +158,7 @@ def test_concurrent_writers_pass_the_quota_by_at_most_one_batch_each(
         try:
             barrier.wait()
             for b in range(batches):
-                store.ingest_within_quota(
+                store.inbox.ingest_within_quota(
                     [delivery("flood", f"w{w}-b{b}-{i}") for i in range(size)], quota=quota
                 )
         except BaseException as exc:  # noqa: BLE001  (reported below)
@@ -197,7 +202,7 @@ def test_the_inbox_returns_deferred_deliveries_and_hands_off_only_new_ones(
         def hand_off(self, items: Iterable[tuple[Key, str]]) -> None:
             handed.extend(k for k, _ in items)
 
-    inbox = Inbox(store, decoder, pool=Handed())
+    inbox = Inbox(store.inbox, decoder, pool=Handed())
     inbox.write([raw("flood", "a")])
     handed.clear()
 

@@ -30,11 +30,12 @@ from bridge.identity import IdentityHasher
 from bridge.ingest.inbox import Inbox, Written
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
-from bridge.store.work import ConcurrencyLimit, WorkStore
+from bridge.store.work import ConcurrencyLimit, Settlement
 from bridge.types import Claim, Decision, Delivery, InsertClaim, RawDelivery, State
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
 from tests.support.held import HeldRows
+from tests.support.policy import with_policy
 from tests.support.proxy import Proxy
 from tests.support.waiting import eventually
 
@@ -62,7 +63,7 @@ def test_an_all_new_batch_is_written_claimed_up_to_the_limit_in_delivery_order(
     store: PostgresStore, db: Db
 ) -> None:
     batch = [delivery(f"op-{i}") for i in range(10)]
-    results = store.ingest(batch, taking(4))
+    results = store.inbox.ingest(batch, taking(4))
 
     claimed = [r for r in results if r.claim is not None]
     assert [r.key for r in claimed] == [d.key for d in batch[:4]]
@@ -83,14 +84,17 @@ def test_an_all_new_batch_is_written_claimed_up_to_the_limit_in_delivery_order(
     assert first.payload == batch[0].payload
     assert first.payload_hash == batch[0].payload_hash
     # What a worker writes under it is fenced as under any claim.
-    assert store.complete_many([first.ticket]) == []
+    assert (
+        store.settle.settle_many([Settlement(t, State.SUCCEEDED, "ok") for t in [first.ticket]])
+        == []
+    )
     assert rows(db)["op-0"][0] == "succeeded"
 
 
 def test_a_mixed_batch_is_claimed_the_careful_way_and_replays_and_conflicts_are_not(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("old-1"), delivery("old-2")])
+    store.inbox.ingest([delivery("old-1"), delivery("old-2")])
     batch = [
         delivery("old-1"),  # replay
         delivery("old-2", payload=b'{"changed": true}'),  # conflict
@@ -98,7 +102,7 @@ def test_a_mixed_batch_is_claimed_the_careful_way_and_replays_and_conflicts_are_
         delivery("new-1"),  # a duplicate inside the batch: a replay of its first
         delivery("new-2"),
     ]
-    results = store.ingest(batch, taking(10))
+    results = store.inbox.ingest(batch, taking(10))
 
     assert [r.decision for r in results] == [
         Decision.REPLAY,
@@ -124,7 +128,7 @@ def test_rows_the_hand_off_claim_would_skip_are_written_queued(
         "INSERT INTO rate_wait (job_type, tenant_id, until) VALUES ('refund', 'slow', now() + '1h')"
     )
     db.commit()
-    store.use_concurrency_limits({"limited": ConcurrencyLimit(total=2)})
+    store = with_policy(store, concurrency={"limited": ConcurrencyLimit(total=2)})
     batch = [
         delivery("waits", tenant="slow"),
         delivery("ordered", ordering_key="group-1"),
@@ -132,7 +136,7 @@ def test_rows_the_hand_off_claim_would_skip_are_written_queued(
         delivery("other", job_type="not-run-here"),
         delivery("free"),
     ]
-    results = store.ingest(batch, taking(10, "refund", "limited"))
+    results = store.inbox.ingest(batch, taking(10, "refund", "limited"))
 
     assert [r.claim is not None for r in results] == [False, False, False, False, True]
     found = rows(db)
@@ -143,7 +147,7 @@ def test_a_process_holding_not_the_key_it_writes_under_claims_nothing(
     store: PostgresStore, db: Db
 ) -> None:
     store.use_identity_keys(current=2, held=[1])
-    results = store.ingest([delivery("op-1")], taking(1))
+    results = store.inbox.ingest([delivery("op-1")], taking(1))
     assert results[0].claim is None
     assert rows(db)["op-1"][0] == "queued"
 
@@ -152,12 +156,12 @@ def test_a_process_holding_not_the_key_it_writes_under_claims_nothing(
 def test_an_erased_operation_in_the_batch_is_a_replay_and_is_not_claimed(
     store: PostgresStore, db: Db
 ) -> None:
-    keyring.attach(store, HASHER, used_by="test")
-    store.ingest([delivery("gone")])
-    [claim] = store.claim("w", 1, LEASE)
-    store.complete(claim.ticket)
+    keyring.attach(store.keys, HASHER, used_by="test")
+    store.inbox.ingest([delivery("gone")])
+    [claim] = store.claims.claim("w", 1, LEASE)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     erase_operation(store, HASHER, "t1", "gone")
-    results = store.ingest([delivery("gone"), delivery("fresh")], taking(2))
+    results = store.inbox.ingest([delivery("gone"), delivery("fresh")], taking(2))
     assert [(r.decision, r.erased, r.claim is not None) for r in results] == [
         (Decision.REPLAY, True, False),
         (Decision.NEW, False, True),
@@ -194,10 +198,10 @@ class Runs(ConditionalWriteHandler):
 class Counting:
     """The store's general claims that found nothing (a claim of an empty queue)."""
 
-    def __init__(self, store: WorkStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.empty = 0
         self._lock = threading.Lock()
-        claim, both = store.claim, store.settle_and_claim
+        claim, both = store.claims.claim, store.claims.settle_and_claim
 
         def counted_claim(*args: Any, **kwargs: Any) -> list[Claim]:
             got = claim(*args, **kwargs)
@@ -210,8 +214,8 @@ class Counting:
             self._count(general and not done.claims)
             return done
 
-        monkeypatch.setattr(store, "claim", counted_claim)
-        monkeypatch.setattr(store, "settle_and_claim", counted_both)
+        monkeypatch.setattr(store.claims, "claim", counted_claim)
+        monkeypatch.setattr(store.claims, "settle_and_claim", counted_both)
 
     def _count(self, empty: bool) -> None:
         if empty:
@@ -260,7 +264,7 @@ def test_racing_writers_feed_the_pool_by_insert_and_each_claim_runs_once_through
             payload=raw.body,
         )
 
-    inbox = Inbox(store, decode, pool=pool)
+    inbox = Inbox(store.inbox, decode, pool=pool)
     decisions: Counter[Decision] = Counter()
     written_claimed: list[str] = []
     touched: set[str] = set()  # keys of writes that failed (their outcome may be in doubt)
@@ -406,7 +410,7 @@ def test_a_queued_row_nobody_handed_off_is_claimed_within_the_poll_interval(
     def decode(raw: RawDelivery) -> Delivery:
         return replace(delivery(raw.attributes["op"]), job_type="quick")
 
-    inbox = Inbox(store, decode, pool=pool)
+    inbox = Inbox(store.inbox, decode, pool=pool)
     pool.start()
     try:
         for start in range(0, 1000, 10):
@@ -423,7 +427,7 @@ def test_a_queued_row_nobody_handed_off_is_claimed_within_the_poll_interval(
             )
         eventually(lambda: len(handler.runs) == 1000, "every written row ran", DEADLINE)
         empty = counting.empty
-        store.ingest([replace(delivery("behind"), job_type="quick")])  # no pool asked
+        store.inbox.ingest([replace(delivery("behind"), job_type="quick")])  # no pool asked
         eventually(lambda: ("behind", 1) in handler.runs, "the queued row ran", DEADLINE)
     finally:
         pool.stop(deadline=5)
@@ -474,7 +478,7 @@ def test_ordered_groups_run_in_order_each_row_as_its_predecessor_settles_not_at_
     def raw(op: str, body: bytes = b"{}") -> RawDelivery:
         return RawDelivery(subscription="jobs", message_id=None, body=body, attributes={"op": op})
 
-    inbox = Inbox(store, decode, pool=pool)
+    inbox = Inbox(store.inbox, decode, pool=pool)
 
     def write(batch: list[RawDelivery]) -> list[Written]:
         """As a consumer writes: a batch whose write failed is delivered again."""

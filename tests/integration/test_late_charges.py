@@ -99,7 +99,7 @@ def open_rows(db: Db) -> int:
 def ingest(store: PostgresStore, batch: list[Delivery]) -> Counter[Decision]:
     decisions: Counter[Decision] = Counter()
     for start in range(0, len(batch), 100):
-        decisions.update(r.decision for r in store.ingest(batch[start : start + 100]))
+        decisions.update(r.decision for r in store.inbox.ingest(batch[start : start + 100]))
     return decisions
 
 
@@ -177,7 +177,7 @@ def test_requests_landing_late_leave_every_order_charged_exactly_once(
     eventually(lambda: provider.late() == 0, "the late requests to land", timeout=30)
 
     # The unknown runbook: redrive; each next claim looks its key up and finds the charge.
-    moved = store.redrive(
+    moved = store.operator.redrive(
         RedriveFilter(states=(State.UNKNOWN,)), actor="on-call", reason="INC-38 late charges"
     )
     eventually(lambda: open_rows(db) == 0, "the redriven rows to settle", timeout=SETTLE_TIMEOUT)

@@ -573,11 +573,11 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     # the columns and tables its statements read (0004's identity key id, 0007's attempt
     # history, 0009's rate limit waits, and 0002, whose erasure function 0009 replaces,
     # 0011's concurrency room function, which the claims name, 0012's claim order columns, and
-    # 0014's tombstones, which the inbox reads, and 0023's check, which its one-round-trip
-    # write of new operations calls); the rest, indexes built concurrently among them, is
-    # migrated under it.
+    # 0014's tombstones, which the inbox reads, 0023's check, which its one-round-trip write
+    # of new operations calls, and 0030's replay count, which it writes on a replay); the
+    # rest, indexes built concurrently among them, is migrated under it.
     shipped = sql.migrations()
-    first = [m for m in shipped if m.version in (1, 2, 4, 7, 9, 11, 12, 14, 23)]
+    first = [m for m in shipped if m.version in (1, 2, 4, 7, 9, 11, 12, 14, 23, 30)]
     with monkeypatch.context() as m:
         m.setattr(sql, "migrations", lambda: tuple(first))
         migrate(conn)
@@ -587,7 +587,7 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     store = PostgresStore.connect(conn.info.dsn, max_size=8)
     try:
         for start in range(0, QUEUED_ROWS, 1000):
-            store.ingest(
+            store.inbox.ingest(
                 [for_job(registry, "quick", f"live-{i}") for i in range(start, start + 1000)]
             )
         conn.execute("VACUUM ANALYZE work_item")

@@ -129,11 +129,11 @@ def delivery(op: str, job: str = "charge", *, tenant: str = "acme", body: str = 
 
 
 def park(store: PostgresStore, d: Delivery, *, intent: bool = False) -> int:
-    store.ingest([d])
-    (claim,) = store.claim_keys("w", [d.key], LEASE)
+    store.inbox.ingest([d])
+    (claim,) = store.claims.claim_keys("w", [d.key], LEASE)
     if intent:
-        store.record_intent(claim.ticket)
-    store.park_unknown(claim.ticket, "timeout")
+        store.settle.record_intent(claim.ticket)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "timeout"))
     return claim.fence
 
 
@@ -165,12 +165,12 @@ def test_an_applied_lookup_does_not_settle_a_row_that_moved_on(
     store: PostgresStore, db: Db
 ) -> None:
     park(store, delivery("op-1"))
-    (seen,) = store.parked(RedriveFilter(states=(State.UNKNOWN,)))
+    (seen,) = store.operator.parked(RedriveFilter(states=(State.UNKNOWN,)))
     # Meanwhile another operator redrove it and a worker claimed it under a new fence.
-    store.redrive(RedriveFilter(), actor="other", reason="first")
-    (claim,) = store.claim("w2", 1, LEASE)
+    store.operator.redrive(RedriveFilter(), actor="other", reason="first")
+    (claim,) = store.claims.claim("w2", 1, LEASE)
 
-    moved = store.redrive_applied(
+    moved = store.operator.redrive_applied(
         seen, outcome_code="charged", outcome_detail="ch_1", actor="ops", reason="late"
     )
 
@@ -183,14 +183,14 @@ def test_a_class_d_confirmation_does_not_clear_an_intent_recorded_after_it(
     store: PostgresStore, db: Db
 ) -> None:
     park(store, delivery("sms-1", "sms"), intent=True)
-    (seen,) = store.parked(RedriveFilter())
-    store.redrive_unfenced(seen, actor="a", reason="confirmed")
-    (claim,) = store.claim("w2", 1, LEASE)
-    store.record_intent(claim.ticket)
-    store.park_unknown(claim.ticket, "timeout")
+    (seen,) = store.operator.parked(RedriveFilter())
+    store.operator.redrive_unfenced(seen, actor="a", reason="confirmed")
+    (claim,) = store.claims.claim("w2", 1, LEASE)
+    store.settle.record_intent(claim.ticket)
+    store.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "timeout"))
 
     # The stale confirmation (for fence 1) must not clear the intent recorded under fence 2.
-    assert store.redrive_unfenced(seen, actor="b", reason="stale") is False
+    assert store.operator.redrive_unfenced(seen, actor="b", reason="stale") is False
     assert row_state(db, "sms-1") == ("unknown", 2, 2)
 
 
@@ -255,7 +255,7 @@ def rejected(rules_jobs: tuple[str, ...], op: str, job: str, data: object) -> Re
 def test_redecoding_puts_back_identity_read_from_attributes(store: PostgresStore, db: Db) -> None:
     # Quarantined while the subscription did not accept sms; the tenant and the job type came
     # from attributes, which are not stored, but were recorded on the rejection.
-    store.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
+    store.inbox.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
 
     report = redrive(store).run(RedriveFilter(), deliveries=True)
 
@@ -272,8 +272,8 @@ def test_redecoding_puts_back_identity_read_from_attributes(store: PostgresStore
 def test_a_redecoded_delivery_with_another_payload_is_a_conflict(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
-    store.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+2"})])
+    store.inbox.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
+    store.inbox.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+2"})])
 
     report = redrive(store).run(RedriveFilter(), deliveries=True)
 
@@ -287,9 +287,9 @@ def test_a_redecoded_delivery_with_another_payload_is_a_conflict(
 
 
 def finished(store: PostgresStore, db: Db, op: str, state: State, days: int) -> None:
-    store.ingest([delivery(op)])
-    (claim,) = store.claim_keys("w", [delivery(op).key], LEASE)
-    store.settle_many([Settlement(claim.ticket, state, "done")])
+    store.inbox.ingest([delivery(op)])
+    (claim,) = store.claims.claim_keys("w", [delivery(op).key], LEASE)
+    store.settle.settle_many([Settlement(claim.ticket, state, "done")])
     db.execute(
         "UPDATE work_item SET settled_at = now() - make_interval(days => %s)"
         " WHERE operation_id = %s",
@@ -301,11 +301,11 @@ def test_purge_never_reaches_parked_or_live_work(store: PostgresStore, db: Db) -
     finished(store, db, "ok", State.SUCCEEDED, 100)
     finished(store, db, "unknown", State.UNKNOWN, 100)
     finished(store, db, "quarantined", State.QUARANTINED, 100)
-    store.ingest([delivery("queued"), delivery("claimed")])
-    store.claim_keys("w", [Key("acme", "claimed")], LEASE)
+    store.inbox.ingest([delivery("queued"), delivery("claimed")])
+    store.claims.claim_keys("w", [Key("acme", "claimed")], LEASE)
     db.execute("UPDATE work_item SET created_at = now() - interval '100 days'")
 
-    report = purge(store, timedelta(days=30), batch_size=10)
+    report = purge(store.operator, timedelta(days=30), batch_size=10)
 
     assert (report.removed.work_rows, report.removed.payloads, report.locked_out) == (1, 1, False)
     left = {r[0] for r in db.execute("SELECT operation_id FROM work_item").fetchall()}
@@ -315,13 +315,13 @@ def test_purge_never_reaches_parked_or_live_work(store: PostgresStore, db: Db) -
 def test_purge_removes_resolved_rejections_with_their_payloads(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
-    store.ingest([rejected(("charge",), "sms-2", "sms", {"to": "+2"})])
+    store.inbox.ingest([rejected(("charge",), "sms-1", "sms", {"to": "+1"})])
+    store.inbox.ingest([rejected(("charge",), "sms-2", "sms", {"to": "+2"})])
     redrive(store).run(RedriveFilter(keys=(Key("acme", "sms-1"),)), deliveries=True)
     db.execute("UPDATE rejected_delivery SET created_at = now() - interval '100 days'")
     payloads = db.execute("SELECT count(*) FROM payload").fetchone()
 
-    counts = store.purge_batch(timedelta(days=30), 100)
+    counts = store.operator.purge_batch(timedelta(days=30), 100)
 
     assert counts is not None
     assert (counts.work_rows, counts.rejected_deliveries, counts.payloads) == (0, 1, 1)
@@ -336,8 +336,8 @@ def test_a_purge_batch_waits_for_nobody_while_another_holds_the_lock(
     finished(store, db, "ok", State.SUCCEEDED, 100)
     with psycopg.connect(db_url) as other, other.transaction():
         other.execute(sql.statement("purge_lock"))
-        assert store.purge_batch(timedelta(days=30), 10) is None
-    assert store.purge_batch(timedelta(days=30), 10) is not None
+        assert store.operator.purge_batch(timedelta(days=30), 10) is None
+    assert store.operator.purge_batch(timedelta(days=30), 10) is not None
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
 
 
@@ -359,17 +359,17 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
     try:
         for tenant in ("acme", "globex"):
             park(bridge, delivery("op-1", tenant=tenant))
-        bridge.redrive(RedriveFilter(), actor="ops", reason="r")
+        bridge.operator.redrive(RedriveFilter(), actor="ops", reason="r")
         with (
             roles.connect_as(roles.bridge) as conn,
             pytest.raises(errors.InsufficientPrivilege, match="table redrive_audit"),
         ):
             conn.execute("DELETE FROM redrive_audit")
 
-        for claim in bridge.claim("w", 10, LEASE):  # the redriven rows run first
-            bridge.complete(claim.ticket)
-        keyring.attach(bridge, HASHER, used_by="test")
-        counts = bridge.erase(
+        for claim in bridge.claims.claim("w", 10, LEASE):  # the redriven rows run first
+            bridge.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+        keyring.attach(bridge.keys, HASHER, used_by="test")
+        counts = bridge.operator.erase(
             "acme", tenant_hash=HASHER.tenant("acme"), actor="dpo", reason="request-1"
         )
     finally:
@@ -403,8 +403,8 @@ def test_the_bridge_role_can_erase_but_still_cannot_delete_audit_rows(roles: Rol
 
 
 def test_erasing_nothing_still_leaves_a_record(store: PostgresStore, db: Db) -> None:
-    keyring.attach(store, HASHER, used_by="test")
-    counts = store.erase("nobody", tenant_hash="t_0", actor="dpo", reason="request-2")
+    keyring.attach(store.keys, HASHER, used_by="test")
+    counts = store.operator.erase("nobody", tenant_hash="t_0", actor="dpo", reason="request-2")
     assert (counts.work_rows, counts.payloads) == (0, 0)
     assert db.execute("SELECT count(*) FROM erasure_audit").fetchone() == (1,)
 
@@ -501,18 +501,22 @@ def test_a_redrive_whose_lookup_cannot_read_the_payload_says_so_and_moves_nothin
 def test_resolving_closes_each_open_delivery_once_and_never_a_redriven_one(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("op-1")])
-    store.ingest([delivery("op-1", body="changed")])  # a conflict
-    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
+    store.inbox.ingest([delivery("op-1")])
+    store.inbox.ingest([delivery("op-1", body="changed")])  # a conflict
+    store.inbox.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
                             tenant_id="acme", operation_id="op-2")])  # fmt: skip
     (conflict,), (quarantined,) = db.execute(
         "SELECT id FROM rejected_delivery ORDER BY id"
     ).fetchall()
-    assert store.close_rejected(quarantined, outcome=Decision.NEW, actor="a", reason="redriven")
+    assert store.operator.close_rejected(
+        quarantined, outcome=Decision.NEW, actor="a", reason="redriven"
+    )
 
-    first = resolve(store, RejectionFilter(tenant_id="acme"), actor="bob", reason="told them")
+    first = resolve(
+        store.operator, RejectionFilter(tenant_id="acme"), actor="bob", reason="told them"
+    )
     again = resolve(
-        store, RejectionFilter(ids=(conflict, quarantined)), actor="eve", reason="twice"
+        store.operator, RejectionFilter(ids=(conflict, quarantined)), actor="eve", reason="twice"
     )
 
     assert [r.id for r in first.resolved] == [conflict]  # the redriven one is closed already
@@ -525,10 +529,12 @@ def test_resolving_closes_each_open_delivery_once_and_never_a_redriven_one(
     ).fetchall() == [("bob", "told them", None), (None, None, "a")]
     # A quarantined delivery a person resolved is not closed again by a late redrive, and a
     # resolution always names who and why.
-    store.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
+    store.inbox.ingest([Rejection(subscription="orders", reason="body_not_json: x", body=b"{",
                             tenant_id="acme", operation_id="op-3")])  # fmt: skip
     (given_up,) = db.execute("SELECT max(id) FROM rejected_delivery").fetchone()
-    resolve(store, RejectionFilter(ids=(given_up,)), actor="bob", reason="garbage")
-    assert not store.close_rejected(given_up, outcome=Decision.NEW, actor="a", reason="late")
+    resolve(store.operator, RejectionFilter(ids=(given_up,)), actor="bob", reason="garbage")
+    assert not store.operator.close_rejected(
+        given_up, outcome=Decision.NEW, actor="a", reason="late"
+    )
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute("UPDATE rejected_delivery SET resolved_by = NULL WHERE id = %s", (conflict,))

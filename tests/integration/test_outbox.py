@@ -43,7 +43,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, RetryLater, SameDatabaseHandler, Success
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxError, OutboxMessage
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -103,7 +103,7 @@ class Bench:
         with self.db.transaction():
             for op in operations:
                 invoices.add_invoice(self.db, tenant, f"inv-{op}", amount=100)
-        self.store.ingest(
+        self.store.inbox.ingest(
             [
                 for_job(self.registry, JOB, op, {"invoice_id": f"inv-{op}"}, tenant=tenant)
                 for op in operations
@@ -112,10 +112,10 @@ class Bench:
         return [Key(tenant, op) for op in operations]
 
     def run(self, key: Key) -> None:
-        (claim,) = self.store.claim_keys("worker", [key], LEASE)
+        (claim,) = self.store.claims.claim_keys("worker", [key], LEASE)
         spec = self.registry[JOB]
         ctx = Context.for_claim(claim, self.hasher)
-        execute(Run(self.store, claim, spec, ctx, EventCounter()))
+        execute(Run(self.store.settle, claim, spec, ctx, EventCounter()))
 
     def state(self, key: Key) -> State:
         row = self.db.execute(
@@ -286,12 +286,12 @@ def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_b
     operations = [f"op-{i:05d}" for i in range(1000)]
     # a few operations are delivered twice: a replay, never a second run or message
     keys = bench.add(operations)
-    replays = bench.store.ingest(
+    replays = bench.store.inbox.ingest(
         [for_job(bench.registry, JOB, op, {"invoice_id": f"inv-{op}"}) for op in operations[:50]]
     )
     assert {r.decision.value for r in replays} == {"replay"}
     # and a few again with another payload: conflicts, recorded, never run or announced
-    conflicts = bench.store.ingest(
+    conflicts = bench.store.inbox.ingest(
         [for_job(bench.registry, JOB, op, {"invoice_id": "other"}) for op in operations[50:70]]
     )
     assert {r.decision.value for r in conflicts} == {"conflict"}
@@ -312,7 +312,7 @@ def test_a_backlog_of_1000_operations_reaches_sqs_through_cut_connections_once_b
             DestinationRelay(
                 name,
                 destination(url),
-                OutboxStore(store.pool),
+                store.outbox,
                 sqs_sink(proxy.url, url),
                 owner="relay-1",
             )
@@ -365,7 +365,7 @@ def test_a_relay_taken_over_has_its_marks_refused_and_the_new_one_sends(
     for key in keys:
         bench.run(key)
     queue_url = sqs.create_queue("outbox")
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     old = outbox.take(DESTINATION, "old", timedelta(seconds=30))
     assert old == 1
     assert outbox.take(DESTINATION, "new", timedelta(seconds=30)) is None, "held by old"
@@ -410,7 +410,7 @@ def test_a_message_the_queue_refuses_is_parked_with_the_reason_and_others_are_se
     relay = DestinationRelay(
         DESTINATION,
         destination(queue_url),
-        OutboxStore(store.pool),
+        store.outbox,
         sqs_sink(sqs.endpoint, queue_url),
         owner="relay-1",
     )
@@ -437,7 +437,7 @@ def backlog(bench: Bench, store: PostgresStore) -> list[str]:
     keys = bench.add(["op-1", "op-2", "op-3"])
     for key in keys:
         bench.run(key)
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     fence = outbox.take(DESTINATION, "r", LEASE)
     assert fence is not None
     ids = {op: [m[0] for m in bench.messages() if m[1] == op] for op in ("op-1", "op-2")}
@@ -511,10 +511,10 @@ def test_the_outbox_gauges_report_every_destination_by_name(
     backlog(bench, store)
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     try:
         Telemetry(bench.hasher, meter_provider=meters).observe(
-            store, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
+            store.operator, interval=3600, outbox=outbox.depth, destinations=[DESTINATION, "quiet"]
         )
 
         def points() -> dict[str, dict[str, float]]:
@@ -558,17 +558,17 @@ def test_the_demos_refund_announces_once_and_a_stale_claim_announces_nothing(
     (delivery,) = [
         for_job(registry, invoices.JOB_TYPE, "refund-1", {"invoice_id": "inv-1042"}, tenant="acme")
     ]
-    store.ingest([delivery])
+    store.inbox.ingest([delivery])
     key = Key("acme", "refund-1")
-    (stale,) = store.claim_keys("stale", [key], LEASE)
+    (stale,) = store.claims.claim_keys("stale", [key], LEASE)
     # the stale worker pauses past its lease; another takes the row over and refunds
     db.execute("UPDATE work_item SET lease_expires_at = now() - interval '1 second'")
-    (current,) = store.claim_keys("current", [key], LEASE)
+    (current,) = store.claims.claim_keys("current", [key], LEASE)
     assert (stale.fence, current.fence) == (1, 2)
     spec = registry[invoices.JOB_TYPE]
-    execute(Run(store, current, spec, Context.for_claim(current, hasher), EventCounter()))
+    execute(Run(store.settle, current, spec, Context.for_claim(current, hasher), EventCounter()))
     stale_events = EventCounter()
-    execute(Run(store, stale, spec, Context.for_claim(stale, hasher), stale_events))
+    execute(Run(store.settle, stale, spec, Context.for_claim(stale, hasher), stale_events))
     assert stale_events["lease_lost"] == 1
 
     rows = db.execute("SELECT fence, body, attributes, ordering_key FROM outbox_message").fetchall()
@@ -624,7 +624,7 @@ def test_a_message_refused_for_now_is_counted_and_parked_after_max_attempts(
     relay = DestinationRelay(
         DESTINATION,
         destination("https://unused.example", max_attempts=3),
-        OutboxStore(store.pool),
+        store.outbox,
         sink,
         owner="relay-1",
     )
@@ -655,11 +655,11 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = Telemetry(bench.hasher, tracer_provider=provider)
     (key,) = bench.add(["op-1"])
-    (claim,) = bench.store.claim_keys("worker", [key], LEASE)
+    (claim,) = bench.store.claims.claim_keys("worker", [key], LEASE)
     with telemetry.process(claim):
         execute(
             Run(
-                store,
+                store.settle,
                 claim,
                 bench.registry[JOB],
                 Context.for_claim(claim, bench.hasher),
@@ -673,7 +673,7 @@ def test_a_message_carries_the_trace_context_of_the_run_that_wrote_it(
     expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
     stored = {r[0] for r in bench.db.execute("SELECT trace_context FROM outbox_message")}
     assert stored == {expected}
-    (message, _) = OutboxStore(store.pool).pending(DESTINATION, 10)
+    (message, _) = store.outbox.pending(DESTINATION, 10)
     assert message.sent_attributes()["traceparent"] == expected
 
 
@@ -691,7 +691,7 @@ def test_a_fifo_queue_drops_a_copy_by_message_id_and_keeps_each_keys_order(
     queue_url = sqs.client().create_queue(QueueName=name, Attributes={"FifoQueue": "true"})[
         "QueueUrl"
     ]
-    outbox = OutboxStore(store.pool)
+    outbox = store.outbox
     pending = outbox.pending(DESTINATION, 100)
     sink = sqs_sink(sqs.endpoint, queue_url)
     assert sink.fifo
@@ -744,7 +744,7 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
     relay = DestinationRelay(
         DESTINATION,
         config,
-        OutboxStore(store.pool),
+        store.outbox,
         sns_sink.open_sink(DESTINATION, config),
         owner="relay-1",
     )
@@ -761,7 +761,7 @@ def test_an_sns_topic_receives_each_message_with_its_id_and_attributes(
 def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
     bench: Bench, store: PostgresStore
 ) -> None:
-    keyring.attach(store, bench.hasher, used_by="test")
+    keyring.attach(store.keys, bench.hasher, used_by="test")
     for key in bench.add(["op-1", "op-2"], tenant="acme") + bench.add(["op-1"], tenant="globex"):
         bench.run(key)
     # sent (an erasure is refused while one is pending: test_erasure_outbox.py)
@@ -774,7 +774,7 @@ def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
         return [(str(t), str(o)) for t, o in rows]
 
     # one operation (a data-subject request that names one order), then the whole tenant
-    one = store.erase(
+    one = store.operator.erase(
         "acme",
         operation_id="op-1",
         tenant_hash=bench.hasher.tenant("acme"),
@@ -784,7 +784,7 @@ def test_erasing_a_tenant_removes_its_outbox_messages_and_no_other_tenants(
     )
     assert one.work_rows == 1
     assert left() == [("acme", "op-2"), ("globex", "op-1")]
-    rest = store.erase(
+    rest = store.operator.erase(
         "acme", tenant_hash=bench.hasher.tenant("acme"), actor="test", reason="DSR-2"
     )
     assert rest.work_rows == 1
@@ -811,12 +811,14 @@ def test_the_bridge_role_publishes_and_relays_and_a_tenant_role_reads_only_its_o
             registry = Registry()
             registry.register(JOB, PublishOnly(), outbox_destinations=frozenset({DESTINATION}))
             hasher = IdentityHasher(b"outbox-tests-identity-secret")
-            bridge.ingest([for_job(registry, JOB, "op-1", tenant=t) for t in ("acme", "globex")])
+            bridge.inbox.ingest(
+                [for_job(registry, JOB, "op-1", tenant=t) for t in ("acme", "globex")]
+            )
             for tenant in ("acme", "globex"):
-                (claim,) = bridge.claim_keys("w", [Key(tenant, "op-1")], LEASE)
+                (claim,) = bridge.claims.claim_keys("w", [Key(tenant, "op-1")], LEASE)
                 ctx = Context.for_claim(claim, hasher)
-                execute(Run(bridge, claim, registry[JOB], ctx, EventCounter()))
-            outbox = OutboxStore(bridge.pool)
+                execute(Run(bridge.settle, claim, registry[JOB], ctx, EventCounter()))
+            outbox = bridge.outbox
             fence = outbox.take(DESTINATION, "relay", LEASE)
             assert fence is not None
             ids = [m.message_id for m in outbox.pending(DESTINATION, 10)]

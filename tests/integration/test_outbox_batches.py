@@ -31,7 +31,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from consumers.sns import sink as sns_sink
@@ -87,8 +87,12 @@ def sqs() -> Any:
 def run_all(store: PostgresStore, registry: Registry, operations: list[str]) -> None:
     hasher = IdentityHasher(b"outbox-batches-identity-secret")
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
 
 
 @pytest.mark.slow
@@ -98,11 +102,13 @@ def test_large_and_unsendable_messages_never_wedge_a_backlog_of_1000_operations(
     registry = Registry()
     registry.register(JOB, Announce(), outbox_destinations=frozenset(QUEUES))
     operations = [f"op-{i:04d}" for i in range(OPERATIONS)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     # delivered again: replays, never a second run or message; with another payload: conflicts
-    replays = store.ingest([for_job(registry, JOB, op) for op in operations[:40]])
+    replays = store.inbox.ingest([for_job(registry, JOB, op) for op in operations[:40]])
     assert {r.decision.value for r in replays} == {"replay"}
-    conflicts = store.ingest([for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]])
+    conflicts = store.inbox.ingest(
+        [for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]]
+    )
     assert {r.decision.value for r in conflicts} == {"conflict"}
     run_all(store, registry, operations)
     written = {str(r[0]) for r in db.execute("SELECT message_id FROM outbox_message")}
@@ -119,7 +125,7 @@ def test_large_and_unsendable_messages_never_wedge_a_backlog_of_1000_operations(
             DestinationRelay(
                 name,
                 destination(url, name=name, max_attempts=MAX_ATTEMPTS),
-                OutboxStore(store.pool),
+                store.outbox,
                 sqs_sink(proxy.url, url),
                 owner="relay-1",
             )
@@ -184,7 +190,7 @@ def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
     registry.register(JOB, Announce(), outbox_destinations=frozenset(QUEUES))
     # operations 0-29: six large ones among them (10-15), all to the first destination
     operations = [f"op-{i:04d}" for i in range(30)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     run_all(store, registry, operations)
     sns = boto3.client(
         "sns",
@@ -226,7 +232,7 @@ def test_an_sns_topic_gets_large_messages_in_calls_of_at_most_256_kib(
     # the calls are observed on their way to moto (which does not count a call's bytes)
     sns.meta.events.register("provide-client-params.sns.PublishBatch", measure)
     sink = sns_sink.SnsSink(sns, topic)
-    relay = DestinationRelay(QUEUES[0], config, OutboxStore(store.pool), sink, owner="relay-1")
+    relay = DestinationRelay(QUEUES[0], config, store.outbox, sink, owner="relay-1")
     while db.execute("SELECT count(*) FROM outbox_message WHERE state = 'pending'").fetchone() != (
         0,
     ):

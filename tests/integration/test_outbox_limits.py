@@ -29,7 +29,6 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import OutboxError
-from bridge.outbox.relay import OutboxStore
 from bridge.store import PostgresStore
 from bridge.types import Key, State
 from tests.support.deliveries import for_job
@@ -184,10 +183,14 @@ def test_each_destination_refuses_at_publish_what_its_broker_would_refuse(
     handler = registry[JOB].handler
     assert isinstance(handler, Publish)
     hasher = IdentityHasher(b"outbox-limits-identity-secret")
-    store.ingest([for_job(registry, JOB, name) for name in CASES])
+    store.inbox.ingest([for_job(registry, JOB, name) for name in CASES])
     for name in CASES:
-        (claim,) = store.claim_keys("worker", [Key("t1", name)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", name)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
 
     rows = db.execute("SELECT operation_id, state FROM work_item").fetchall()
     states = {str(op): State(state) for op, state in rows}
@@ -214,9 +217,11 @@ def test_a_destination_named_without_its_sink_takes_the_narrowest_limits(
     registry.register(JOB, Publish(), outbox_destinations=frozenset({TOPIC}))
     hasher = IdentityHasher(b"outbox-limits-identity-secret")
     name = "pubsub body of 5 MB"
-    store.ingest([for_job(registry, JOB, name)])
-    (claim,) = store.claim_keys("worker", [Key("t1", name)], timedelta(seconds=30))
-    execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+    store.inbox.ingest([for_job(registry, JOB, name)])
+    (claim,) = store.claims.claim_keys("worker", [Key("t1", name)], timedelta(seconds=30))
+    execute(
+        Run(store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter())
+    )
     handler = registry[JOB].handler
     assert isinstance(handler, Publish)
     assert "over the 262144 SQS and SNS takes" in str(handler.raised[name])
@@ -237,11 +242,15 @@ def test_a_relay_round_reads_a_bounded_size_of_bodies_and_always_one_message(
     registry = build_registry(parse_config(CONFIG), {JOB: PublishLarge()})
     hasher = IdentityHasher(b"outbox-limits-identity-secret")
     operations = [f"large-{n}" for n in range(9)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
-    outbox = OutboxStore(store.pool)
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
+    outbox = store.outbox
     # 40.5 MB pending: a round of up to 100 reads the first ones up to 32 MiB (the last one
     # read may cross it), in the order written
     read = outbox.pending(TOPIC, 100)

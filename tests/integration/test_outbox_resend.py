@@ -32,7 +32,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from tests.support.deliveries import for_job
@@ -96,10 +96,14 @@ def park_everything(
     registry.register(JOB, Announce(), outbox_destinations=frozenset({REFUNDS, LEDGER}))
     hasher = IdentityHasher(b"outbox-resend-identity-secret")
     operations = ["op-1", "op-2", "op-3"]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
     queues = {
         name: sqs.create_queue(name, MaximumMessageSize=str(SMALL_QUEUE))
         for name in (REFUNDS, LEDGER)
@@ -108,7 +112,7 @@ def park_everything(
         name: DestinationRelay(
             name,
             destination(url, name=name, max_attempts=1),
-            OutboxStore(store.pool),
+            store.outbox,
             sqs_sink(sqs.endpoint, url),
             owner="relay-1",
         )

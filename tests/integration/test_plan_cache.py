@@ -22,6 +22,7 @@ from bridge.store import PostgresStore, Settlement
 from bridge.store.work import ConcurrencyLimit
 from bridge.types import Claim, Key, State
 from tests.support.deliveries import delivery
+from tests.support.policy import with_policy
 from tests.support.statistics import flushed
 
 LEASE = timedelta(seconds=30)
@@ -53,20 +54,27 @@ def test_claims_settlements_heartbeats_and_ingest_run_on_generic_plans(
     # that does not force it plans the batch statements for their arrays' sizes instead).
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
     if fairness:
-        store.use_tenant_fairness({"t1": 2})
+        store = with_policy(store, fairness={"t1": 2})
     try:
         for i in range(ROUNDS):
             batch = [delivery(f"r{i}-{j}", tenant=f"t{j % 3}") for j in range(10)]
-            store.ingest(batch)
-            store.ingest(batch)  # replays: the existing rows' hashes are read
+            store.inbox.ingest(batch)
+            store.inbox.ingest(batch)  # replays: the existing rows' hashes are read
             keys = [Key(d.tenant_id, d.operation_id) for d in batch]
-            handed = store.claim_keys("w", keys[:5], LEASE)
-            store.heartbeat_many([c.ticket for c in handed], LEASE)
-            store.watch(keys)
-            store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in handed])
-            claimed = store.claim("w", 5, LEASE)
-            store.complete_many([c.ticket for c in store.claim("w", 5, LEASE)])
-            store.complete_many([c.ticket for c in claimed])
+            handed = store.claims.claim_keys("w", keys[:5], LEASE)
+            store.settle.heartbeat_many([c.ticket for c in handed], LEASE)
+            store.inbox.watch(keys)
+            store.settle.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in handed])
+            claimed = store.claims.claim("w", 5, LEASE)
+            store.settle.settle_many(
+                [
+                    Settlement(t, State.SUCCEEDED, "ok")
+                    for t in [c.ticket for c in store.claims.claim("w", 5, LEASE)]
+                ]
+            )
+            store.settle.settle_many(
+                [Settlement(t, State.SUCCEEDED, "ok") for t in [c.ticket for c in claimed]]
+            )
         with store.pool.connection() as conn:
             plans = conn.execute(PLANS).fetchall()
     finally:
@@ -88,9 +96,9 @@ def test_a_fair_claim_reads_a_quiet_tenants_row_by_tenant_beside_a_flood_the_sta
         conn.execute(BACKLOG)
         conn.execute("ANALYZE work_item")
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
-    store.use_tenant_fairness()
+    store = with_policy(store, fairness={})
     try:
-        store.ingest([delivery("quiet-1", tenant="quiet")])
+        store.inbox.ingest([delivery("quiet-1", tenant="quiet")])
         with store.pool.connection() as conn, conn.transaction(force_rollback=True):
             plan = "\n".join(
                 str(row[0])
@@ -141,21 +149,23 @@ def test_a_plan_made_while_the_attempt_history_was_empty_does_not_read_it_afterw
     on their first fence read none of the history, however their plans were made."""
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
     if fairness:
-        store.use_tenant_fairness()
+        store = with_policy(store, fairness={})
     with store.pool.connection() as conn:
         # The gate alone, with the scan the planner would take on an empty table allowed (the
         # bridge's sessions also turn sequential scans off: see the test below).
         conn.execute("SET enable_seqscan = on")
     try:
-        store.ingest([delivery(f"op-{i}") for i in range(ROUNDS + 20)])
+        store.inbox.ingest([delivery(f"op-{i}") for i in range(ROUNDS + 20)])
         db.execute("ANALYZE work_attempt")
         for _ in range(ROUNDS):  # planned, and prepared, while the history is (nearly) empty
-            claimed = store.claim("w", 1, LEASE)
-            store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
+            claimed = store.claims.claim("w", 1, LEASE)
+            store.settle.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
         db.execute(HISTORY)
         before = flushed(store, db, HISTORY_READS)
-        claimed = store.claim("w", 10, LEASE)
-        stale = store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
+        claimed = store.claims.claim("w", 10, LEASE)
+        stale = store.settle.settle_many(
+            [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed]
+        )
         after = flushed(store, db, HISTORY_READS)
     finally:
         store.close()
@@ -194,10 +204,10 @@ def test_statements_planned_on_an_empty_table_do_not_scan_it_once_it_has_grown(
         nonlocal made
         batch = [delivery(f"op-{made + i}") for i in range(10)]
         made += len(batch)
-        store.ingest(batch)
+        store.inbox.ingest(batch)
         keys = [Key(d.tenant_id, d.operation_id) for d in batch]
-        claimed = store.claim_keys("w", keys, LEASE)
-        store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
+        claimed = store.claims.claim_keys("w", keys, LEASE)
+        store.settle.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
         return len(claimed)
 
     try:
@@ -234,12 +244,12 @@ def test_a_hand_off_claim_planned_on_an_empty_table_finds_each_key_alone(
         nonlocal made
         batch = [delivery(f"op-{made + i}") for i in range(10)]
         made += len(batch)
-        store.ingest(batch)
+        store.inbox.ingest(batch)
         keys = [Key(d.tenant_id, d.operation_id) for d in batch]
         between()
-        claimed = store.claim_keys("w", keys, LEASE)
+        claimed = store.claims.claim_keys("w", keys, LEASE)
         between()
-        store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
+        store.settle.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed])
         return len(claimed)
 
     reads: list[int] = []
@@ -287,7 +297,7 @@ def test_plans_made_from_a_drained_tables_statistics_read_only_the_rows_they_mov
     dead until a vacuum), not the thousands of open rows."""
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
     if fairness:
-        store.use_tenant_fairness()
+        store = with_policy(store, fairness={})
     db.execute(GROWTH)
     db.execute("ANALYZE work_item")  # every row terminal
     made = 0
@@ -302,13 +312,15 @@ def test_plans_made_from_a_drained_tables_statistics_read_only_the_rows_they_mov
         nonlocal made
         batch = [delivery(f"op-{made + i}") for i in range(10)]
         made += len(batch)
-        store.ingest(batch)
+        store.inbox.ingest(batch)
         steps: dict[str, Callable[[], object]] = {}
         claimed: list[Claim] = []
-        steps["claim"] = lambda: claimed.extend(store.claim("w", 10, LEASE))
-        steps["heartbeat_many"] = lambda: store.heartbeat_many([c.ticket for c in claimed], LEASE)
-        steps["heartbeat"] = lambda: store.heartbeat(claimed[0].ticket, LEASE)
-        steps["settle_many"] = lambda: store.settle_many(
+        steps["claim"] = lambda: claimed.extend(store.claims.claim("w", 10, LEASE))
+        steps["heartbeat_many"] = lambda: store.settle.heartbeat_many(
+            [c.ticket for c in claimed], LEASE
+        )
+        steps["heartbeat"] = lambda: store.settle.heartbeat(claimed[0].ticket, LEASE)
+        steps["settle_many"] = lambda: store.settle.settle_many(
             [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed]
         )
         for step, action in steps.items():
@@ -348,7 +360,7 @@ def test_the_statements_that_count_claimed_rows_read_those_rows_not_the_table(
     checks. Claimed rows are exactly the rows with a lease: read through work_item_lease,
     each reads the rows in flight, not the 20,000 settled rows beside them."""
     store = PostgresStore.connect(db_url, min_size=1, max_size=1, generic_plans=True)
-    store.use_concurrency_limits({"refund": ConcurrencyLimit(total=50, per_tenant=20)})
+    store = with_policy(store, concurrency={"refund": ConcurrencyLimit(total=50, per_tenant=20)})
     db.execute(GROWTH)
     db.execute("ANALYZE work_item")
     reads: dict[str, int] = {}
@@ -360,12 +372,14 @@ def test_the_statements_that_count_claimed_rows_read_those_rows_not_the_table(
 
     try:
         for i in range(ROUNDS):  # planned, and prepared
-            store.ingest([delivery(f"op-{i}-{j}") for j in range(5)])
-            claimed = store.claim("w", 3, LEASE)
+            store.inbox.ingest([delivery(f"op-{i}-{j}") for j in range(5)])
+            claimed = store.claims.claim("w", 3, LEASE)
             assert len(claimed) == 3
-            store.settle_many([Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed[1:]])
-        read("limited claim", lambda: store.claim("w", 3, LEASE))
-        read("waiting", store.waiting)
+            store.settle.settle_many(
+                [Settlement(c.ticket, State.SUCCEEDED, "ok") for c in claimed[1:]]
+            )
+        read("limited claim", lambda: store.claims.claim("w", 3, LEASE))
+        read("waiting", store.operator.waiting)
 
         def open_rows() -> object:
             with store.pool.connection() as conn:

@@ -21,6 +21,7 @@ from bridge import sql as bridge_sql
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
 from bridge.store.migrate import current_version, migrate
+from bridge.store.work import Settlement
 from bridge.types import Decision, Delivery, Key, RedriveFilter, State, TargetClass
 from tests.support.erasure import erase_operation
 from tests.support.postgres import create_database, drop_database, unique_name
@@ -71,7 +72,7 @@ def delivery(tenant: str, op: str, payload: bytes = b'{"amount": 5}') -> Deliver
 
 def seed(store: PostgresStore) -> None:
     """Two tenants whose operation ids collide, and one conflict for acme."""
-    results = store.ingest(
+    results = store.inbox.ingest(
         [
             delivery("acme", "op-1", b"acme-1"),
             delivery("acme", "op-2", b"acme-2"),
@@ -201,20 +202,20 @@ def test_the_bridge_role_runs_the_store_protocol(
         assert current_user(conn) == roles.bridge
     seed(bridge_store)
 
-    claims = {c.key: c for c in bridge_store.claim("worker-1", 10, LEASE)}
+    claims = {c.key: c for c in bridge_store.claims.claim("worker-1", 10, LEASE)}
     assert set(claims) == {Key("acme", "op-1"), Key("acme", "op-2"), Key("globex", "op-1")}
     done, parked, again = (
         claims[Key("acme", "op-1")],
         claims[Key("globex", "op-1")],
         claims[Key("acme", "op-2")],
     )
-    bridge_store.heartbeat(done.ticket, LEASE)
-    bridge_store.complete(done.ticket)
-    bridge_store.park_unknown(parked.ticket, "ambiguous")
-    bridge_store.retry_later(again.ticket, timedelta(0), "busy")
-    redriven = bridge_store.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
+    bridge_store.settle.heartbeat(done.ticket, LEASE)
+    bridge_store.settle.settle(Settlement(done.ticket, State.SUCCEEDED, "ok"))
+    bridge_store.settle.settle(Settlement(parked.ticket, State.UNKNOWN, "ambiguous"))
+    bridge_store.settle.retry_later(again.ticket, timedelta(0), "busy")
+    redriven = bridge_store.operator.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
     assert [r.key for r in redriven] == [Key("globex", "op-1")]
-    assert bridge_store.stats().total(State.QUEUED) == 2
+    assert bridge_store.operator.stats().total(State.QUEUED) == 2
 
     assert db.execute(
         "SELECT tenant_id, operation_id, state FROM work_item ORDER BY 1, 2"
@@ -287,7 +288,7 @@ def test_the_operator_reads_every_tenant_and_writes_nothing(
 
     operator_store = PostgresStore.connect(roles.url_as(roles.operator), max_size=1)
     try:
-        stats = operator_store.stats()
+        stats = operator_store.operator.stats()
     finally:
         operator_store.close()
     assert {(c.tenant_id, c.state, c.count) for c in stats.counts} == {
@@ -300,27 +301,35 @@ def test_the_console_role_redrives_and_views_payloads_and_writes_nothing_else(
     roles: Roles, bridge_store: PostgresStore, db: Conn
 ) -> None:
     seed(bridge_store)
-    claims = {c.key: c for c in bridge_store.claim("worker-1", 10, LEASE)}
-    bridge_store.park_unknown(claims[Key("globex", "op-1")].ticket, "ambiguous")
-    bridge_store.complete(claims[Key("acme", "op-1")].ticket)
+    claims = {c.key: c for c in bridge_store.claims.claim("worker-1", 10, LEASE)}
+    bridge_store.settle.settle(
+        Settlement(claims[Key("globex", "op-1")].ticket, State.UNKNOWN, "ambiguous")
+    )
+    bridge_store.settle.settle(
+        Settlement(claims[Key("acme", "op-1")].ticket, State.SUCCEEDED, "ok")
+    )
 
     console = PostgresStore.connect(roles.url_as(roles.console), max_size=1)
     try:
         with console.pool.connection() as conn:
             assert current_user(conn) == roles.console
         # It reads every tenant, as the operator does.
-        assert {(c.tenant_id, c.state) for c in console.stats().counts} >= {
+        assert {(c.tenant_id, c.state) for c in console.operator.stats().counts} >= {
             ("globex", State.UNKNOWN),
             ("acme", State.SUCCEEDED),
         }
-        preview = console.redrive(RedriveFilter(), actor="on-call", reason="look", dry_run=True)
+        preview = console.operator.redrive(
+            RedriveFilter(), actor="on-call", reason="look", dry_run=True
+        )
         assert [r.key for r in preview] == [Key("globex", "op-1")]
-        moved = console.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
+        moved = console.operator.redrive(RedriveFilter(), actor="on-call", reason="reconciled")
         assert [r.key for r in moved] == [Key("globex", "op-1")]
-        viewed = console.view_payload(Key("acme", "op-2"), actor="on-call", reason="support")
+        viewed = console.console.view_payload(
+            Key("acme", "op-2"), actor="on-call", reason="support"
+        )
         assert viewed is not None
         # A quarantined delivery redriven from the console is decoded again through the inbox.
-        (fresh,) = console.ingest([delivery("acme", "op-3")])
+        (fresh,) = console.inbox.ingest([delivery("acme", "op-3")])
         assert fresh.decision is Decision.NEW
     finally:
         console.close()
@@ -447,10 +456,10 @@ def test_the_bridge_role_records_its_key_and_erases_with_tombstones(
     """A first use records the key through the trigger that makes new keys wait for erasures;
     the erasure writes tombstones and marks no key (it holds the only one)."""
     hasher = IdentityHasher(b"roles-test-identity-key-000000001")
-    keyring.attach(bridge_store, hasher, used_by="test")
+    keyring.attach(bridge_store.keys, hasher, used_by="test")
     seed(bridge_store)
-    for claim in bridge_store.claim("worker-1", 10, LEASE):
-        bridge_store.complete(claim.ticket)
+    for claim in bridge_store.claims.claim("worker-1", 10, LEASE):
+        bridge_store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     counts = erase_operation(bridge_store, hasher, "acme", "op-1")
     assert (counts.work_rows, counts.tombstones, counts.missed_keys) == (1, 1, ())
     assert db.execute("SELECT key_id FROM erased_operation").fetchall() == [(1,)]

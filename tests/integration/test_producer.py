@@ -83,7 +83,7 @@ def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
     producer_span = (publish.get_span_context().trace_id, publish.get_span_context().span_id)
 
     inbox = Inbox(
-        store,
+        store.inbox,
         partial(decode, config.decode_rules("refunds")),
         system=n.SYSTEM_SQS,
         telemetry=telemetry,
@@ -114,11 +114,11 @@ def test_produced_messages_become_rows_whose_spans_link_to_the_producer(
         ("acme", "refund-2", "refund", "2", traceparent),
         ("globex", "refund-1", "refund", "2", traceparent),
     ]
-    history = store.history(Key("acme", "refund-1"))
+    history = store.operator.history(Key("acme", "refund-1"))
     assert history.row is not None
     assert history.row.payload_bytes == len(json.dumps(REFUND, separators=(",", ":")))
 
-    claims = store.claim_keys("w", [Key(t, o) for t, o in operations], timedelta(seconds=30))
+    claims = store.claims.claim_keys("w", [Key(t, o) for t, o in operations], timedelta(seconds=30))
     assert len(claims) == 3
     for claim in claims:
         with telemetry.process(claim):

@@ -213,7 +213,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 event("conflict")
                 m.conflicts += 1
                 expected.append(IngestResult(Decision.CONFLICT, key, row.state))
-        assert self.store.ingest(batch) == expected
+        assert self.store.inbox.ingest(batch) == expected
 
     # -- claims ----------------------------------------------------------------------------
 
@@ -244,7 +244,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         takeovers = min(limit, len(expired))
         fresh = due[: min(limit - takeovers, len(due))]
 
-        claims = self.store.claim(worker, limit, lease, job_types=job_types)
+        claims = self.store.claims.claim(worker, limit, lease, job_types=job_types)
 
         taken = [c for c in claims if c.takeover]
         assert len(taken) == takeovers
@@ -273,7 +273,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         lease = timedelta(seconds=30)
         expected = {k for k in keys if k in m.rows and m.claimable(m.rows[k])}
         takeovers = {k for k in expected if m.rows[k].state is State.CLAIMED}
-        claims = self.store.claim_keys(worker, keys, lease)
+        claims = self.store.claims.claim_keys(worker, keys, lease)
         assert {c.key for c in claims if c.takeover} == takeovers
         assert {c.key for c in claims} == expected
         assert len(claims) == len(expected)
@@ -309,10 +309,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         row = self.model.rows.get(ticket.key)
         if row is not None and row.holds(ticket):
             row.lease_expires_at = self.model.now + lease
-            assert self.store.heartbeat(ticket, lease) == row.lease_expires_at
+            assert self.store.settle.heartbeat(ticket, lease) == row.lease_expires_at
         else:
             with pytest.raises(LeaseLost):
-                self.store.heartbeat(ticket, lease)
+                self.store.settle.heartbeat(ticket, lease)
 
     @rule(tickets=st.lists(tickets, max_size=4))
     def heartbeat_many(self, tickets: list[Ticket]) -> None:
@@ -321,7 +321,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for t in tickets:
             if self.held(t):
                 self.model.rows[t.key].lease_expires_at = self.model.now + lease
-        assert self.store.heartbeat_many(tickets, lease) == stale
+        assert self.store.settle.heartbeat_many(tickets, lease) == stale
 
     def held(self, ticket: Ticket) -> bool:
         row = self.model.rows.get(ticket.key)
@@ -329,12 +329,9 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(ticket=tickets, state=st.sampled_from(SETTLE_STATES))
     def settle(self, ticket: Ticket, state: State) -> None:
-        method = {
-            State.SUCCEEDED: self.store.complete,
-            State.FAILED_TERMINAL: self.store.fail_terminal,
-            State.UNKNOWN: self.store.park_unknown,
-            State.QUARANTINED: self.store.quarantine,
-        }[state]
+        def method(ticket: Ticket, code: str, detail: str) -> None:
+            self.store.settle.settle(Settlement(ticket, state, code, detail))
+
         code, detail = f"{state.value}-code", f"fence {ticket.fence}"
         if self.held(ticket):
             self.model.settle(self.model.rows[ticket.key], state, code, detail)
@@ -386,7 +383,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for t, s in settlements:
             if self.held(t):
                 self.model.settle(self.model.rows[t.key], s, "batch", None)
-        assert self.store.settle_many(batch) == stale
+        assert self.store.settle.settle_many(batch) == stale
 
     @rule(tickets=st.lists(tickets, max_size=3, unique=True))
     def complete_many(self, tickets: list[Ticket]) -> None:
@@ -394,7 +391,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         for t in tickets:
             if self.held(t):
                 self.model.settle(self.model.rows[t.key], State.SUCCEEDED, "ok", None)
-        assert self.store.complete_many(tickets) == stale
+        assert (
+            self.store.settle.settle_many([Settlement(t, State.SUCCEEDED, "ok") for t in tickets])
+            == stale
+        )
 
     @rule(
         ticket=tickets,
@@ -404,7 +404,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         m = self.model
         if not self.held(ticket):
             with pytest.raises(LeaseLost):
-                self.store.retry_later(ticket, backoff, "retry")
+                self.store.settle.retry_later(ticket, backoff, "retry")
             return
         row = m.rows[ticket.key]
         row.next_attempt_at = m.now + backoff
@@ -419,16 +419,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             )
         else:
             row.state, row.outcome_code, row.settled_at = State.QUEUED, "retry", None
-        assert self.store.retry_later(ticket, backoff, "retry") is row.state
+        assert self.store.settle.retry_later(ticket, backoff, "retry") is row.state
 
     @rule(ticket=tickets)
     def record_intent(self, ticket: Ticket) -> None:
         if self.held(ticket):
             self.model.rows[ticket.key].intent_fence = ticket.fence
-            self.store.record_intent(ticket)
+            self.store.settle.record_intent(ticket)
         else:
             with pytest.raises(LeaseLost):
-                self.store.record_intent(ticket)
+                self.store.settle.record_intent(ticket)
 
     # -- time and maintenance --------------------------------------------------------------
 
@@ -445,7 +445,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             (r for r in m.rows.values() if m.expired(r) and r.attempts >= r.max_attempts),
             key=lambda r: r.lease_expires_at or START,
         )
-        swept = self.store.sweep(limit).parked
+        swept = self.store.settle.sweep(limit).parked
         assert len(swept) == min(limit, len(candidates))
         if swept:
             event("sweep parked a row")
@@ -486,7 +486,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             and (keys is None or r.key in keys)
         ]
         expected = sorted((Redriven(r.key, r.state, r.fence, r.attempts) for r in picked), key=repr)
-        moved = self.store.redrive(
+        moved = self.store.operator.redrive(
             selection, actor="model", reason="test", extra_attempts=extra, dry_run=dry_run
         )
         assert sorted(moved, key=repr) == expected
@@ -504,7 +504,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def stats_match_model(self) -> None:
         m = self.model
-        stats = self.store.stats()
+        stats = self.store.operator.stats()
         counts: dict[tuple[str, State], int] = {}
         for r in m.rows.values():
             counts[r.key.tenant_id, r.state] = counts.get((r.key.tenant_id, r.state), 0) + 1

@@ -45,7 +45,7 @@ def test_a_rate_limit_requeues_after_its_wait_and_gives_the_attempt_back(
     row = bench.row(key)
     assert (row["state"], row["attempts"], row["outcome_code"]) == ("queued", 0, "rate_limited")
     assert row["next_attempt_at"] == START + WAIT
-    assert bench.store.claim_keys("worker", [key, sibling], timedelta(seconds=30)) == []
+    assert bench.store.claims.claim_keys("worker", [key, sibling], timedelta(seconds=30)) == []
     if target is TargetClass.A:
         found = invoices.find_invoice(bench.db, TENANT, "inv-op")
         assert found is not None

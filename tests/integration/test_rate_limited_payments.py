@@ -87,7 +87,7 @@ def test_a_429_parks_the_tenants_charges_for_the_wait_and_then_charges_once(
     row = bench.row(limited)
     assert (row["state"], row["attempts"], row["outcome_code"]) == ("queued", 0, "rate_limited")
     assert row["next_attempt_at"] == START + timedelta(seconds=2)
-    assert bench.store.claim_keys("w", [limited, sibling], LEASE) == []
+    assert bench.store.claims.claim_keys("w", [limited, sibling], LEASE) == []
     assert bench.run(other).snapshot() == {"settled.succeeded": 1}  # t2 is not limited
 
     bench.clock.advance(timedelta(seconds=2))

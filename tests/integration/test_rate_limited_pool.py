@@ -82,13 +82,13 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
         for i in range(PER_TENANT)
     ]
     for start in range(0, len(batch), 500):
-        pool_store.ingest(batch[start : start + 500])
+        pool_store.inbox.ingest(batch[start : start + 500])
 
     # When each limit's write had committed, by the database clock (an upper bound: read once
     # the write returned). A claim already under way then may not have seen the wait yet; one
     # that began after it must skip the key.
     committed: dict[str, datetime] = {}
-    rate_limited = pool_store.rate_limited
+    rate_limited = pool_store.settle.rate_limited
 
     def noting(ticket: Ticket, *args: Any, **kwargs: Any) -> None:
         rate_limited(ticket, *args, **kwargs)
@@ -96,7 +96,7 @@ def test_a_rate_limited_tenant_waits_while_the_others_drain_and_nothing_runs_twi
             (now,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
         committed[ticket.operation_id] = now
 
-    pool_store.rate_limited = noting  # type: ignore[method-assign]
+    pool_store.settle.rate_limited = noting  # type: ignore[method-assign]
     pool = WorkerPool(pool_store, registry, HASHER, threads=4, poll_interval=0.05)
     pool.start()
     try:

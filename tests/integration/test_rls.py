@@ -84,7 +84,7 @@ def delivery(tenant: str, op: str, payload: bytes | None = None) -> Delivery:
 @pytest.fixture
 def rows(store: PostgresStore) -> None:
     """Both tenants with the same operation ids; a rejection for t1, a conflict for t2."""
-    store.ingest(
+    store.inbox.ingest(
         [
             delivery("t1", "op-1"),
             delivery("t1", "op-2"),
@@ -93,7 +93,7 @@ def rows(store: PostgresStore) -> None:
             Rejection(subscription="refunds", reason="bad", body=b"?", tenant_id="t1"),
         ]
     )
-    (result,) = store.ingest([delivery("t2", "op-1", b"changed")])
+    (result,) = store.inbox.ingest([delivery("t2", "op-1", b"changed")])
     assert result.decision is Decision.CONFLICT
 
 
@@ -197,7 +197,7 @@ def test_the_store_is_not_limited_by_tenant_policies(
     roles: Roles, rows: None, store: PostgresStore
 ) -> None:
     """The bridge owns the tables; policies scope tenant roles, not the bridge."""
-    claims = store.claim("w", 10, timedelta(seconds=30))
+    claims = store.claims.claim("w", 10, timedelta(seconds=30))
     assert {c.key for c in claims} == {
         Key("t1", "op-1"),
         Key("t1", "op-2"),

@@ -51,10 +51,10 @@ def one(db: Db, op: str, columns: str, tenant: str = "t1") -> tuple[Any, ...]:
 
 def taken_over(store: PostgresStore, clock: Clock, op: str = "a") -> tuple[Claim, Claim]:
     """Claim ``op``, let the lease lapse and claim it again: (stale claim, current claim)."""
-    store.ingest([delivery(op)])
-    (old,) = store.claim_keys("w1", [Key("t1", op)], LEASE)
+    store.inbox.ingest([delivery(op)])
+    (old,) = store.claims.claim_keys("w1", [Key("t1", op)], LEASE)
     clock.advance(LEASE * 2)
-    (new,) = store.claim_keys("w2", [Key("t1", op)], LEASE)
+    (new,) = store.claims.claim_keys("w2", [Key("t1", op)], LEASE)
     assert (old.fence, new.fence) == (1, 2)
     return old, new
 
@@ -63,15 +63,15 @@ def taken_over(store: PostgresStore, clock: Clock, op: str = "a") -> tuple[Claim
 
 
 def test_heartbeat_extends_the_lease(clocked: PostgresStore, clock: Clock, db: Db) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
     clock.advance(timedelta(seconds=20))
-    expires = clocked.heartbeat(claim.ticket, LEASE)
+    expires = clocked.settle.heartbeat(claim.ticket, LEASE)
     assert expires == START + timedelta(seconds=50)
     assert one(db, "a", "lease_expires_at, lease_owner") == (expires, "w1")
     clock.advance(timedelta(seconds=25))  # past the first lease, inside the extended one
-    assert clocked.claim("w2", 1, LEASE) == []
-    clocked.complete(claim.ticket)
+    assert clocked.claims.claim("w2", 1, LEASE) == []
+    clocked.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
 
 
 def test_stale_heartbeat_raises_and_leaves_the_new_lease_alone(
@@ -81,7 +81,7 @@ def test_stale_heartbeat_raises_and_leaves_the_new_lease_alone(
     before = work_rows(db)
     clock.advance(timedelta(seconds=10))
     with pytest.raises(LeaseLost) as lost:
-        clocked.heartbeat(old.ticket, LEASE)
+        clocked.settle.heartbeat(old.ticket, LEASE)
     assert (lost.value.fence, lost.value.action) == (1, "heartbeat")
     assert "t1" not in str(lost.value)  # identifiers stay out of messages
     assert work_rows(db) == before
@@ -89,22 +89,30 @@ def test_stale_heartbeat_raises_and_leaves_the_new_lease_alone(
 
 
 def test_heartbeat_after_settlement_raises(clocked: PostgresStore) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
-    clocked.complete(claim.ticket)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
+    clocked.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     with pytest.raises(LeaseLost):
-        clocked.heartbeat(claim.ticket, LEASE)
+        clocked.settle.heartbeat(claim.ticket, LEASE)
 
 
 # -- settlement --------------------------------------------------------------------------------
 
 SETTLE: dict[str, Callable[[PostgresStore, Ticket], object]] = {
-    "complete": lambda s, t: s.complete(t, "ok", "done"),
-    "fail_terminal": lambda s, t: s.fail_terminal(t, "declined", "card declined"),
-    "park_unknown": lambda s, t: s.park_unknown(t, "timeout", "no answer"),
-    "quarantine": lambda s, t: s.quarantine(t, "bad_schema", "v9"),
-    "retry_later": lambda s, t: s.retry_later(t, timedelta(seconds=5), "busy", "429"),
-    "record_intent": lambda s, t: s.record_intent(t),
+    "complete": lambda s, t: s.settle.settle(
+        Settlement(t, State.SUCCEEDED, "ok", outcome_detail="done")
+    ),
+    "fail_terminal": lambda s, t: s.settle.settle(
+        Settlement(t, State.FAILED_TERMINAL, "declined", outcome_detail="card declined")
+    ),
+    "park_unknown": lambda s, t: s.settle.settle(
+        Settlement(t, State.UNKNOWN, "timeout", outcome_detail="no answer")
+    ),
+    "quarantine": lambda s, t: s.settle.settle(
+        Settlement(t, State.QUARANTINED, "bad_schema", outcome_detail="v9")
+    ),
+    "retry_later": lambda s, t: s.settle.retry_later(t, timedelta(seconds=5), "busy", "429"),
+    "record_intent": lambda s, t: s.settle.record_intent(t),
 }
 
 SETTLED_AS = {
@@ -133,8 +141,8 @@ def test_every_fenced_write_with_a_stale_fence_raises_and_changes_nothing(
 def test_every_fenced_write_with_a_future_fence_raises(
     clocked: PostgresStore, db: Db, method: str
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
     before = work_rows(db)
     with pytest.raises(LeaseLost):
         SETTLE[method](clocked, Ticket("t1", "a", claim.fence + 1))
@@ -160,9 +168,9 @@ def test_settlement_under_the_current_fence(
 def test_a_settled_row_refuses_every_later_write(
     clocked: PostgresStore, db: Db, method: str
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
-    clocked.complete(claim.ticket)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
+    clocked.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     before = work_rows(db)
     with pytest.raises(LeaseLost):
         SETTLE[method](clocked, claim.ticket)
@@ -172,12 +180,12 @@ def test_a_settled_row_refuses_every_later_write(
 def test_retry_later_with_no_attempt_left_is_failed_terminal(
     clocked: PostgresStore, db: Db
 ) -> None:
-    clocked.ingest([delivery("a", max_attempts=2)])
-    (first,) = clocked.claim("w1", 1, LEASE)
-    assert clocked.retry_later(first.ticket, timedelta(0), "busy") is State.QUEUED
-    (second,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a", max_attempts=2)])
+    (first,) = clocked.claims.claim("w1", 1, LEASE)
+    assert clocked.settle.retry_later(first.ticket, timedelta(0), "busy") is State.QUEUED
+    (second,) = clocked.claims.claim("w1", 1, LEASE)
     assert second.attempts == 2
-    assert clocked.retry_later(second.ticket, timedelta(0), "busy") is State.FAILED_TERMINAL
+    assert clocked.settle.retry_later(second.ticket, timedelta(0), "busy") is State.FAILED_TERMINAL
     assert one(db, "a", "state, outcome_code, attempts, fence, lease_expires_at") == (
         "failed_terminal",
         "attempts_exhausted",
@@ -185,7 +193,7 @@ def test_retry_later_with_no_attempt_left_is_failed_terminal(
         2,
         None,
     )
-    assert clocked.claim("w1", 1, LEASE) == []
+    assert clocked.claims.claim("w1", 1, LEASE) == []
 
 
 # -- batch writes ------------------------------------------------------------------------------
@@ -194,12 +202,12 @@ def test_retry_later_with_no_attempt_left_is_failed_terminal(
 @pytest.fixture
 def mixed(clocked: PostgresStore, clock: Clock) -> tuple[list[Ticket], list[Ticket], list[Claim]]:
     """Four claims of which two were taken over: (current tickets, stale tickets, new claims)."""
-    clocked.ingest([delivery(op) for op in ("a", "b", "c", "d")])
-    first = {c.operation_id: c for c in clocked.claim("w1", 4, LEASE)}
+    clocked.inbox.ingest([delivery(op) for op in ("a", "b", "c", "d")])
+    first = {c.operation_id: c for c in clocked.claims.claim("w1", 4, LEASE)}
     clock.advance(timedelta(seconds=20))
-    clocked.heartbeat_many([first["a"].ticket, first["c"].ticket], LEASE)
+    clocked.settle.heartbeat_many([first["a"].ticket, first["c"].ticket], LEASE)
     clock.advance(timedelta(seconds=20))
-    taken = clocked.claim("w2", 4, LEASE)
+    taken = clocked.claims.claim("w2", 4, LEASE)
     assert sorted(c.operation_id for c in taken) == ["b", "d"]
     current = [first["a"].ticket, first["c"].ticket]
     stale = [first["b"].ticket, first["d"].ticket]
@@ -213,19 +221,19 @@ def test_heartbeat_many_returns_exactly_the_stale_tickets(
     leases = dict(
         db.execute("SELECT operation_id, lease_expires_at FROM work_item WHERE fence = 2")
     )
-    assert clocked.heartbeat_many([*stale, *current], LEASE) == stale
+    assert clocked.settle.heartbeat_many([*stale, *current], LEASE) == stale
     expiries = dict(db.execute("SELECT operation_id, lease_expires_at FROM work_item"))
     assert expiries["a"] == expiries["c"] == clock() + LEASE
     assert {k: expiries[k] for k in leases} == leases  # the new holders' leases are untouched
-    assert clocked.heartbeat_many([], LEASE) == []
-    assert clocked.heartbeat_many([c.ticket for c in taken], LEASE) == []
+    assert clocked.settle.heartbeat_many([], LEASE) == []
+    assert clocked.settle.heartbeat_many([c.ticket for c in taken], LEASE) == []
 
 
 def test_settle_many_returns_exactly_the_stale_tickets(
     clocked: PostgresStore, db: Db, mixed: tuple[list[Ticket], list[Ticket], list[Claim]]
 ) -> None:
     current, stale, taken = mixed
-    result = clocked.settle_many(
+    result = clocked.settle.settle_many(
         [
             Settlement(stale[0], State.SUCCEEDED, "ok"),
             Settlement(current[0], State.UNKNOWN, "timeout", "no answer"),
@@ -243,15 +251,28 @@ def test_settle_many_returns_exactly_the_stale_tickets(
         ("c", "quarantined", 1, "bad_schema", None),
         ("d", "claimed", 2, None, None),
     ]
-    assert clocked.complete_many([c.ticket for c in taken]) == []
-    assert clocked.settle_many([]) == []
+    assert (
+        clocked.settle.settle_many(
+            [Settlement(t, State.SUCCEEDED, "ok") for t in [c.ticket for c in taken]]
+        )
+        == []
+    )
+    assert clocked.settle.settle_many([]) == []
 
 
 def test_complete_many_returns_exactly_the_stale_tickets(
     clocked: PostgresStore, db: Db, mixed: tuple[list[Ticket], list[Ticket], list[Claim]]
 ) -> None:
     current, stale, _ = mixed
-    assert clocked.complete_many([current[0], stale[0], current[1], stale[1]], "done") == stale
+    assert (
+        clocked.settle.settle_many(
+            [
+                Settlement(t, State.SUCCEEDED, "done")
+                for t in [current[0], stale[0], current[1], stale[1]]
+            ]
+        )
+        == stale
+    )
     assert db.execute(
         "SELECT operation_id, state, outcome_code FROM work_item ORDER BY 1"
     ).fetchall() == [
@@ -267,17 +288,19 @@ def test_batch_writes_judge_each_ticket_by_its_own_fence(
 ) -> None:
     """A worker that took over its own expired claim holds two tickets for one row."""
     old, new = taken_over(clocked, clock)
-    assert clocked.heartbeat_many([old.ticket, new.ticket], LEASE) == [old.ticket]
-    assert clocked.complete_many([new.ticket, old.ticket]) == [old.ticket]
+    assert clocked.settle.heartbeat_many([old.ticket, new.ticket], LEASE) == [old.ticket]
+    assert clocked.settle.settle_many(
+        [Settlement(t, State.SUCCEEDED, "ok") for t in [new.ticket, old.ticket]]
+    ) == [old.ticket]
     assert one(db, "a", "state, fence") == ("succeeded", 2)
 
 
 def test_settle_many_refuses_unsettled_target_states(clocked: PostgresStore) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
     for state in (State.QUEUED, State.CLAIMED):
         with pytest.raises(ValueError, match="settled state"):
-            clocked.settle_many([Settlement(claim.ticket, state, "x")])
+            clocked.settle.settle_many([Settlement(claim.ticket, state, "x")])
 
 
 # -- sweep -------------------------------------------------------------------------------------
@@ -286,19 +309,19 @@ def test_settle_many_refuses_unsettled_target_states(clocked: PostgresStore) -> 
 def test_sweep_parks_expired_exhausted_claims_as_unknown(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest(
+    clocked.inbox.ingest(
         [
             delivery("exhausted", max_attempts=1),
             delivery("retryable", max_attempts=2),
             delivery("live", max_attempts=1),
         ]
     )
-    claims = {c.operation_id: c for c in clocked.claim("w1", 10, LEASE)}
+    claims = {c.operation_id: c for c in clocked.claims.claim("w1", 10, LEASE)}
     clock.advance(LEASE * 2)
-    clocked.heartbeat(claims["live"].ticket, LEASE)  # still making progress
+    clocked.settle.heartbeat(claims["live"].ticket, LEASE)  # still making progress
     clock.advance(timedelta(seconds=1))
 
-    parked = clocked.sweep().parked
+    parked = clocked.settle.sweep().parked
     assert parked == [Ticket("t1", "exhausted", 1)]
     assert one(
         db, "exhausted", "state, outcome_code, fence, attempts, lease_owner, settled_at"
@@ -306,10 +329,10 @@ def test_sweep_parks_expired_exhausted_claims_as_unknown(
     assert one(db, "live", "state, fence")[0] == "claimed"  # a live lease is never swept
     assert one(db, "retryable", "state")[0] == "claimed"  # left for a takeover, not parked
     with pytest.raises(LeaseLost):
-        clocked.complete(claims["exhausted"].ticket)
-    assert clocked.sweep().parked == []
+        clocked.settle.settle(Settlement(claims["exhausted"].ticket, State.SUCCEEDED, "ok"))
+    assert clocked.settle.sweep().parked == []
 
-    (again,) = clocked.claim("w2", 10, LEASE)
+    (again,) = clocked.claims.claim("w2", 10, LEASE)
     assert (again.operation_id, again.takeover) == ("retryable", True)
 
 
@@ -320,12 +343,12 @@ def test_sweep_queues_again_a_class_d_claim_that_never_recorded_an_intent(
         replace(delivery(op, max_attempts=1), target_class=TargetClass.D)
         for op in ("never-started", "called")
     ]
-    clocked.ingest([*unfenced, delivery("class-a", max_attempts=1)])
-    claims = {c.operation_id: c for c in clocked.claim("w1", 10, LEASE)}
-    clocked.record_intent(claims["called"].ticket)
+    clocked.inbox.ingest([*unfenced, delivery("class-a", max_attempts=1)])
+    claims = {c.operation_id: c for c in clocked.claims.claim("w1", 10, LEASE)}
+    clocked.settle.record_intent(claims["called"].ticket)
     clock.advance(LEASE * 2)
 
-    swept = clocked.sweep()
+    swept = clocked.settle.sweep()
 
     assert set(swept.parked) == {Ticket("t1", "called", 1), Ticket("t1", "class-a", 1)}
     assert swept.requeued == [Ticket("t1", "never-started", 1)]
@@ -353,7 +376,7 @@ def test_sweep_queues_again_a_class_d_claim_that_never_recorded_an_intent(
     )
     assert one(db, "class-a", "state")[0] == "unknown"
     with pytest.raises(LeaseLost):  # the dead claim's intent can never be recorded now
-        clocked.record_intent(claims["never-started"].ticket)
+        clocked.settle.record_intent(claims["never-started"].ticket)
     attempts = db.execute(
         "SELECT operation_id, outcome, outcome_code FROM work_attempt ORDER BY operation_id"
     ).fetchall()
@@ -362,7 +385,7 @@ def test_sweep_queues_again_a_class_d_claim_that_never_recorded_an_intent(
         ("class-a", "lease_lost", "lease_expired_attempts_exhausted"),
         ("never-started", "lease_lost", "lease_expired_not_started"),
     ]
-    (again,) = clocked.claim("w2", 10, LEASE)
+    (again,) = clocked.claims.claim("w2", 10, LEASE)
     assert (again.operation_id, again.fence, again.attempts, again.intent_fence) == (
         "never-started",
         2,
@@ -374,31 +397,31 @@ def test_sweep_queues_again_a_class_d_claim_that_never_recorded_an_intent(
 def test_a_class_d_row_whose_every_claim_expires_before_its_call_is_parked_in_the_end(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([replace(delivery("op", max_attempts=1), target_class=TargetClass.D)])
+    clocked.inbox.ingest([replace(delivery("op", max_attempts=1), target_class=TargetClass.D)])
     for attempt in range(1, UNSTARTED_CLAIMS_MAX):
-        (claim,) = clocked.claim("w1", 10, LEASE)
+        (claim,) = clocked.claims.claim("w1", 10, LEASE)
         assert (claim.attempts, claim.takeover) == (attempt, False)
         clock.advance(LEASE * 2)
-        assert clocked.sweep() == Swept([], [claim.ticket])
-    (last,) = clocked.claim("w1", 10, LEASE)
+        assert clocked.settle.sweep() == Swept([], [claim.ticket])
+    (last,) = clocked.claims.claim("w1", 10, LEASE)
     assert last.attempts == UNSTARTED_CLAIMS_MAX
     clock.advance(LEASE * 2)
 
     # A row whose every claim dies before the call (one that takes its process down) stops.
-    assert clocked.sweep() == Swept([last.ticket], [])
+    assert clocked.settle.sweep() == Swept([last.ticket], [])
     state, code, detail, intent = one(db, "op", "state, outcome_code, outcome_detail, intent_fence")
     assert (state, code, intent) == ("unknown", "lease_expired_attempts_exhausted", None)
     assert "never called" in detail
-    assert clocked.claim("w1", 10, LEASE) == []
+    assert clocked.claims.claim("w1", 10, LEASE) == []
 
 
 def test_sweep_never_decides_success_or_failure(clocked: PostgresStore, clock: Clock) -> None:
-    clocked.ingest([delivery(f"op-{i}", max_attempts=1) for i in range(5)])
-    clocked.claim("w1", 10, LEASE)
+    clocked.inbox.ingest([delivery(f"op-{i}", max_attempts=1) for i in range(5)])
+    clocked.claims.claim("w1", 10, LEASE)
     clock.advance(LEASE * 2)
-    assert len(clocked.sweep(limit=3).parked) == 3
-    assert len(clocked.sweep(limit=3).parked) == 2
-    stats = clocked.stats()
+    assert len(clocked.settle.sweep(limit=3).parked) == 3
+    assert len(clocked.settle.sweep(limit=3).parked) == 2
+    stats = clocked.operator.stats()
     assert stats.total(State.UNKNOWN) == 5
     assert stats.total(State.SUCCEEDED) == stats.total(State.FAILED_TERMINAL) == 0
 
@@ -409,16 +432,16 @@ def test_sweep_never_decides_success_or_failure(clocked: PostgresStore, clock: C
 def test_record_intent_is_fenced_and_seen_by_the_next_claim(
     clocked: PostgresStore, clock: Clock, db: Db
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (first,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (first,) = clocked.claims.claim("w1", 1, LEASE)
     assert first.intent_fence is None
-    clocked.record_intent(first.ticket)
+    clocked.settle.record_intent(first.ticket)
     assert one(db, "a", "intent_fence")[0] == 1
     clock.advance(LEASE * 2)
-    (second,) = clocked.claim("w2", 1, LEASE)
+    (second,) = clocked.claims.claim("w2", 1, LEASE)
     assert (second.intent_fence, second.attempts) == (1, 2)
     with pytest.raises(LeaseLost):
-        clocked.record_intent(first.ticket)
+        clocked.settle.record_intent(first.ticket)
     assert one(db, "a", "intent_fence")[0] == 1
 
 
@@ -437,9 +460,9 @@ def ledger_rows(db: Db) -> list[tuple[Any, ...]]:
 def test_fenced_transaction_commits_business_write_and_settlement_together(
     clocked: PostgresStore, db: Db, ledger: None
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
-    with clocked.fenced_transaction(claim.ticket) as tx:
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
+    with clocked.settle.fenced_transaction(claim.ticket) as tx:
         tx.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
         tx.settle(State.SUCCEEDED, "ok")
         assert ledger_rows(db) == []  # not visible before COMMIT
@@ -452,15 +475,15 @@ def test_fenced_transaction_commits_business_write_and_settlement_together(
 def test_fenced_transaction_rolls_both_back_on_error(
     clocked: PostgresStore, db: Db, ledger: None
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
     before = work_rows(db)
 
     class HandlerError(Exception):
         pass
 
     def handler() -> None:
-        with clocked.fenced_transaction(claim.ticket) as tx:
+        with clocked.settle.fenced_transaction(claim.ticket) as tx:
             tx.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
             tx.settle()
             raise HandlerError
@@ -469,7 +492,7 @@ def test_fenced_transaction_rolls_both_back_on_error(
         handler()
     assert ledger_rows(db) == []
     assert work_rows(db) == before
-    clocked.complete(claim.ticket)  # the claim is intact
+    clocked.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))  # the claim is intact
 
 
 def test_fenced_transaction_with_a_stale_ticket_never_runs_the_block(
@@ -480,7 +503,7 @@ def test_fenced_transaction_with_a_stale_ticket_never_runs_the_block(
     ran: list[bool] = []
 
     def handler() -> None:
-        with clocked.fenced_transaction(old.ticket) as tx:
+        with clocked.settle.fenced_transaction(old.ticket) as tx:
             ran.append(True)
             tx.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
 
@@ -505,13 +528,15 @@ def without_waiting(call: Callable[[], list[Any]]) -> list[Any]:
 def test_a_settled_claim_cannot_open_a_fenced_transaction(
     clocked: PostgresStore, db: Db, ledger: None
 ) -> None:
-    clocked.ingest([delivery("a")])
-    (claim,) = clocked.claim("w1", 1, LEASE)
-    clocked.park_unknown(claim.ticket, "timeout")  # same fence, but no longer claimed
+    clocked.inbox.ingest([delivery("a")])
+    (claim,) = clocked.claims.claim("w1", 1, LEASE)
+    clocked.settle.settle(
+        Settlement(claim.ticket, State.UNKNOWN, "timeout")
+    )  # same fence, but no longer claimed
     ran: list[bool] = []
 
     def handler() -> None:
-        with clocked.fenced_transaction(claim.ticket) as tx:
+        with clocked.settle.fenced_transaction(claim.ticket) as tx:
             ran.append(True)
             tx.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
 
@@ -524,18 +549,20 @@ def test_a_settled_claim_cannot_open_a_fenced_transaction(
 def test_fenced_transaction_holds_the_row_against_takeover_and_sweep(
     clocked: PostgresStore, clock: Clock, db: Db, ledger: None
 ) -> None:
-    clocked.ingest([delivery("a", max_attempts=2), delivery("b", max_attempts=1)])
-    claims = {c.operation_id: c for c in clocked.claim("w1", 2, LEASE)}
+    clocked.inbox.ingest([delivery("a", max_attempts=2), delivery("b", max_attempts=1)])
+    claims = {c.operation_id: c for c in clocked.claims.claim("w1", 2, LEASE)}
     with (
-        clocked.fenced_transaction(claims["a"].ticket) as tx_a,
-        clocked.fenced_transaction(claims["b"].ticket) as tx_b,
+        clocked.settle.fenced_transaction(claims["a"].ticket) as tx_a,
+        clocked.settle.fenced_transaction(claims["b"].ticket) as tx_b,
     ):
         clock.advance(LEASE * 2)  # both leases lapse while the handler works
         # Locked rows are skipped, not waited for (a wait here would never end: this thread
         # holds the locks).
-        assert without_waiting(lambda: clocked.claim("w2", 10, LEASE)) == []
-        assert without_waiting(lambda: clocked.claim_keys("w2", [Key("t1", "a")], LEASE)) == []
-        assert without_waiting(clocked.sweep) == Swept([], [])
+        assert without_waiting(lambda: clocked.claims.claim("w2", 10, LEASE)) == []
+        assert (
+            without_waiting(lambda: clocked.claims.claim_keys("w2", [Key("t1", "a")], LEASE)) == []
+        )
+        assert without_waiting(clocked.settle.sweep) == Swept([], [])
         tx_a.connection.execute("INSERT INTO ledger VALUES ('a', 5)")
         tx_a.settle()
         tx_b.settle(State.UNKNOWN, "ambiguous")
@@ -557,7 +584,7 @@ def test_stale_holder_cannot_write_while_the_new_holder_is_inside_its_transactio
 
     def new_holder() -> None:
         try:
-            with clocked.fenced_transaction(new.ticket) as tx:
+            with clocked.settle.fenced_transaction(new.ticket) as tx:
                 tx.connection.execute("INSERT INTO ledger VALUES ('a', 2)")
                 inside.set()
                 assert release.wait(30)
@@ -571,7 +598,7 @@ def test_stale_holder_cannot_write_while_the_new_holder_is_inside_its_transactio
     worker.start()
     try:
         assert inside.wait(30)
-        with pytest.raises(LeaseLost), clocked.fenced_transaction(old.ticket) as tx:
+        with pytest.raises(LeaseLost), clocked.settle.fenced_transaction(old.ticket) as tx:
             tx.connection.execute("INSERT INTO ledger VALUES ('a', 1)")
     finally:
         release.set()
@@ -598,21 +625,21 @@ def parked(clocked: PostgresStore, clock: Clock) -> dict[Key, Claim]:
         delivery("u3", subscription="notices"),
         delivery("open"),
     ]
-    clocked.ingest(batch)
-    claims = {c.key: c for c in clocked.claim("w1", 7, LEASE)}
+    clocked.inbox.ingest(batch)
+    claims = {c.key: c for c in clocked.claims.claim("w1", 7, LEASE)}
     assert Key("t1", "open") not in claims
     for key in [d.key for d in batch[:7]]:
         claim = claims[key]
         clock.advance(timedelta(seconds=1))
         kind = key.operation_id[0]
         if kind == "u":
-            clocked.park_unknown(claim.ticket, "timeout")
+            clocked.settle.settle(Settlement(claim.ticket, State.UNKNOWN, "timeout"))
         elif kind == "q":
-            clocked.quarantine(claim.ticket, "bad_schema")
+            clocked.settle.settle(Settlement(claim.ticket, State.QUARANTINED, "bad_schema"))
         elif kind == "s":
-            clocked.complete(claim.ticket)
+            clocked.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
         else:
-            clocked.fail_terminal(claim.ticket, "declined")
+            clocked.settle.settle(Settlement(claim.ticket, State.FAILED_TERMINAL, "declined"))
     return claims
 
 
@@ -626,7 +653,7 @@ def audit_rows(db: Db) -> list[tuple[Any, ...]]:
 def test_redrive_moves_only_parked_rows_matching_the_filter(
     clocked: PostgresStore, clock: Clock, db: Db, parked: dict[Key, Claim]
 ) -> None:
-    moved = clocked.redrive(
+    moved = clocked.operator.redrive(
         RedriveFilter(tenant_id="t1", subscription="refunds"),
         actor="alice",
         reason="provider confirmed outage",
@@ -655,33 +682,33 @@ def test_redrive_moves_only_parked_rows_matching_the_filter(
 
     # The next claim has attempts > 1 (reconcile first) and a new fence; the grant is spent
     # after the extra attempts.
-    again = {c.operation_id: c for c in clocked.claim("w2", 10, LEASE)}
+    again = {c.operation_id: c for c in clocked.claims.claim("w2", 10, LEASE)}
     assert sorted(again) == ["open", "q1", "u1", "u2"]
     assert {
         (c.fence, c.attempts, c.max_attempts, c.takeover) for op, c in again.items() if op != "open"
     } == {(2, 2, 3, False)}
     with pytest.raises(LeaseLost):
-        clocked.complete(parked[Key("t1", "u1")].ticket)
+        clocked.settle.settle(Settlement(parked[Key("t1", "u1")].ticket, State.SUCCEEDED, "ok"))
 
 
 def test_redrive_filters_by_state_job_type_and_keys(
     clocked: PostgresStore, db: Db, parked: dict[Key, Claim]
 ) -> None:
-    only_quarantined = clocked.redrive(
+    only_quarantined = clocked.operator.redrive(
         RedriveFilter(states=(State.QUARANTINED,)), actor="a", reason="r"
     )
     assert [r.key for r in only_quarantined] == [Key("t1", "q1")]
-    by_job = clocked.redrive(RedriveFilter(job_type="notify"), actor="a", reason="r")
+    by_job = clocked.operator.redrive(RedriveFilter(job_type="notify"), actor="a", reason="r")
     assert [r.key for r in by_job] == [Key("t1", "u2")]
-    by_keys = clocked.redrive(
+    by_keys = clocked.operator.redrive(
         RedriveFilter(keys=(Key("t2", "u1"), Key("t1", "s1"), Key("t1", "nope"))),
         actor="a",
         reason="r",
     )
     assert [r.key for r in by_keys] == [Key("t2", "u1")]
-    limited = clocked.redrive(RedriveFilter(limit=1), actor="a", reason="r")
+    limited = clocked.operator.redrive(RedriveFilter(limit=1), actor="a", reason="r")
     assert [r.key for r in limited] == [Key("t1", "u1")]  # the oldest parked row first
-    assert clocked.redrive(RedriveFilter(), actor="a", reason="r") == [
+    assert clocked.operator.redrive(RedriveFilter(), actor="a", reason="r") == [
         Redriven(Key("t1", "u3"), State.UNKNOWN, 1, 1)
     ]
     assert len(audit_rows(db)) == 5
@@ -693,12 +720,14 @@ def test_a_redrive_decided_at_a_fence_moves_the_row_only_while_that_fence_holds(
 ) -> None:
     key = Key("t1", "u1")
     assert parked[key].fence == 1
-    stale = clocked.redrive(
+    stale = clocked.operator.redrive(
         RedriveFilter(keys=(key,), fences=(2,)), actor="a", reason="decided at another fence"
     )
     assert stale == []
     assert audit_rows(db) == []
-    current = clocked.redrive(RedriveFilter(keys=(key,), fences=(1,)), actor="a", reason="r")
+    current = clocked.operator.redrive(
+        RedriveFilter(keys=(key,), fences=(1,)), actor="a", reason="r"
+    )
     assert current == [Redriven(key, State.UNKNOWN, 1, 1)]
     with pytest.raises(ValueError, match="one fence per key"):
         RedriveFilter(keys=(key,), fences=(1, 2))
@@ -711,11 +740,11 @@ def test_redrive_dry_run_changes_nothing_and_answers_like_a_real_run(
 ) -> None:
     before = work_rows(db)
     selection = RedriveFilter(states=(State.UNKNOWN,))
-    dry = clocked.redrive(selection, actor="bob", reason="check", dry_run=True)
+    dry = clocked.operator.redrive(selection, actor="bob", reason="check", dry_run=True)
     assert len(dry) == 4
     assert work_rows(db) == before
     assert audit_rows(db) == []
-    real = clocked.redrive(selection, actor="bob", reason="check")
+    real = clocked.operator.redrive(selection, actor="bob", reason="check")
     assert sorted(real, key=repr) == sorted(dry, key=repr)
     assert len(audit_rows(db)) == 4
 
@@ -724,9 +753,9 @@ def test_redrive_refuses_an_unaudited_or_empty_grant(
     clocked: PostgresStore, parked: dict[Key, Claim]
 ) -> None:
     with pytest.raises(ValueError, match="at least one attempt"):
-        clocked.redrive(RedriveFilter(), actor="a", reason="r", extra_attempts=0)
+        clocked.operator.redrive(RedriveFilter(), actor="a", reason="r", extra_attempts=0)
     with pytest.raises(ValueError, match="actor and a reason"):
-        clocked.redrive(RedriveFilter(), actor="", reason="r")
+        clocked.operator.redrive(RedriveFilter(), actor="", reason="r")
     with pytest.raises(ValueError, match="only unknown and quarantined"):
         RedriveFilter(states=(State.SUCCEEDED,))
 
@@ -737,7 +766,7 @@ def test_redrive_refuses_an_unaudited_or_empty_grant(
 def test_stats_counts_by_subscription_tenant_and_state(
     clocked: PostgresStore, clock: Clock, parked: dict[Key, Claim]
 ) -> None:
-    clocked.ingest(
+    clocked.inbox.ingest(
         [
             delivery("live"),
             delivery("stalled", tenant="t2"),
@@ -746,14 +775,14 @@ def test_stats_counts_by_subscription_tenant_and_state(
         ]
     )
     clock.advance(timedelta(seconds=1))
-    claimed = {c.operation_id: c for c in clocked.claim("w9", 10, LEASE)}
+    claimed = {c.operation_id: c for c in clocked.claims.claim("w9", 10, LEASE)}
     assert sorted(claimed) == ["live", "open", "stalled"]
     clock.advance(LEASE + timedelta(seconds=1))
-    clocked.heartbeat(claimed["live"].ticket, LEASE)
-    clocked.heartbeat(claimed["open"].ticket, LEASE)
+    clocked.settle.heartbeat(claimed["live"].ticket, LEASE)
+    clocked.settle.heartbeat(claimed["open"].ticket, LEASE)
     clock.advance(timedelta(seconds=10))
 
-    stats = clocked.stats()
+    stats = clocked.operator.stats()
     counts = set(stats.counts)
     assert counts == {
         StateCount("notices", "t1", State.UNKNOWN, 1),
@@ -773,7 +802,7 @@ def test_stats_counts_by_subscription_tenant_and_state(
 
 
 def test_stats_of_an_empty_store(clocked: PostgresStore) -> None:
-    stats = clocked.stats()
+    stats = clocked.operator.stats()
     assert stats.counts == ()
     assert stats.stalled_claims == 0
     assert stats.oldest_unknown_seconds is None

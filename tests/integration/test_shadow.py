@@ -51,8 +51,8 @@ def test_a_shadow_batch_is_decided_as_the_inbox_decides_and_nothing_is_claimable
         shadowed("a", tenant="t2"),  # the same operation id, another tenant
         Rejection(subscription="orders-shadow", reason="missing operation_id", job_type="refund"),
     ]
-    results = store.ingest_shadow(batch)
-    again = store.ingest_shadow([shadowed("b"), shadowed("b", payload=b"{}")])
+    results = store.inbox.ingest_shadow(batch)
+    again = store.inbox.ingest_shadow([shadowed("b"), shadowed("b", payload=b"{}")])
 
     assert [(r.decision, r.key) for r in results] == [
         (Decision.NEW, Key("t1", "a")),
@@ -63,20 +63,20 @@ def test_a_shadow_batch_is_decided_as_the_inbox_decides_and_nothing_is_claimable
         (Decision.QUARANTINED, None),
     ]
     assert [r.decision for r in again] == [Decision.REPLAY, Decision.CONFLICT]
-    assert store.claim("w1", 100, LEASE) == []
+    assert store.claims.claim("w1", 100, LEASE) == []
     for table in ("work_item", "payload", "rejected_delivery"):
         assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
     assert sorted(
         db.execute("SELECT decision, count(*) FROM shadow_delivery GROUP BY 1").fetchall()
     ) == [("conflict", 2), ("new", 3), ("quarantined", 1), ("replay", 2)]
     assert db.execute("SELECT count(*) FROM shadow_operation").fetchone() == (3,)
-    decisions = store.shadow_decisions(["orders-shadow"])
+    decisions = store.shadow.decisions(["orders-shadow"])
     assert sorted(decisions, key=str) == sorted(
         [("refund", "new", 3), ("refund", "replay", 2), ("refund", "conflict", 2),
          ("refund", "quarantined", 1)],
         key=str,
     )  # fmt: skip
-    seen = store.shadow_operations(["orders-shadow"])
+    seen = store.shadow.operations(["orders-shadow"])
     assert [(s.key, s.payload_hash) for s in seen] == [
         (Key("t1", "a"), shadowed("a").payload_hash),
         (Key("t1", "b"), shadowed("b").payload_hash),
@@ -87,7 +87,7 @@ def test_a_shadow_batch_is_decided_as_the_inbox_decides_and_nothing_is_claimable
 def test_a_shadow_inbox_ignores_the_backlog_quota_and_writes_nothing_claimable(
     store: PostgresStore,
 ) -> None:
-    inbox = Inbox(ShadowWrites(store), lambda r: shadowed(r.message_id or ""))
+    inbox = Inbox(ShadowWrites(store.inbox), lambda r: shadowed(r.message_id or ""))
     raws = [
         RawDelivery(subscription="orders-shadow", message_id=op, body=b"{}", attributes={})
         for op in ("a", "b", "a")
@@ -99,16 +99,16 @@ def test_a_shadow_inbox_ignores_the_backlog_quota_and_writes_nothing_claimable(
         Decision.REPLAY,
     ]
     # a shadow NEW is not work: not even a targeted claim finds a row
-    assert store.claim_keys("w1", [Key("t1", "a"), Key("t1", "b")], LEASE) == []
+    assert store.claims.claim_keys("w1", [Key("t1", "a"), Key("t1", "b")], LEASE) == []
 
 
 def test_a_live_row_and_a_shadow_record_of_the_same_operation_stay_apart(
     store: PostgresStore, db: Db
 ) -> None:
-    store.ingest([delivery("a")])
-    (shadow,) = store.ingest_shadow([shadowed("a", payload=b'{"other": 1}')])
+    store.inbox.ingest([delivery("a")])
+    (shadow,) = store.inbox.ingest_shadow([shadowed("a", payload=b'{"other": 1}')])
     assert shadow.decision is Decision.NEW  # its own record: the live row is not consulted
-    (claim,) = store.claim("w1", 10, LEASE)
+    (claim,) = store.claims.claim("w1", 10, LEASE)
     assert claim.key == Key("t1", "a")
     assert claim.payload == delivery("a").payload
 
@@ -117,12 +117,12 @@ def test_erasing_a_tenant_erases_what_shadow_subscriptions_recorded_of_it(
     store: PostgresStore, db: Db
 ) -> None:
     hasher = IdentityHasher(b"shadow-test-identity-key-01234567")
-    keyring.attach(store, hasher, used_by="test")
-    store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("a", tenant="t2")])
-    store.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
+    keyring.attach(store.keys, hasher, used_by="test")
+    store.inbox.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("a", tenant="t2")])
+    store.operator.erase("t1", tenant_hash=hasher.tenant("t1"), actor="dpo", reason="DSR-9")
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_operation").fetchall() == [("t2",)]
     assert db.execute("SELECT DISTINCT tenant_id FROM shadow_delivery").fetchall() == [("t2",)]
-    assert store.shadow_clear("orders-shadow") == (1, 1)
+    assert store.shadow.clear("orders-shadow") == (1, 1)
     assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (0,)
 
 
@@ -135,7 +135,7 @@ def test_the_report_reads_an_effect_log_kept_as_a_view_of_the_database(
 ) -> None:
     """A view without the optional payload_hash column: applied twice and never applied are
     still found; a payload difference cannot be told, and the report says for how many."""
-    store.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("c"), shadowed("a")])
+    store.inbox.ingest_shadow([shadowed("a"), shadowed("b"), shadowed("c"), shadowed("a")])
     db.execute("CREATE SCHEMA legacy")
     db.execute(
         "CREATE TABLE legacy.refunds_applied (tenant_id text, refund_id text, at timestamptz)"
@@ -240,8 +240,10 @@ def test_a_shadow_backlog_written_by_two_consumers_at_once_decides_each_operatio
                 broken = [*batch, shadowed("x", payload=b"1"), shadowed("x", payload=b"1")]
                 # a batch whose transaction fails (a key the statement cannot write): not acked
                 with pytest.raises(StoreError, match="shadow_operation_tenant_id_check"):
-                    store.ingest_shadow([*broken, dataclasses.replace(shadowed("y"), tenant_id="")])
-            results = store.ingest_shadow(batch)  # the broker hands it over again
+                    store.inbox.ingest_shadow(
+                        [*broken, dataclasses.replace(shadowed("y"), tenant_id="")]
+                    )
+            results = store.inbox.ingest_shadow(batch)  # the broker hands it over again
             with lock:
                 decided.extend((c, r.decision) for c, r in zip(batch, results, strict=True))
 
@@ -267,12 +269,12 @@ def test_a_shadow_backlog_written_by_two_consumers_at_once_decides_each_operatio
         Decision.QUARANTINED: 12,
     }
     assert db.execute("SELECT count(*) FROM shadow_delivery").fetchone() == (1512,)
-    assert store.claim("w1", 10, LEASE) == []
+    assert store.claims.claim("w1", 10, LEASE) == []
 
     # an existing system that applied every decodable copy
     effects = [Effect(c.key, "t", c.payload_hash) for c in copies if isinstance(c, Delivery)]
     result = compare(
-        store.shadow_decisions(["orders-shadow"]), store.shadow_operations(["orders-shadow"]),
+        store.shadow.decisions(["orders-shadow"]), store.shadow.operations(["orders-shadow"]),
         in_key_order(effects), limit=1000,
     )  # fmt: skip
     refund = result.job_types["refund"]
@@ -341,7 +343,7 @@ def shadow_and_effects(store: PostgresStore, subscription: str, n: int, seed: in
     ]
     rng.shuffle(copies)
     for i in range(0, len(copies), 500):
-        store.ingest_shadow(copies[i : i + 500])
+        store.inbox.ingest_shadow(copies[i : i + 500])
     hashed = {k: shadowed(k.operation_id, k.tenant_id).payload_hash.hex() for k in keys}
     first_seen: dict[tuple[str, str], str] = {}
     replays = conflicts = 0
@@ -493,13 +495,13 @@ def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_b
     then += [Rejection(subscription="orders-shadow", reason="missing operation_id")] * 12
     rng.shuffle(then)
     for i in range(0, len(then), 200):
-        store.ingest_shadow(then[i : i + 200])
+        store.inbox.ingest_shadow(then[i : i + 200])
     db.execute("UPDATE shadow_delivery SET received_at = now() - interval '40 days'")
     db.execute("UPDATE shadow_operation SET first_seen_at = now() - interval '40 days'")
     again = rng.sample(old, 100)
-    store.ingest_shadow([dataclasses.replace(d) for d in again])
+    store.inbox.ingest_shadow([dataclasses.replace(d) for d in again])
     young = [shadowed(f"new-{i}") for i in range(100)]
-    store.ingest_shadow(young)
+    store.inbox.ingest_shadow(young)
     db.execute(
         "UPDATE shadow_delivery SET received_at = now() - interval '5 days'"
         " WHERE received_at > now() - interval '1 day'"
@@ -511,7 +513,7 @@ def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_b
         "would purge 1452 shadow delivery record(s) and 1100 shadow operation record(s) older "
         "than 35d" in capsys.readouterr().out
     )
-    report = purge(store, timedelta(days=35), batch_size=150)
+    report = purge(store.operator, timedelta(days=35), batch_size=150)
 
     assert report.removed.shadow_deliveries == 1452
     assert report.removed.shadow_operations == 1100
@@ -523,7 +525,7 @@ def test_purge_removes_what_shadow_subscriptions_recorded_before_its_cutoff_in_b
     assert db.execute(
         "SELECT count(*), min(received_at) > now() - interval '35 days' FROM shadow_delivery"
     ).fetchone() == (200, True)
-    decisions = {(j, d): n for j, d, n in store.shadow_decisions(["orders-shadow"])}
+    decisions = {(j, d): n for j, d, n in store.shadow.decisions(["orders-shadow"])}
     assert decisions[("refund", "new")] == 100
     assert sum(decisions.values()) == 200  # the 100 again: replays, or conflicts
     assert main(["purge", "--older-than", "35d", "--database-url", db_url]) == 0

@@ -133,13 +133,13 @@ def bridge(
     config = parse_config(settings.toml(), file="test.toml")
     registry = build_registry(config, handlers={JOB: handler})
     pool = WorkerPool(store, registry, HASHER, threads=threads, poll_interval=0.1)
-    inbox = Inbox(store, partial(decode, config.decode_rules("orders")), pool=pool)
+    inbox = Inbox(store.inbox, partial(decode, config.decode_rules("orders")), pool=pool)
     consumer = SqsConsumer(
         sqs,
         queue_url,
         "orders",
         inbox,
-        store=store,
+        store=store.inbox,
         ack_mode=ack_mode,
         wait_seconds=1,
         visibility_timeout=visibility,

@@ -182,7 +182,7 @@ def test_the_claimer_survives_ten_thousand_refused_claims_and_recovers(
         assert not pool.healthy
 
         grant(db, roles.bridge, revoke=False)
-        store.ingest([for_job(registry, "quick", f"op-{i}") for i in range(20)])
+        store.inbox.ingest([for_job(registry, "quick", f"op-{i}") for i in range(20)])
         eventually(lambda: states(db) == {"succeeded": 20}, "claims resume once granted")
         assert pool.healthy
         assert pool.claimer.status().failures == 0
@@ -205,7 +205,7 @@ def test_heartbeater_claimer_and_sweeper_survive_a_read_only_database(
     limits = Limits(failing_seconds=3600, restarts=10**6)
     bridge = Bridge(config, bridge_store, HASHER, registry=registry, limits=limits)
     port = config.bridge.health_port
-    store.ingest([for_job(registry, "steady", "long", tenant="t1")])
+    store.inbox.ingest([for_job(registry, "steady", "long", tenant="t1")])
     bridge.start()
     try:
         assert handler.started.wait(60)
@@ -299,12 +299,12 @@ def test_handlers_stuck_past_their_lease_fail_readiness_and_every_thread_stuck_l
     bridge_store = PostgresStore.connect(db_url, max_size=12)
     bridge = Bridge(config, bridge_store, HASHER, registry=registry)
     port = config.bridge.health_port
-    store.ingest([for_job(registry, "steady", "slow")])
+    store.inbox.ingest([for_job(registry, "steady", "slow")])
     caplog.set_level(logging.ERROR, logger="bridge.runtime.heartbeat")
     bridge.start()
     try:
         assert steady.started.wait(60)
-        store.ingest([for_job(registry, "hang", "hang-1")])
+        store.inbox.ingest([for_job(registry, "hang", "hang-1")])
         eventually(lambda: stuck_reason(port).startswith("1 of 3"), "one thread held")
         assert "job type hang" in stuck_reason(port)
         assert probe(port, "/readyz")[0] == 503
@@ -326,7 +326,7 @@ def test_handlers_stuck_past_their_lease_fail_readiness_and_every_thread_stuck_l
         steady.release.set()
         eventually(lambda: states(db).get("succeeded") == 1, "the steady run completes")
 
-        store.ingest([for_job(registry, "hang", f"hang-{i}") for i in (2, 3)])
+        store.inbox.ingest([for_job(registry, "hang", f"hang-{i}") for i in (2, 3)])
         eventually(lambda: probe(port, "/healthz")[0] == 503, "every thread held")
         _, body = probe(port, "/healthz")
         assert body["services"]["handlers"].startswith("3 of 3"), body
@@ -392,7 +392,7 @@ def test_a_revoked_grant_fails_liveness_past_the_limit_counts_restarts_and_recov
         grant(db, roles.bridge, revoke=False)
         eventually(lambda: probe(port, "/healthz") == (200, {"status": "ok"}), "alive again")
         eventually(lambda: probe(port, "/readyz")[0] == 200, "ready again")
-        bridge_store.ingest([for_job(registry, "quick", "after")])
+        bridge_store.inbox.ingest([for_job(registry, "quick", "after")])
         eventually(lambda: states(db) == {"succeeded": 1}, "work runs again")
     finally:
         grant(db, roles.bridge, revoke=False)
@@ -535,7 +535,7 @@ def test_every_consumer_and_the_pool_share_one_shutdown_deadline(
     state: dict[str, Any] = {"lock": threading.Lock(), "all_in": threading.Event(), "stopping": 0}
     consumers = [SlowToStop(f"sub-{i}", clock, 3, state) for i in range(3)]
     bridge.consumers.members[:] = consumers
-    store.ingest([for_job(registry, "steady", "running")])
+    store.inbox.ingest([for_job(registry, "steady", "running")])
     bridge.start()
     try:
         assert handler.started.wait(60)

@@ -152,7 +152,7 @@ def stale_and_current(store: PostgresStore, table: Any) -> tuple[PostgresStore, 
     """One operation claimed, its lease lapsed, claimed again: (store, stale, current)."""
     clock = Clock(datetime(2024, 2, 3, 4, 5, tzinfo=UTC))
     clocked = PostgresStore(store.pool, clock=clock)
-    clocked.ingest(
+    clocked.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -164,9 +164,9 @@ def stale_and_current(store: PostgresStore, table: Any) -> tuple[PostgresStore, 
             )
         ]
     )
-    (stale,) = clocked.claim_keys("paused", [Key("t1", "op-1")], LEASE)
+    (stale,) = clocked.claims.claim_keys("paused", [Key("t1", "op-1")], LEASE)
     clock.advance(LEASE * 2)
-    (current,) = clocked.claim_keys("rescuer", [Key("t1", "op-1")], LEASE)
+    (current,) = clocked.claims.claim_keys("rescuer", [Key("t1", "op-1")], LEASE)
     assert (stale.fence, current.fence) == (1, 2)
     return clocked, stale, current
 
@@ -176,7 +176,7 @@ def run(store: PostgresStore, table: Any, claim: Claim) -> dict[str, int]:
     spec = registry.register("set_balance", SetBalanceInDynamo(table))
     hasher = IdentityHasher(b"dynamodb-tests-identity-secret")
     events = EventCounter()
-    execute(Run(store, claim, spec, context_for(claim, hasher), events))
+    execute(Run(store.settle, claim, spec, context_for(claim, hasher), events))
     return events.snapshot()
 
 

@@ -67,7 +67,7 @@ from bridge.ingest.decode import DecodeRules, FieldSource, JobRule, PayloadSourc
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.process import Bridge, build_registry
 from bridge.store import PostgresStore
-from bridge.store.work import ConcurrencyLimit
+from bridge.store.work import ConcurrencyLimit, Settlement
 from bridge.targets.postgres import fenced_write
 from bridge.telemetry import Telemetry
 from bridge.telemetry import names as n
@@ -75,6 +75,7 @@ from bridge.telemetry.recorder import DURATION_BUCKETS_SECONDS
 from bridge.types import Delivery, Key, RawDelivery, State, TargetClass
 from tests.support.deliveries import for_job
 from tests.support.handlers import TARGET_WRITE, RecordEffect, create_tables, instructions
+from tests.support.policy import with_policy
 from tests.support.postgres import database_from
 from tests.support.sqs_server import SqsServer, sqs_server
 from tests.support.waiting import eventually
@@ -399,7 +400,7 @@ def queue_empty(client: Any, queue_url: str) -> bool:
 
 
 def settled(store: PostgresStore) -> bool:
-    stats = store.stats()
+    stats = store.operator.stats()
     return (
         stats.total(State.SUCCEEDED) == 5
         and stats.total(State.UNKNOWN) == 1
@@ -420,10 +421,14 @@ def leave_gauge_material(store: PostgresStore) -> None:
             payload=b"{}",
         )
 
-    store.ingest([delivery("op-waiting"), delivery("op-stalled")])
-    claims = store.claim_keys("a-worker-that-stalled", [Key(TENANT, "op-stalled")], LAPSED_LEASE)
+    store.inbox.ingest([delivery("op-waiting"), delivery("op-stalled")])
+    claims = store.claims.claim_keys(
+        "a-worker-that-stalled", [Key(TENANT, "op-stalled")], LAPSED_LEASE
+    )
     assert len(claims) == 1
-    eventually(lambda: store.stats().stalled_claims == 1, "the stalled claim's lease to lapse")
+    eventually(
+        lambda: store.operator.stats().stalled_claims == 1, "the stalled claim's lease to lapse"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -492,7 +497,7 @@ def sqs_run(
             finally:
                 bridge.stop(deadline=10)
             leave_gauge_material(store)
-            telemetry.observe(store, interval=3600)
+            telemetry.observe(store.operator, interval=3600)
             eventually(
                 lambda: n.METRIC_STALLED in metric_points(reader.get_metrics_data()),
                 "the database gauges' first reading",
@@ -726,7 +731,7 @@ def test_a_drained_subscription_reports_a_queue_depth_of_zero(store: PostgresSto
     """A missing series and an empty queue look alike on a dashboard; zero is a reading. The
     gauges read open and parked rows only, so a subscription all of whose rows are settled is
     reported because it is configured, not because its history was counted."""
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id=TENANT,
@@ -738,13 +743,13 @@ def test_a_drained_subscription_reports_a_queue_depth_of_zero(store: PostgresSto
             )
         ]
     )
-    (claim,) = store.claim("w", 1, timedelta(seconds=30))
-    store.complete(claim.ticket, "ok", None)
+    (claim,) = store.claims.claim("w", 1, timedelta(seconds=30))
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok", outcome_detail=None))
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     try:
         Telemetry(IdentityHasher(SECRET), meter_provider=meters).observe(
-            store, interval=3600, subscriptions=[SUBSCRIPTION]
+            store.operator, interval=3600, subscriptions=[SUBSCRIPTION]
         )
         eventually(
             lambda: n.METRIC_STALLED in metric_points(reader.get_metrics_data()),
@@ -772,7 +777,7 @@ def test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason(store: Postgre
             payload=b"{}",
         )
 
-    store.ingest(
+    store.inbox.ingest(
         [
             queued("held", "t-limit"),
             queued("waits", "t-limit"),  # its tenant holds its one slot
@@ -781,15 +786,17 @@ def test_rows_waiting_for_a_limit_or_a_rate_are_a_gauge_by_reason(store: Postgre
         ]
     )
     limits = {"record": ConcurrencyLimit(per_tenant=1)}
-    store.use_concurrency_limits(limits)
-    (held,) = store.claim_keys("w", [Key("t-limit", "held")], timedelta(seconds=30))
-    (rated,) = store.claim_keys("w", [Key("t-rate", "r")], timedelta(seconds=30))
-    store.rate_limited(rated.ticket, timedelta(minutes=5))
+    store = with_policy(store, concurrency=limits)
+    (held,) = store.claims.claim_keys("w", [Key("t-limit", "held")], timedelta(seconds=30))
+    (rated,) = store.claims.claim_keys("w", [Key("t-rate", "r")], timedelta(seconds=30))
+    store.settle.rate_limited(rated.ticket, timedelta(minutes=5))
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     hasher = IdentityHasher(SECRET)
     try:
-        Telemetry(hasher, meter_provider=meters).observe(store, interval=3600, limits=limits)
+        Telemetry(hasher, meter_provider=meters).observe(
+            store.operator, interval=3600, limits=limits
+        )
         eventually(
             lambda: n.METRIC_WAITING in metric_points(reader.get_metrics_data()),
             "the waiting gauge's first reading",
@@ -824,11 +831,11 @@ def test_a_rate_limit_wait_cut_to_its_maximum_is_counted(
     telemetry = Telemetry(hasher, tracer_provider=spans.provider, meter_provider=meters)
     registry = Registry()
     spec = registry.register("limited", LimitedForAYear(), rate_wait_max=timedelta(minutes=5))
-    store.ingest([for_job(registry, "limited", "op-1", tenant=TENANT)])
-    (claim,) = store.claim("w", 1, timedelta(seconds=30))
+    store.inbox.ingest([for_job(registry, "limited", "op-1", tenant=TENANT)])
+    (claim,) = store.claims.claim("w", 1, timedelta(seconds=30))
     try:
         with telemetry.process(claim):
-            execute(Run(store, claim, spec, Context.for_claim(claim, hasher), telemetry))
+            execute(Run(store.settle, claim, spec, Context.for_claim(claim, hasher), telemetry))
         data = reader.get_metrics_data()
     finally:
         meters.shutdown()
@@ -909,7 +916,9 @@ def test_a_message_id_that_is_the_operation_id_stays_out_of_spans(
     )
     hasher = IdentityHasher(SECRET)
     telemetry = Telemetry(hasher, tracer_provider=spans.provider)
-    inbox = Inbox(store, lambda raw: decode(rules, raw), system=n.SYSTEM_SQS, telemetry=telemetry)
+    inbox = Inbox(
+        store.inbox, lambda raw: decode(rules, raw), system=n.SYSTEM_SQS, telemetry=telemetry
+    )
     raw = RawDelivery(
         subscription=SUBSCRIPTION,
         message_id="msg-0c4e-as-operation",
@@ -918,7 +927,9 @@ def test_a_message_id_that_is_the_operation_id_stays_out_of_spans(
     )
     (written,) = inbox.write([raw])
     assert written.result.key == Key(TENANT, "msg-0c4e-as-operation")
-    (claim,) = store.claim_keys("w", [Key(TENANT, "msg-0c4e-as-operation")], timedelta(seconds=30))
+    (claim,) = store.claims.claim_keys(
+        "w", [Key(TENANT, "msg-0c4e-as-operation")], timedelta(seconds=30)
+    )
     with telemetry.process(claim):
         pass
     found = spans.spans()
@@ -1032,7 +1043,8 @@ def test_pubsub_producer_context_reaches_the_process_span_in_either_attribute(
         bridge.start()
         try:
             eventually(
-                lambda: store.stats().total(State.SUCCEEDED) == 2, "both operations to succeed"
+                lambda: store.operator.stats().total(State.SUCCEEDED) == 2,
+                "both operations to succeed",
             )
         finally:
             bridge.stop(deadline=10)

@@ -126,14 +126,14 @@ def test_a_statement_past_statement_timeout_is_a_clear_error_and_applies_nothing
     store = bounded(SessionTimeouts(statement=timedelta(milliseconds=300), lock=None))
     registry = Registry()
     registry.register("job", invoices.RefundInvoice())
-    store.ingest([for_job(registry, "job", "op-1")])
+    store.inbox.ingest([for_job(registry, "job", "op-1")])
     with locker.transaction():
         locker.execute("LOCK TABLE work_item IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(StoreUnavailable, match="ran past statement_timeout") as raised:
-            store.claim("w", 1, timedelta(seconds=30))
+            store.claims.claim("w", 1, timedelta(seconds=30))
     assert raised.value.outcome_unknown is False
     assert row(db, "op-1")["state"] == "queued", "the cancelled claim changed nothing"
-    assert len(store.claim("w", 1, timedelta(seconds=30))) == 1, "the pool is usable again"
+    assert len(store.claims.claim("w", 1, timedelta(seconds=30))) == 1, "the pool is usable again"
 
 
 def test_a_lock_wait_past_lock_timeout_is_a_clear_error_and_applies_nothing(
@@ -142,11 +142,11 @@ def test_a_lock_wait_past_lock_timeout_is_a_clear_error_and_applies_nothing(
     store = bounded(SessionTimeouts(statement=None, lock=timedelta(milliseconds=300)))
     registry = Registry()
     registry.register("job", invoices.RefundInvoice())
-    store.ingest([for_job(registry, "job", "op-1")])
+    store.inbox.ingest([for_job(registry, "job", "op-1")])
     with locker.transaction():
         locker.execute("LOCK TABLE work_item IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(StoreUnavailable, match="not granted within lock_timeout") as raised:
-            store.claim("w", 1, timedelta(seconds=30))
+            store.claims.claim("w", 1, timedelta(seconds=30))
     assert raised.value.outcome_unknown is False
     assert row(db, "op-1")["state"] == "queued"
 
@@ -212,7 +212,7 @@ def test_class_a_handler_reporting_progress_past_its_lease_commits_once(
     handler = ProgressingRefund(seconds=6.0)  # two leases of 3 s
     registry = Registry()
     registry.register("refund", handler, lease=timedelta(seconds=3))
-    store.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
+    store.inbox.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
 
     pool = pools(registry)
     eventually(lambda: row(db, "refund-1")["state"] != "claimed" and handler.runs > 0, "settled")
@@ -250,7 +250,7 @@ def test_class_a_handler_blocked_on_a_business_row_lock_is_rolled_back_and_retri
     handler = BoundedRefund()
     registry = Registry()
     registry.register("refund", handler, retry=QUICK_RETRY, lease=timedelta(seconds=60))
-    store.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
+    store.inbox.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
 
     with locker.transaction():
         # Another application holds the invoice row.
@@ -303,7 +303,7 @@ def test_class_a_handler_hung_in_a_call_loses_its_transaction_and_the_work_is_re
     handler = HungRefund()
     registry = Registry()
     registry.register("refund", handler, retry=QUICK_RETRY, lease=timedelta(seconds=60))
-    store.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
+    store.inbox.ingest([for_job(registry, "refund", "refund-1", {"invoice_id": "inv-1"})])
     pool = pools(registry)
     assert handler.hung.wait(60)
 
@@ -369,14 +369,14 @@ def test_class_a_past_its_deadline_is_rolled_back_and_never_unknown_even_on_the_
     handler = SlowPastDeadline()
     registry = Registry()
     registry.register("slow", handler, retry=RetryPolicy(max_attempts=2))
-    store.ingest([for_job(registry, "slow", "op-1")])
+    store.inbox.ingest([for_job(registry, "slow", "op-1")])
     spec = registry["slow"]
 
     outcomes = []
     for _ in range(2):
-        (claim,) = store.claim_keys("w", [Key(TENANT, "op-1")], timedelta(seconds=30))
+        (claim,) = store.claims.claim_keys("w", [Key(TENANT, "op-1")], timedelta(seconds=30))
         events = EventCounter()
-        execute(Run(store, claim, spec, Context.for_claim(claim, HASHER), events))
+        execute(Run(store.settle, claim, spec, Context.for_claim(claim, HASHER), events))
         outcomes.append((events.snapshot(), row(db, "op-1")["state"]))
         db.execute("UPDATE work_item SET next_attempt_at = now() WHERE operation_id = 'op-1'")
 

@@ -42,6 +42,7 @@ from bridge.types import Decision
 from tests.support.attempts import ENDED_ATTEMPTS
 from tests.support.deliveries import for_job
 from tests.support.ledger import LEDGER, count, ledgered_registry, running, succeeded
+from tests.support.policy import with_policy
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -79,7 +80,7 @@ def paced_replica(url: str) -> None:
     timeouts = SessionTimeouts(idle_in_transaction=IDLE_IN_TRANSACTION)
     store = PostgresStore.connect(url, max_size=12, timeouts=timeouts)
     try:
-        store.use_token_rates(RATES)
+        store = with_policy(store, rates=RATES)
         pool = WorkerPool(store, registry_for(url), HASHER, threads=4, poll_interval=0.02)
         pool.start()
         with psycopg.connect(url, autocommit=True) as conn:
@@ -116,14 +117,14 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
     store: PostgresStore, db_url: str, db: Db
 ) -> None:
     db.execute(LEDGER)
-    store.use_token_rates(RATES)
+    store = with_policy(store, rates=RATES)
     registry = registry_for(db_url)
     batch = [
         for_job(registry, JOB, f"op-{i}", {"i": i}, tenant=TENANTS[i % len(TENANTS)])
         for i in range(OPERATIONS)
     ]
     for start in range(0, len(batch), 500):
-        store.ingest(batch[start : start + 500])
+        store.inbox.ingest(batch[start : start + 500])
 
     spawn = multiprocessing.get_context("spawn")
     children = [spawn.Process(target=paced_replica, args=(db_url,)) for _ in range(PROCESSES)]
@@ -135,7 +136,7 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
     try:
         # While it drains, the inbox takes every delivery again, and some with another payload.
         for start in range(0, len(batch), 250):
-            for result in store.ingest(batch[start : start + 250]):
+            for result in store.inbox.ingest(batch[start : start + 250]):
                 decisions[result.decision] += 1
         conflicting = [
             for_job(
@@ -143,12 +144,12 @@ def test_a_token_rate_holds_across_three_processes_with_a_kill_and_takeovers(
             )
             for i in range(0, OPERATIONS, OPERATIONS // CONFLICTS)
         ]
-        for result in store.ingest(conflicting):
+        for result in store.inbox.ingest(conflicting):
             decisions[result.decision] += 1
 
         # Rows held back by the rate show as waiting for `rate`.
         eventually(
-            lambda: any(w.reason == "rate" for w in store.waiting()),
+            lambda: any(w.reason == "rate" for w in store.operator.waiting()),
             "rows waiting for a token",
             DEADLINE,
             poll=0.01,

@@ -113,7 +113,7 @@ def deliveries(
 def ingest(store: PostgresStore, batch: list[Delivery]) -> Counter[Decision]:
     decisions: Counter[Decision] = Counter()
     for start in range(0, len(batch), 100):
-        decisions.update(r.decision for r in store.ingest(batch[start : start + 100]))
+        decisions.update(r.decision for r in store.inbox.ingest(batch[start : start + 100]))
     return decisions
 
 

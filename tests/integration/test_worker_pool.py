@@ -42,6 +42,7 @@ from bridge.types import Claim, Decision, Delivery, Key, RawDelivery, State, Tic
 from tests.support.clock import Clock
 from tests.support.deliveries import for_job
 from tests.support.held import HeldRows
+from tests.support.policy import with_policy
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[Any]
@@ -199,7 +200,7 @@ def test_the_pool_drains_a_mixed_workload_of_every_target_class(
                 }
                 for job, (name, payload) in work.items():
                     batch.append(for_job(registry, job, f"{name}-{i}", payload, tenant=tenant))
-        store.ingest(batch)
+        store.inbox.ingest(batch)
 
         pool = pools(registry, threads=4)
         eventually(lambda: states(db) == {"succeeded": len(batch)}, "every row succeeded")
@@ -255,7 +256,7 @@ def test_a_run_leaves_nothing_for_the_cyclic_collector(
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept in gc.garbage to look at
     try:
-        store.ingest(batch)
+        store.inbox.ingest(batch)
         pool = pools(registry, threads=8, prefetch=8)
         eventually(
             lambda: states(db) == {"succeeded": 750, "failed_terminal": 250}, "every row settled"
@@ -282,7 +283,7 @@ def test_hand_off_keys_do_not_hold_back_older_queued_rows_when_the_general_claim
     registry = Registry()
     registry.register("quick", quick)
     older = [f"old-{i}" for i in range(5)]
-    store.ingest([for_job(registry, "quick", op) for op in [*older, "fresh"]])
+    store.inbox.ingest([for_job(registry, "quick", op) for op in [*older, "fresh"]])
 
     recorder = Recorder()
     pool = WorkerPool(store, registry, HASHER, threads=1, poll_interval=POLL, events=recorder)
@@ -335,7 +336,7 @@ def test_a_backlog_fed_through_the_inbox_is_claimed_in_the_general_claims_order(
     registry = Registry()
     registry.register("quick", handler, lease=timedelta(seconds=2))
     fair = PostgresStore(store.pool)
-    fair.use_tenant_fairness()
+    fair = with_policy(fair, fairness={})
     events = Recorder()
     pool = WorkerPool(fair, registry, HASHER, threads=4, poll_interval=POLL, events=events)
 
@@ -348,7 +349,7 @@ def test_a_backlog_fed_through_the_inbox_is_claimed_in_the_general_claims_order(
         attributes = {"op": op, "tenant": tenant, **extra}
         return RawDelivery(subscription="jobs", message_id=None, body=body, attributes=attributes)
 
-    inbox = Inbox(fair, decode, pool=pool)
+    inbox = Inbox(fair.inbox, decode, pool=pool)
     flood = [f"flood-{i:04d}" for i in range(1500)]
     held: list[int] = []
     pool.start()
@@ -361,9 +362,13 @@ def test_a_backlog_fed_through_the_inbox_is_claimed_in_the_general_claims_order(
                 assert {w.decision for w in inbox.write(batch)} == {Decision.REPLAY}
         (conflict,) = inbox.write([raw(flood[7], body=b'{"other": 1}')])
         assert conflict.decision is Decision.CONFLICT
-        store.ingest([for_job(registry, "quick", "crashed", tenant="other")])
-        (crashed,) = store.claim_keys("crashed", [Key("other", "crashed")], timedelta(seconds=1))
-        store.ingest([for_job(registry, "quick", "replica", tenant="other")])  # not handed off
+        store.inbox.ingest([for_job(registry, "quick", "crashed", tenant="other")])
+        (crashed,) = store.claims.claim_keys(
+            "crashed", [Key("other", "crashed")], timedelta(seconds=1)
+        )
+        store.inbox.ingest(
+            [for_job(registry, "quick", "replica", tenant="other")]
+        )  # not handed off
         inbox.write([raw("quiet-1", tenant="quiet")])
         inbox.write([raw("urgent", priority="5")])
         held.append(len(pool._handoff))
@@ -422,7 +427,7 @@ class Together:
         #: (keys settled, keys claimed in the same transaction, whether by hand-off keys)
         self.batches: list[tuple[list[Key], list[Key], bool]] = []
         self.alone: list[int] = []  # sizes of batches written with no claim
-        settle_and_claim, settle_many = store.settle_and_claim, store.settle_many
+        settle_and_claim, settle_many = store.claims.settle_and_claim, store.settle.settle_many
 
         def together(settlements: Any, *args: Any, **kwargs: Any) -> Any:
             done = settle_and_claim(settlements, *args, **kwargs)
@@ -441,8 +446,8 @@ class Together:
                 self.alone.append(len(settlements))
             return settle_many(settlements)
 
-        monkeypatch.setattr(store, "settle_and_claim", together)
-        monkeypatch.setattr(store, "settle_many", alone)
+        monkeypatch.setattr(store.claims, "settle_and_claim", together)
+        monkeypatch.setattr(store.settle, "settle_many", alone)
 
 
 @pytest.mark.slow
@@ -469,7 +474,7 @@ def test_settlements_commit_with_the_claims_that_refill_their_workers(
     def raw(op: str, body: bytes) -> RawDelivery:
         return RawDelivery(subscription="jobs", message_id=None, body=body, attributes={"op": op})
 
-    inbox = Inbox(store, decode, pool=pool)
+    inbox = Inbox(store.inbox, decode, pool=pool)
     ops = [f"op-{i:04d}" for i in range(1200)]
     for n, start in enumerate(range(0, len(ops), 10)):
         batch = [raw(op, b"{}") for op in ops[start : start + 10]]
@@ -523,9 +528,9 @@ def test_the_rows_a_pool_holds_never_exceed_its_threads_through_a_lost_connectio
     ops = [f"op-{i:04d}" for i in range(1500)]
     for i in range(0, len(ops), 100):
         batch = [for_job(registry, "quick", op) for op in ops[i : i + 100]]
-        store.ingest(batch)
-        store.ingest(batch)  # replays
-    (conflict,) = store.ingest([for_job(registry, "quick", ops[3], {"other": 1})])
+        store.inbox.ingest(batch)
+        store.inbox.ingest(batch)  # replays
+    (conflict,) = store.inbox.ingest([for_job(registry, "quick", ops[3], {"other": 1})])
     assert conflict.decision is Decision.CONFLICT
 
     events = Recorder()
@@ -589,7 +594,7 @@ def test_a_prefetched_row_whose_lease_ran_out_in_the_queue_is_given_back_unrun(
     handler = HeldOpen()
     registry = Registry()
     registry.register("slow", handler, lease=timedelta(seconds=1))
-    store.ingest([for_job(registry, "slow", f"op-{i}") for i in range(3)])
+    store.inbox.ingest([for_job(registry, "slow", f"op-{i}") for i in range(3)])
     events = Recorder()
     pools(registry, threads=1, prefetch=2, events=events)
     handler.first_running.wait(DEADLINE)
@@ -636,7 +641,7 @@ def test_a_stuck_handler_loses_its_lease_while_a_slow_one_reporting_progress_kee
     registry = Registry()
     registry.register("stuck", stuck, lease=lease)
     registry.register("slow", SlowButAlive(), lease=lease)
-    store.ingest([for_job(registry, "stuck", "stuck"), for_job(registry, "slow", "slow")])
+    store.inbox.ingest([for_job(registry, "stuck", "stuck"), for_job(registry, "slow", "slow")])
     recorder = Recorder()
 
     pool = pools(registry, threads=4, events=recorder)
@@ -689,10 +694,10 @@ def test_graceful_stop_releases_unstarted_claims_and_abandons_what_outlives_the_
                 eventually(first._stopping.is_set, "stop() to begin")
 
     recorder = HoldsY()
-    store.ingest([for_job(registry, "blocked", "x")])
+    store.inbox.ingest([for_job(registry, "blocked", "x")])
     first = pools(registry, threads=2, events=recorder)
     assert blocked.started.wait(DEADLINE)
-    store.ingest([for_job(registry, "quick", "y")])
+    store.inbox.ingest([for_job(registry, "quick", "y")])
     first.wake()
     assert reached_y.wait(DEADLINE)
 
@@ -733,12 +738,12 @@ def test_one_sweeper_is_active_at_a_time_across_processes(db_url: str, db: Db) -
     clock = Clock(datetime(2023, 1, 2, 3, 4, tzinfo=UTC))
     stores = [PostgresStore.connect(db_url, max_size=4, clock=clock) for _ in range(2)]
     try:
-        a, b = (Sweeper(s, interval=POLL) for s in stores)
+        a, b = (Sweeper(s.settle, interval=POLL) for s in stores)
         registry = Registry()
         registry.register("quick", Quick(), retry=RetryPolicy(max_attempts=1))
         ops = [f"op-{i}" for i in range(12)]
-        stores[0].ingest([for_job(registry, "quick", op) for op in ops])
-        claims = stores[0].claim("crashed", len(ops), timedelta(seconds=5))
+        stores[0].inbox.ingest([for_job(registry, "quick", op) for op in ops])
+        claims = stores[0].claims.claim("crashed", len(ops), timedelta(seconds=5))
         assert len(claims) == len(ops)
         clock.advance(timedelta(seconds=10))  # every lease expired, no attempt left
 
@@ -770,11 +775,11 @@ def test_a_sweeper_remembers_only_its_most_recent_parked_rows(
     registry = Registry()
     registry.register("quick", Quick(), retry=RetryPolicy(max_attempts=1))
     ops = [f"op-{i}" for i in range(120)]
-    clocked.ingest([for_job(registry, "quick", op) for op in ops])
-    assert len(clocked.claim("crashed", len(ops), timedelta(seconds=5))) == len(ops)
+    clocked.inbox.ingest([for_job(registry, "quick", op) for op in ops])
+    assert len(clocked.claims.claim("crashed", len(ops), timedelta(seconds=5))) == len(ops)
     clock.advance(timedelta(seconds=10))
 
-    sweeper = Sweeper(clocked, keep=50)
+    sweeper = Sweeper(clocked.settle, keep=50)
     while sweeper.sweep_once():
         pass
 
@@ -793,7 +798,7 @@ def test_claims_that_return_after_the_claimer_join_gave_up_are_released(
     quick = Quick()
     registry.register("quick", quick)
     ops = [f"late-{i}" for i in range(4)]
-    store.ingest([for_job(registry, "quick", op) for op in ops])
+    store.inbox.ingest([for_job(registry, "quick", op) for op in ops])
     pool = WorkerPool(store, registry, HASHER, threads=4, poll_interval=POLL)
     with psycopg.connect(db_url) as locker:
         # The claim statement waits behind this lock until the pool has stopped.
@@ -849,11 +854,11 @@ def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
     registry.register("gated", gated)
     ops = [f"fast-{i}" for i in range(4)] + [f"gated-{i}" for i in range(4)]
     ops += [f"later-{i}" for i in range(24)]
-    store.ingest([for_job(registry, "gated", op) for op in ops])
+    store.inbox.ingest([for_job(registry, "gated", op) for op in ops])
     meeting = threading.Barrier(2, timeout=DEADLINE)
     met: list[int] = []
     calls = threading.Lock()
-    settle_and_claim = store.settle_and_claim
+    settle_and_claim = store.claims.settle_and_claim
 
     def overlapping(*args: Any, **kwargs: Any) -> Any:
         with calls:
@@ -865,7 +870,7 @@ def test_two_claimers_have_their_settlement_writes_in_flight_at_once(
             meeting.wait()  # raises BrokenBarrierError unless another transaction comes
         return settle_and_claim(*args, **kwargs)
 
-    monkeypatch.setattr(store, "settle_and_claim", overlapping)
+    monkeypatch.setattr(store.claims, "settle_and_claim", overlapping)
     events = Recorder()
     pools(registry, threads=8, claimers=2, claim_batch=8, events=events)
 
@@ -915,10 +920,10 @@ def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  #
     registry.register("quick", Quick())
     ops = [f"op-{i:04d}" for i in range(1200)]
     for i in range(0, len(ops), 200):
-        store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
+        store.inbox.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
     statements: list[int] = []  # rows asked by each claim statement of the current round
     rounds: list[tuple[int, list[int]]] = []  # (rows wanted, each statement's rows)
-    claim, settle_and_claim = store.claim, store.settle_and_claim
+    claim, settle_and_claim = store.claims.claim, store.claims.settle_and_claim
 
     def counting(worker: str, limit: int, *args: Any, **kwargs: Any) -> Any:
         statements.append(limit)
@@ -928,8 +933,8 @@ def test_a_claim_round_refills_the_workers_in_statements_of_claim_batch_rows(  #
         statements.append(kwargs["limit"])  # the first statement of a round that settles
         return settle_and_claim(settlements, worker, lease, **kwargs)
 
-    monkeypatch.setattr(store, "claim", counting)
-    monkeypatch.setattr(store, "settle_and_claim", counting_with)
+    monkeypatch.setattr(store.claims, "claim", counting)
+    monkeypatch.setattr(store.claims, "settle_and_claim", counting_with)
     pool = pools(registry, threads=16, claim_batch=claim_batch)
     claim_rows = pool._claim_rows
 
@@ -969,7 +974,7 @@ def test_runs_end_at_their_handover_and_a_reaction_that_raises_in_the_writer_sto
     registry.register("quick", quick)
     ops = [f"op-{i:04d}" for i in range(1200)]
     for i in range(0, len(ops), 200):
-        store.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
+        store.inbox.ingest([for_job(registry, "quick", op) for op in ops[i : i + 200]])
     events = ThreadsOf()
     ran_on: dict[str, str] = {}
     original = quick.handle
@@ -1031,7 +1036,7 @@ def test_replicas_in_processes_of_their_own_share_the_work_and_run_each_row_once
     registry = Registry()
     registry.register("busy", Busy())
     ops = [f"busy-{i}" for i in range(400)]
-    store.ingest([for_job(registry, "busy", op) for op in ops])
+    store.inbox.ingest([for_job(registry, "busy", op) for op in ops])
     spawn = multiprocessing.get_context("spawn")
     counts = [spawn.Value("l", 0) for _ in range(2)]
     children = [spawn.Process(target=replica, args=(db_url, len(ops), ran)) for ran in counts]

@@ -17,6 +17,8 @@ from xdist.scheduler import LoadFileScheduling
 ALONE_FILES = frozenset(
     {
         "tests/acceptance/test_pubsub_bridge.py",
+        "tests/acceptance/test_pubsub_key_order.py",
+        "tests/acceptance/test_pubsub_ordered.py",
         "tests/acceptance/test_sqs_held.py",
         "tests/acceptance/test_sqs_quota.py",
     }

@@ -11,7 +11,7 @@ def erase_operation(
     store: PostgresStore, hasher: IdentityHasher, tenant: str, operation: str
 ) -> ErasureCounts:
     """Erase one settled operation, hashed under ``hasher`` (the key the store holds)."""
-    return store.erase(
+    return store.operator.erase(
         tenant,
         operation_id=operation,
         tenant_hash=hasher.tenant(tenant),

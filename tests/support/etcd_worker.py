@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             GatedSetValue(EtcdClient(args.etcd_url)),
             lease=timedelta(seconds=args.lease),
         )
-        claims = store.claim_keys(
+        claims = store.claims.claim_keys(
             f"etcd-worker-{os.getpid()}", [Key(args.tenant, args.operation)], spec.lease
         )
         if not claims:
@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"claimed fence={claim.fence} attempts={claim.attempts} takeover={takeover}")
         gates.reach("claimed")
         events = EventCounter()
-        execute(Run(store, claim, spec, context_for(claim, IdentityHasher.from_env()), events))
+        execute(
+            Run(store.settle, claim, spec, context_for(claim, IdentityHasher.from_env()), events)
+        )
         say("result " + json.dumps(events.snapshot(), sort_keys=True))
     finally:
         store.close()

@@ -176,9 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = gated_registry(args, store, gates)
         if args.claim == "key":
             key = Key(args.tenant, args.operation)
-            claims = store.claim_keys(args.worker_id, [key], spec.lease)
+            claims = store.claims.claim_keys(args.worker_id, [key], spec.lease)
         else:
-            claims = store.claim(args.worker_id, 1, spec.lease, job_types=[spec.job_type])
+            claims = store.claims.claim(args.worker_id, 1, spec.lease, job_types=[spec.job_type])
         if not claims:
             say("claimed none")
             return 0
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"claimed fence={claim.fence} attempts={claim.attempts} takeover={takeover}")
         gates.reach("claimed")
         events = EventCounter()
-        execute(Run(store, claim, spec, context_for(claim, hasher), events))
+        execute(Run(store.settle, claim, spec, context_for(claim, hasher), events))
         say("result " + json.dumps(events.snapshot(), sort_keys=True))
     finally:
         store.close()

@@ -203,3 +203,78 @@ def test_stop_releases_every_copy_still_held(rows: Rows, broker: Broker) -> None
     released = {h for kind, _, handles in broker.calls if kind == "release" for h in handles}
     assert released == {i.handle for i in items}
     assert holder.counts["released"] == 25
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedCopy:
+    handle: str
+    key: Key | None
+    received_at: float
+    #: (ack group, place in its delivery order); None: no group
+    place: tuple[str, int] | None
+
+
+def keyed(n: int, group: str | None) -> KeyedCopy:
+    place = (group, n) if group is not None else None
+    return KeyedCopy(f"h{n}", Key("t1", f"op-{n}"), time.monotonic(), place)
+
+
+@pytest.fixture
+def ordered_holder(rows: Rows, broker: Broker) -> Iterator[Holder[KeyedCopy]]:
+    store: Any = rows
+    held = Holder(
+        "test",
+        store,
+        broker,
+        extension=1.0,
+        limit=60.0,
+        settle_interval=0.05,
+        order=lambda c: c.place,
+    )
+    held.start()
+    try:
+        yield held
+    finally:
+        held.stop(2.0)
+
+
+def test_a_later_copy_of_a_group_waits_for_the_earlier_ones_and_is_acked_after_them(
+    ordered_holder: Holder[KeyedCopy], rows: Rows, broker: Broker
+) -> None:
+    """An ordering key's acks go out in delivery order; a copy of no group never waits."""
+    first, second, third, free = keyed(1, "k"), keyed(2, "k"), keyed(3, "k"), keyed(4, None)
+    rows.rows[first.key] = (State.CLAIMED, True)  # type: ignore[index]
+    for c in (second, third, free):
+        rows.rows[c.key] = (State.SUCCEEDED, False)  # type: ignore[index]
+    # Held out of order (two writers), deadlines near: waiting copies must be extended.
+    ordered_holder.hold([third, free], deadline=time.monotonic() + 1.0)
+    ordered_holder.hold([second], deadline=time.monotonic() + 1.0)
+    ordered_holder.hold([first], deadline=time.monotonic() + 1.0)
+    eventually(lambda: bool(broker.of("settle", "h4")), "the ungrouped copy's ack")
+    eventually(
+        lambda: len(broker.of("extend", "h2")) >= 2 and len(broker.of("extend", "h3")) >= 2,
+        "the waiting copies to be kept leased",
+    )
+    assert not broker.of("settle", "h2")
+    assert not broker.of("settle", "h3")
+    rows.rows[first.key] = (State.SUCCEEDED, False)  # type: ignore[index]
+    eventually(lambda: ordered_holder.counts["settled"] == 4, "every ack")
+    settles = [handles for kind, _, handles in broker.calls if kind == "settle" and "h1" in handles]
+    assert settles == [("h1", "h2", "h3")], broker.calls
+    assert ordered_holder.counts["broker_lease_lost"] == 0
+
+
+def test_a_group_is_acked_only_up_to_its_first_copy_still_waiting(
+    ordered_holder: Holder[KeyedCopy], rows: Rows, broker: Broker
+) -> None:
+    copies = [keyed(n, "k") for n in range(1, 5)]
+    for c in copies:
+        rows.rows[c.key] = (State.SUCCEEDED, False)  # type: ignore[index]
+    rows.rows[copies[2].key] = (State.QUEUED, False)  # type: ignore[index]
+    ordered_holder.hold(copies, deadline=time.monotonic() + 30.0)
+    eventually(lambda: ordered_holder.counts["settled"] == 2, "the acks before the waiting copy")
+    assert not broker.of("settle", "h4")
+    rows.rows[copies[2].key] = (State.SUCCEEDED, False)  # type: ignore[index]
+    eventually(lambda: ordered_holder.counts["settled"] == 4, "the rest, once it settled")
+    order = [h for kind, _, handles in broker.calls if kind == "settle" for h in handles]
+    assert order == ["h1", "h2", "h3", "h4"]

@@ -144,6 +144,54 @@ def test_telemetry_imports_no_ingest_module() -> None:
     assert {m: ts for m, ts in offenders.items() if ts} == {}
 
 
+def test_only_the_store_and_the_pool_opener_import_psycopg_pool() -> None:
+    """The pool is the store's: every other module reaches the database through a family of
+    :mod:`bridge.store`, never through connections of its own taken from the pool."""
+    offenders = {
+        m: sorted(t for t in imported(m) if under(t, "psycopg_pool"))
+        for m in modules()
+        if not under(m, "bridge.store") and m != "bridge.database"
+    }
+    assert {m: ts for m, ts in offenders.items() if ts} == {}
+
+
+def concrete_store_checks(path: Path) -> Iterator[int]:
+    """The lines of ``isinstance(..., PostgresStore)`` (alone or in a tuple) in one file."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            continue
+        kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        names = {k.id if isinstance(k, ast.Name) else getattr(k, "attr", None) for k in kinds}
+        if "PostgresStore" in names:
+            yield node.lineno
+
+
+def test_no_code_outside_the_store_checks_for_the_concrete_store() -> None:
+    """Code handed a store family uses it as given: a check for the concrete class is a
+    reach past the family for the pool."""
+    offenders = {
+        m: list(concrete_store_checks(p))
+        for m, p in modules().items()
+        if not under(m, "bridge.store")
+    }
+    assert {m: lines for m, lines in offenders.items() if lines} == {}
+
+
+def test_the_concrete_store_check_finds_a_check(tmp_path: Path) -> None:
+    checked = tmp_path / "checked.py"
+    checked.write_text(
+        "if isinstance(store, PostgresStore): pass\n"
+        "if isinstance(store, (int, bridge.store.PostgresStore)): pass\n"
+        "if isinstance(store, int): pass\n"
+    )
+    assert list(concrete_store_checks(checked)) == [1, 2]
+
+
 def sql_literals(path: Path) -> Iterator[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if (

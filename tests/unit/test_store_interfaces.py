@@ -1,70 +1,45 @@
-"""The store's two interfaces: the runtime's cannot reach an operator query, and the PostgreSQL
-store offers nothing outside them.
+"""The store's shape: one database, and one object per table family on it.
 
-mypy checks the signatures (``bridge.store`` assigns the PostgreSQL store to both); this
-checks which methods each interface has.
+:class:`~bridge.store.postgres.PostgresStore` holds no statement of its own: each family is its
+own class with its own audience, handed out by the store, so a runtime module that holds the
+claims cannot reach an operator query through them.
 """
 
 from __future__ import annotations
 
-from bridge.store import KeyedStore, OperatorStore, PostgresStore, WorkStore
+from typing import Any, cast
 
-#: what only a person asks for: histories, parked work and the moves made on it
-OPERATOR_QUERIES = frozenset(
-    {
-        "close_rejected",
-        "effect_table",
-        "erase",
-        "erasures",
-        "figures",
-        "group_counts",
-        "history",
-        "lift_rate_waits",
-        "parked",
-        "purge_batch",
-        "purge_preview",
-        "quarantined_deliveries",
-        "rate_waits",
-        "redrive",
-        "redrive_applied",
-        "redrive_unfenced",
-        "rejected_page",
-        "rejected_status",
-        "resolve_rejected",
-        "rows_page",
-        "shadow_clear",
-        "shadow_decisions",
-        "shadow_operations",
-        "view_payload",
-        "waiting",
-    }
-)
-#: what both sides need: a redrive writes re-decoded deliveries as the inbox does, and both
-#: read the counts and may sweep
-SHARED = frozenset({"ingest", "stats", "sweep"})
+from bridge.store import Database, PostgresStore
+from bridge.store.claims import ClaimStore
+from bridge.store.ingest import IngestStore
+from bridge.store.keys import KeyStore
+from bridge.store.listing import ConsoleQueries
+from bridge.store.operator import OperatorQueries
+from bridge.store.outbox import OutboxStore
+from bridge.store.settle import SettleStore
+from bridge.store.shadow import ShadowStore
+
+FAMILIES = {
+    "inbox": IngestStore,
+    "claims": ClaimStore,
+    "settle": SettleStore,
+    "operator": OperatorQueries,
+    "console": ConsoleQueries,
+    "shadow": ShadowStore,
+    "outbox": OutboxStore,
+    "keys": KeyStore,
+}
 
 
-def members(protocol: type) -> frozenset[str]:
-    """The public names a protocol declares, its bases' included."""
-    return frozenset(
-        name
-        for cls in protocol.__mro__
-        if getattr(cls, "_is_protocol", False)
-        for name in vars(cls)
-        if not name.startswith("_")
-    )
+def public(cls: type) -> frozenset[str]:
+    return frozenset(name for name in vars(cls) if not name.startswith("_"))
 
 
-def test_the_runtime_store_offers_no_operator_query() -> None:
-    assert members(WorkStore) & OPERATOR_QUERIES == set()
-
-
-def test_the_operator_store_offers_the_operator_queries_and_no_protocol_write() -> None:
-    keyed = members(KeyedStore)
-    assert members(OperatorStore) - keyed == OPERATOR_QUERIES | SHARED
-
-
-def test_every_method_of_the_postgres_store_belongs_to_an_interface() -> None:
-    public = {name for name in vars(PostgresStore) if not name.startswith("_")} - {"connect"}
-    assert public - (members(WorkStore) | members(OperatorStore)) == set()
-    assert members(WorkStore) | members(OperatorStore) <= public
+def test_the_store_is_the_database_and_hands_out_one_object_per_family() -> None:
+    assert public(PostgresStore) == {"connect"}
+    store = PostgresStore(cast(Any, object()))
+    made = {name: type(value) for name, value in vars(store).items() if not name.startswith("_")}
+    families = {name: kind for name, kind in made.items() if kind in FAMILIES.values()}
+    assert families == FAMILIES
+    shared = public(Database)
+    assert all(not (public(kind) & shared) for kind in FAMILIES.values())

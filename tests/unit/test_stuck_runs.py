@@ -15,7 +15,7 @@ from typing import Any, cast
 from bridge.events import EventCounter
 from bridge.handlers import Context
 from bridge.runtime.heartbeat import Heartbeater, InFlight, StuckRuns
-from bridge.store.work import WorkStore
+from bridge.store.settle import SettleStore
 from bridge.types import Claim, TargetClass
 
 LEASE = timedelta(seconds=10)
@@ -51,7 +51,7 @@ class Clock:
 
 def pool(threads: int) -> tuple[Heartbeater, StuckRuns, Clock]:
     # Only the status is read here: nothing calls the store.
-    beats = Heartbeater(cast(WorkStore, object()), EventCounter(), interval=1.0)
+    beats = Heartbeater(cast(SettleStore, object()), EventCounter(), interval=1.0)
     clock = Clock()
     return beats, StuckRuns(beats, threads, clock=clock), clock
 

@@ -1,4 +1,4 @@
--- Count replays on their work rows (migration 0029): each key with the copies of it a batch
+-- Count replays on their work rows (migration 0030): each key with the copies of it a batch
 -- held beyond the first. The rows are locked in key order first, so two batches replaying the
 -- same keys cannot deadlock; the fence, state and lease are not touched.
 WITH copies AS (

@@ -152,7 +152,7 @@ def rejected(db: Db, kind: str) -> list[tuple[Any, ...]]:
 
 
 def inbox_for(store: PostgresStore) -> Inbox:
-    return Inbox(store, partial(decode, RULES))
+    return Inbox(store.inbox, partial(decode, RULES))
 
 
 class ConsumerConformance:

@@ -63,7 +63,7 @@ class MemoryBroker:
 
     def consumer(self, inbox: Inbox) -> MemoryConsumer:
         sub = self._config.subscriptions[SUBSCRIPTION]
-        consumer = sources.adapter(sub.source).open(sub, inbox, self._store)
+        consumer = sources.adapter(sub.source).open(sub, inbox, self._store.inbox)
         assert isinstance(consumer, MemoryConsumer)
         self._consumers.append(consumer)
         consumer.start()

@@ -28,7 +28,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, TRACEPARENT_ATTRIBUTE
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Delivery, Key, TargetClass
 from consumers.pubsub.sink import PubSubSink
@@ -62,7 +62,7 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
     registry.register(JOB, AnnounceSteps(), outbox_destinations=frozenset({DESTINATION}))
     hasher = IdentityHasher(b"outbox-pubsub-identity-secret")
     operations = [f"op-{i:02d}" for i in range(20)]
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -77,9 +77,9 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
         ]
     )
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
         ctx = Context.for_claim(claim, hasher)
-        execute(Run(store, claim, registry[JOB], ctx, EventCounter()))
+        execute(Run(store.settle, claim, registry[JOB], ctx, EventCounter()))
     written = [str(r[0]) for r in db.execute("SELECT message_id FROM outbox_message ORDER BY seq")]
     assert len(written) == len(operations) * PER_OPERATION
 
@@ -92,7 +92,7 @@ def test_pubsub_sink_keeps_each_ordering_keys_messages_in_order_with_ids_and_tra
         {"sink": "pubsub", "address": topic, "batch": 7, "poll_interval_seconds": 0.05},
     )
     relay = DestinationRelay(
-        DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+        DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
     )
     rounds = 0
     while db.execute("SELECT count(*) FROM outbox_message WHERE state = 'pending'").fetchone() != (
@@ -123,7 +123,7 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
     registry = Registry()
     registry.register(JOB, AnnounceSteps(), outbox_destinations=frozenset({DESTINATION}))
     hasher = IdentityHasher(b"outbox-pubsub-identity-secret")
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="t1",
@@ -135,8 +135,10 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
             )
         ]
     )
-    (claim,) = store.claim_keys("worker", [Key("t1", "op-1")], timedelta(seconds=30))
-    execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+    (claim,) = store.claims.claim_keys("worker", [Key("t1", "op-1")], timedelta(seconds=30))
+    execute(
+        Run(store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter())
+    )
 
     name = f"fb-late-{uuid.uuid4().hex[:8]}"
     topic = f"projects/{PROJECT}/topics/{name}"
@@ -149,7 +151,7 @@ def test_a_topic_that_cannot_take_messages_keeps_them_pending_until_it_can(
         {"sink": "pubsub", "address": topic, "send_tries": 2, "retry_initial_seconds": 0.01},
     )
     relay = DestinationRelay(
-        DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+        DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
     )
     # the topic does not exist yet: the round fails as a whole, nothing is counted or parked
     with pytest.raises(SinkUnavailable, match="NotFound"):

@@ -38,7 +38,7 @@ from bridge.executors.settlement import Run
 from bridge.handlers import Context, SameDatabaseHandler
 from bridge.identity import IdentityHasher
 from bridge.outbox.publish import MESSAGE_ID_ATTRIBUTE, OutboxMessage
-from bridge.outbox.relay import DestinationRelay, OutboxStore
+from bridge.outbox.relay import DestinationRelay
 from bridge.store import PostgresStore
 from bridge.types import Key
 from consumers.pubsub import sink as pubsub_sink
@@ -136,15 +136,21 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
     registry.register(JOB, Announce(), outbox_destinations=frozenset({DESTINATION}))
     hasher = IdentityHasher(b"outbox-pubsub-identity-secret")
     operations = [f"op-{i:04d}" for i in range(OPERATIONS)]
-    store.ingest([for_job(registry, JOB, op) for op in operations])
+    store.inbox.ingest([for_job(registry, JOB, op) for op in operations])
     # delivered again: replays, never a second run or message; with another payload: conflicts
-    replays = store.ingest([for_job(registry, JOB, op) for op in operations[:40]])
+    replays = store.inbox.ingest([for_job(registry, JOB, op) for op in operations[:40]])
     assert {r.decision.value for r in replays} == {"replay"}
-    conflicts = store.ingest([for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]])
+    conflicts = store.inbox.ingest(
+        [for_job(registry, JOB, op, {"x": 1}) for op in operations[40:60]]
+    )
     assert {r.decision.value for r in conflicts} == {"conflict"}
     for op in operations:
-        (claim,) = store.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
-        execute(Run(store, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()))
+        (claim,) = store.claims.claim_keys("worker", [Key("t1", op)], timedelta(seconds=30))
+        execute(
+            Run(
+                store.settle, claim, registry[JOB], Context.for_claim(claim, hasher), EventCounter()
+            )
+        )
     written = [
         (str(r[0]), r[1], r[2])
         for r in db.execute("SELECT message_id, ordering_key, seq FROM outbox_message ORDER BY seq")
@@ -177,7 +183,7 @@ def test_a_refused_message_never_takes_its_batch_and_a_paused_keys_batches_are_h
             },
         )
         relay = DestinationRelay(
-            DESTINATION, config, OutboxStore(store.pool), PubSubSink(publisher, topic), owner="r"
+            DESTINATION, config, store.outbox, PubSubSink(publisher, topic), owner="r"
         )
         relay.service.start()
         try:

@@ -17,20 +17,29 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 from bridge.adapters import sources
 from bridge.adapters.holding import confirm
 from bridge.config import parse_config
 from bridge.database import SessionTimeouts
+from bridge.identity import IdentityHasher
+from bridge.ingest.decode import decode
 from bridge.ingest.inbox import Inbox
 from bridge.store import PostgresStore
-from bridge.types import Key
+from bridge.store.work import Settlement
+from bridge.telemetry import Telemetry
+from bridge.telemetry import names as n
+from bridge.types import Key, State
 from consumers.pubsub.source import AckCalls, PubSubConsumer, from_config, subscriber_client
 from tests.integration.consumers.conformance import (
+    RULES,
     SUBSCRIPTION,
     Db,
     eventually,
@@ -133,7 +142,7 @@ def test_a_late_ack_fails_with_invalid_ack_id_and_the_redelivery_is_a_replay(
         (message_id, "queued")
     ]
     # The work is there once: one claim, and nothing else to claim.
-    assert len(store.claim("w", 10, timedelta(seconds=30))) == 1
+    assert len(store.claims.claim("w", 10, timedelta(seconds=30))) == 1
     store.close()
     assert emulator.deliverable(path) == []
 
@@ -248,10 +257,10 @@ def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
     emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
 ) -> None:
     topic, path = emulator.create(enable_exactly_once_delivery=True)
-    consumer = consumers.start(path, inbox_for(store), store=store, ack_mode="after_outcome")
+    consumer = consumers.start(path, inbox_for(store), store=store.inbox, ack_mode="after_outcome")
     publish(emulator, topic, "t1", "op-1", 5)
     eventually(lambda: consumer.held() == 1, "the delivery to be held")
-    (claim,) = store.claim_keys("w", [Key("t1", "op-1")], timedelta(seconds=3))
+    (claim,) = store.claims.claim_keys("w", [Key("t1", "op-1")], timedelta(seconds=3))
 
     # The handler makes progress for longer than the ack deadline: the lease is renewed, so
     # the consumer keeps extending the delivery and the emulator never hands it out again.
@@ -259,7 +268,7 @@ def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
 
     def heartbeat() -> None:
         while not stop.wait(0.5):
-            store.heartbeat(claim.ticket, timedelta(seconds=3))
+            store.settle.heartbeat(claim.ticket, timedelta(seconds=3))
 
     beating = threading.Thread(target=heartbeat, daemon=True)
     beating.start()
@@ -273,7 +282,7 @@ def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
         stop.set()
         beating.join()
     assert consumer.counts["acked"] == 0
-    store.complete(claim.ticket)
+    store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
     eventually(lambda: consumer.counts["acked"] == 1, "the ack once the row succeeded")
     consumer.stop()
     assert consumer.counts["received"] == 1  # never redelivered
@@ -281,16 +290,57 @@ def test_after_outcome_extends_a_progressing_claim_and_acks_when_it_settles(
     assert emulator.deliverable(path) == []
 
 
+def receive_to_ack_counts(reader: InMemoryMetricReader) -> int:
+    """How many acknowledgements the receive-to-ack histogram recorded for the subscription."""
+    data = reader.get_metrics_data()
+    found = 0
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != n.METRIC_RECEIVE_TO_ACK:
+                    continue
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes or {})
+                    if attributes.get(n.LABEL_SUBSCRIPTION) == SUBSCRIPTION:
+                        assert isinstance(point, HistogramDataPoint)
+                        found += point.count
+    return found
+
+
+def test_after_outcome_records_receive_to_ack_for_held_deliveries(
+    emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
+) -> None:
+    """The holder's acks are acknowledgements too: each one is timed from its receive."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(IdentityHasher(b"receive-to-ack-test-secret-0001"), meter_provider=meters)
+    inbox = Inbox(store.inbox, partial(decode, RULES), telemetry=telemetry)
+    topic, path = emulator.create(enable_exactly_once_delivery=True, enable_message_ordering=True)
+    consumer = consumers.start(path, inbox, store=store.inbox, ack_mode="after_outcome")
+    try:
+        for i in range(3):
+            publish(emulator, topic, "t1", f"op-{i}", 5 + i)
+        eventually(lambda: consumer.held() == 3, "the deliveries to be held")
+        assert receive_to_ack_counts(reader) == 0
+        for claim in store.claims.claim("w", 3, timedelta(seconds=30)):
+            store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+        eventually(lambda: consumer.counts["acked"] == 3, "the acks once the rows succeeded")
+        eventually(lambda: receive_to_ack_counts(reader) == 3, "three receive-to-ack times")
+    finally:
+        consumer.stop()
+        meters.shutdown()
+
+
 @pytest.mark.slow
 def test_after_outcome_lets_a_stalled_claim_go_and_its_redelivery_is_a_replay(
     emulator: PubSubEmulator, consumers: Consumers, store: PostgresStore, db: Db
 ) -> None:
     topic, path = emulator.create(enable_exactly_once_delivery=True)
-    consumer = consumers.start(path, inbox_for(store), store=store, ack_mode="after_outcome")
+    consumer = consumers.start(path, inbox_for(store), store=store.inbox, ack_mode="after_outcome")
     publish(emulator, topic, "t1", "op-1", 5)
     eventually(lambda: consumer.held() == 1, "the delivery to be held")
     # Claimed and never renewed: the lease lapses, the claim is stalled.
-    store.claim_keys("w", [Key("t1", "op-1")], timedelta(seconds=1))
+    store.claims.claim_keys("w", [Key("t1", "op-1")], timedelta(seconds=1))
     eventually(lambda: consumer.counts["let_go"] >= 1, "the stalled delivery to be let go")
     eventually(
         lambda: consumer.counts["decision.replay"] >= 1,
@@ -300,9 +350,9 @@ def test_after_outcome_lets_a_stalled_claim_go_and_its_redelivery_is_a_replay(
     assert consumer.counts["acked"] == 0
 
     # Another worker takes the expired claim over and finishes: the delivery is acked.
-    (takeover,) = store.claim("w2", 1, timedelta(seconds=30))
+    (takeover,) = store.claims.claim("w2", 1, timedelta(seconds=30))
     assert takeover.fence == 2
-    store.complete(takeover.ticket)
+    store.settle.settle(Settlement(takeover.ticket, State.SUCCEEDED, "ok"))
     eventually(lambda: consumer.counts["acked"] >= 1, "the ack after the takeover", REDELIVERY_WAIT)
     consumer.stop()
     assert consumer.counts["decision.new"] == 1

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 
 from bridge.store import PostgresStore
-from bridge.types import Delivery, TargetClass
+from bridge.store.work import Settlement
+from bridge.types import Delivery, State, TargetClass
 from tests.integration.consumers.conformance import SUBSCRIPTION, Db, eventually, inbox_for
 from tests.integration.consumers.test_pubsub import REDELIVERY_WAIT, Consumers, consumers, publish
 from tests.support.pubsub_emulator import PubSubEmulator
@@ -31,7 +32,7 @@ def test_a_tenant_at_its_quota_waits_with_the_service_and_is_written_once_below_
 ) -> None:
     topic, path = emulator.create(ack_deadline=10)
     # the flooding tenant already has three open rows: at a quota of three it may add none
-    store.ingest(
+    store.inbox.ingest(
         [
             Delivery(
                 tenant_id="flood",
@@ -61,8 +62,8 @@ def test_a_tenant_at_its_quota_waits_with_the_service_and_is_written_once_below_
     # Rows settle as a worker would settle them; the deferred deliveries come back and are
     # written, once each.
     def settled_and_written() -> bool:
-        for claim in store.claim("w", 10, lease=LEASE):
-            store.complete(claim.ticket)
+        for claim in store.claims.claim("w", 10, lease=LEASE):
+            store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
         return operations(db, "flood") == {f"{a}-{i}" for a in ("old", "new") for i in range(3)}
 
     eventually(
