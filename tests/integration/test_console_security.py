@@ -311,6 +311,7 @@ def test_inspect_prints_a_stored_reason_without_its_control_characters(
     assert "before the check\\x0d\\x0a\\x1b[31mFAKE LINE" in shown.stdout
 
 
+@pytest.mark.slow
 def test_the_redrive_command_refuses_a_reason_with_control_characters(db_url: str) -> None:
     env = {**os.environ, "FENCEBRIDGE_DATABASE_URL": db_url}
     refused = subprocess.run(

@@ -70,6 +70,7 @@ def fields(value: Any, path: str = "") -> set[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "op",
     [
@@ -101,6 +102,7 @@ def test_the_cli_and_the_api_render_one_operation_alike(
     assert [r["to_state"] for r in api["redrives"]] == (["succeeded"] if op == "op-raw-0-2" else [])
 
 
+@pytest.mark.slow
 def test_the_cli_and_the_api_render_the_status_alike(console: Console, db_url: str) -> None:
     status, api = console.call("GET", "/api/v1/status", token=VIEWER)
     cli = cli_json(db_url, "status")

@@ -1,7 +1,12 @@
--- One operation's delivery evidence: the first copy's arrival, the replays counted on its row
--- and the last one's time, and its conflicting copies (rejected deliveries of kind conflict)
--- with the last one's time. One row even without a work row (then only the conflicts).
-SELECT w.created_at, coalesce(w.replays, 0), w.last_replay_at,
+-- One operation's delivery evidence: the first copy's arrival, its replays (delivery_copy,
+-- migration 0030) and the last one's time, and its conflicting copies (rejected deliveries of
+-- kind conflict) with the last one's time. One row even without a work row (then only the
+-- conflicts).
+SELECT w.created_at,
+       (SELECT count(*) FROM delivery_copy c
+         WHERE c.tenant_id = %(tenant_id)s AND c.operation_id = %(operation_id)s),
+       (SELECT max(c.arrived_at) FROM delivery_copy c
+         WHERE c.tenant_id = %(tenant_id)s AND c.operation_id = %(operation_id)s),
        (SELECT count(*) FROM rejected_delivery r
          WHERE r.tenant_id = %(tenant_id)s AND r.operation_id = %(operation_id)s
            AND r.kind = 'conflict'),
