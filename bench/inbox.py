@@ -130,8 +130,8 @@ class Plan:
     #: every batch after the first carries the previous batch's first delivery again (one
     #: replay in eleven copies): the batches take the inbox's careful way, as replays do
     replays: bool = False
-    #: count replays on their rows (migration 0030's delivery evidence); off: the same rounds
-    #: without the count, to measure what it costs
+    #: record replays beside their rows (migration 0030's delivery evidence); off: the same
+    #: rounds without the record, to measure what it costs
     evidence: bool = True
 
 
@@ -535,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="evidence",
         action="store_const",
         const=False,
-        help="do not count replays on their rows (to measure the delivery evidence's cost)",
+        help="do not record replays (delivery_copy) (to measure the delivery evidence's cost)",
     )
     args, command = command_line(parser, argv)
     names = (
