@@ -74,7 +74,7 @@ from bridge.identity import IdentityHasher
 from bridge.ingest.inbox import Inbox
 from bridge.runtime.collector import settle_in
 from bridge.runtime.worker import WorkerPool
-from bridge.store import PostgresStore
+from bridge.store import PostgresStore, ingest
 from bridge.store.claims import ClaimPolicy
 from bridge.types import Delivery, RawDelivery, Rejection, TargetClass
 
@@ -127,6 +127,12 @@ class Plan:
     claimers: int = CLAIMERS
     #: claims tenant-fair, as `fencebridge run` claims by default (off: in due order)
     fairness: bool = False
+    #: every batch after the first carries the previous batch's first delivery again (one
+    #: replay in eleven copies): the batches take the inbox's careful way, as replays do
+    replays: bool = False
+    #: record replays beside their rows (migration 0030's delivery evidence); off: the same
+    #: rounds without the record, to measure what it costs
+    evidence: bool = True
 
 
 FULL = Plan(runs=3, deliveries=20_000, subscriptions=SUBSCRIPTIONS, ceiling_seconds=10)
@@ -146,22 +152,30 @@ def decoder(raw: RawDelivery) -> Delivery | Rejection:
     )
 
 
-def writer(
-    inbox: Inbox, subscription: str, count: int, errors: list[Exception], first: int = 0
+def writer(  # noqa: PLR0917  (a thread's target takes its arguments in order)
+    inbox: Inbox,
+    subscription: str,
+    count: int,
+    errors: list[Exception],
+    first: int = 0,
+    replays: bool = False,
 ) -> None:
-    """``count`` new deliveries of ``subscription`` in batches, numbered from ``first``."""
+    """``count`` new deliveries of ``subscription`` in batches, numbered from ``first``; with
+    ``replays``, each batch after the first also carries the previous batch's first again."""
+
+    def raw(i: int) -> RawDelivery:
+        return RawDelivery(
+            subscription=subscription,
+            message_id=f"{subscription}-{i}",
+            body=BODY,
+            attributes={"tenant": "bench", "operation": f"{subscription}-{i}"},
+        )
+
     try:
         for start in range(first, first + count, BATCH):
+            again = [raw(start - BATCH)] if replays and start > first else []
             inbox.write(
-                [
-                    RawDelivery(
-                        subscription=subscription,
-                        message_id=f"{subscription}-{i}",
-                        body=BODY,
-                        attributes={"tenant": "bench", "operation": f"{subscription}-{i}"},
-                    )
-                    for i in range(start, min(start + BATCH, first + count))
-                ]
+                [*again, *(raw(i) for i in range(start, min(start + BATCH, first + count)))]
             )
     except Exception as exc:  # noqa: BLE001  (reported by the round: never a silent failure)
         errors.append(exc)
@@ -247,6 +261,8 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
     until ``settled`` says every delivery of the round settled; its CPU seconds, and the
     machine's from its pool's start to the last settlement."""
     threads = THREADS // replicas
+    if not plan.evidence:  # the same rounds without the replay count: its cost
+        ingest.record_replays = lambda *_: None
     size = threads + plan.claimers + 1 + plan.subscriptions + 2
     store = PostgresStore.connect(
         url,
@@ -273,7 +289,9 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
         per = _share(plan, replicas)
         errors: list[Exception] = []
         writers = [
-            threading.Thread(target=writer, args=(inbox, f"sub{s}", per, errors, index * per))
+            threading.Thread(
+                target=writer, args=(inbox, f"sub{s}", per, errors, index * per, plan.replays)
+            )
             for s in range(plan.subscriptions)
         ]
         settle_in()  # as `fencebridge run` does before it starts
@@ -506,8 +524,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         const=True,
         help="claim tenant-fair, as `fencebridge run` does by default (default: in due order)",
     )
+    parser.add_argument(
+        "--replays",
+        action="store_const",
+        const=True,
+        help="one replay in every batch after the first (the inbox's careful way)",
+    )
+    parser.add_argument(
+        "--no-evidence",
+        dest="evidence",
+        action="store_const",
+        const=False,
+        help="do not record replays (delivery_copy) (to measure the delivery evidence's cost)",
+    )
     args, command = command_line(parser, argv)
-    names = ("runs", "deliveries", "subscriptions", "replicas", "prefetch", "claimers", "fairness")
+    names = (
+        "runs",
+        "deliveries",
+        "subscriptions",
+        "replicas",
+        "prefetch",
+        "claimers",
+        "fairness",
+        "replays",
+        "evidence",
+    )
     plan = planned(QUICK if args.quick else FULL, args, names)
     if plan.replicas < 1 or THREADS % plan.replicas:
         parser.error(f"--replicas must divide the pool's {THREADS} threads")

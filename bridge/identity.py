@@ -181,6 +181,11 @@ class IdentityHasher:
         """Short hash of a tenant id for logs, labels and spans."""
         return "t_" + self._mac(self._secret, "tenant", tenant_id)[:8].hex()
 
+    def payload(self, tenant_id: str, digest: bytes) -> str:
+        """Keyed, tenant-scoped hash of a payload's digest: equal payloads of two tenants look
+        different, and nobody without the key can confirm a guessed payload against it."""
+        return "p_" + self._mac(self._secret, "payload", tenant_id, digest.hex())[:10].hex()
+
     def operation(self, tenant_id: str, operation_id: str) -> str:
         """Short hash of an operation (tenant-scoped) for logs and spans."""
         return "op_" + self._mac(self._secret, "operation", tenant_id, operation_id)[:10].hex()

@@ -62,6 +62,16 @@ def positive(text: str) -> int:
     return value
 
 
+def audit_text(text: str) -> str:
+    """A reason for the audit: stored text without control characters."""
+    from bridge.operator.views import reason_problem
+
+    problem = reason_problem(stored_text(text))
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def stored_text(text: str) -> str:
     """A non-empty argument the database can store; never echoed (it may be an identifier)."""
     if not text:

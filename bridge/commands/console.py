@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge.config import load_config
     from bridge.console.api import ConsoleApi
     from bridge.console.auth import ProxyAuth, Tokens
-    from bridge.console.server import ConsoleServer
+    from bridge.console.server import ConsoleServer, describe
     from bridge.database import database_url
     from bridge.store.reach import CONSOLE_GRANTS
 
@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             server.start()
-            print(f"fencebridge console: http://{args.host}:{server.port}/api/v1/", flush=True)
-            print(f"console pages: http://{args.host}:{server.port}/login", flush=True)
+            base = describe(args.host, server.port)
+            print(f"fencebridge console: {base}/api/v1/", flush=True)
+            print(f"console pages: {base}/login", flush=True)
             stop.wait()
         finally:
             server.stop()

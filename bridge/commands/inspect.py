@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge.commands.arguments import add_database_flag, stored_text
 from bridge.commands.session import (
@@ -18,10 +18,12 @@ from bridge.commands.session import (
     print_json,
 )
 from bridge.identity import IDENTITY_KEY_ENV
+from bridge.operator.views import operation_view, plain_digest, printable
 from bridge.types import State
 
 if TYPE_CHECKING:
     from bridge.commands.arguments import Subcommands
+    from bridge.store.evidence import DeliveryEvidence
     from bridge.store.outbox import OutboxRecord, ResendAudit
     from bridge.store.records import AttemptRecord, ErasureRecord, OperationHistory
 
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         history = store.operator.history(key)
         outbox = store.outbox.of_operation(key.tenant_id, key.operation_id)
         resends = store.outbox.resends_of_operation(key.tenant_id, key.operation_id)
+        evidence = store.operator.evidence(key)
         erasures = (
             store.operator.erasures(
                 hasher.tenant(key.tenant_id), hasher.operation(key.tenant_id, key.operation_id)
@@ -55,7 +58,19 @@ def run(args: argparse.Namespace) -> int:
             if hasher is not None and history.row is None
             else []
         )
-    document = _history_document(history)
+    absence = _absence(history, erasures, checked=hasher is not None)
+    document = {
+        "tenant_id": key.tenant_id,
+        "operation_id": key.operation_id,
+        **operation_view(
+            history,
+            tenant=hasher.tenant(key.tenant_id) if hasher is not None else None,
+            operation=hasher.operation(key.tenant_id, key.operation_id) if hasher else None,
+            digest=plain_digest,
+            absence=absence,
+            evidence=evidence,
+        ),
+    }
     document["outbox"] = [
         {
             "message_id": m.message_id,
@@ -89,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
     if hasher is not None:
         hashes = log_hashes(hasher, key)
         document["log_hashes"] = hashes
-    absence = _absence(history, erasures, checked=hasher is not None)
     if history.row is None:
         document["work_row_absent"] = {
             "explanation": absence,
@@ -107,11 +121,20 @@ def run(args: argparse.Namespace) -> int:
         print_json(document)
     else:
         lines = _history_lines(history, absence)
+        if evidence is not None:
+            lines.insert(1, f"  deliveries     {_evidence_line(evidence)}")
         lines[-1:-1] = _outbox_lines(outbox, resends)
         if hashes:
             lines.insert(1, f"  log hashes     {' '.join(hashes)}")
-        print("\n".join(lines))
+        print("\n".join(printable(line) for line in lines))
     return 0 if history.found else 1
+
+
+def _evidence_line(e: DeliveryEvidence) -> str:
+    return (
+        f"{e.copies} cop{'y' if e.copies == 1 else 'ies'} arrived ({e.replays} replay(s), "
+        f"{e.conflicts} conflict(s)), first {moment(e.first_seen)}, last {moment(e.last_seen)}"
+    )
 
 
 def _outbox_lines(outbox: Sequence[OutboxRecord], resends: Sequence[ResendAudit]) -> list[str]:
@@ -170,91 +193,6 @@ def _absence(history: OperationHistory, erasures: Sequence[ErasureRecord], *, ch
         "never ingested, or purged by retention: no erasure of its tenant is recorded, and a "
         "purge keeps no record of which operations it removed"
     )
-
-
-def _history_document(history: OperationHistory) -> dict[str, Any]:
-    row = history.row
-    work: dict[str, Any] | None = None
-    if row is not None:
-        work = {
-            "subscription": row.subscription,
-            "job_type": row.job_type,
-            "target_class": row.target_class.value,
-            "schema_version": row.schema_version,
-            "state": row.state.value,
-            "fence": row.fence,
-            "attempts": row.attempts,
-            "max_attempts": row.max_attempts,
-            "lease_owner": row.lease_owner,
-            "lease_expires_at": iso_time(row.lease_expires_at),
-            # only a queued row has a next attempt; on any other it is a leftover
-            "next_attempt_at": iso_time(row.next_attempt_at) if row.state is State.QUEUED else None,
-            "intent_fence": row.intent_fence,
-            "outcome_code": row.outcome_code,
-            "outcome_detail": row.outcome_detail,
-            "payload_sha256": row.payload_hash.hex(),
-            "payload_bytes": row.payload_bytes,
-            "broker_message_id": row.broker_message_id,
-            "receive_count": row.receive_count,
-            "created_at": iso_time(row.created_at),
-            "claimed_at": iso_time(row.claimed_at),
-            "settled_at": iso_time(row.settled_at),
-            "updated_at": iso_time(row.updated_at),
-            "trace_id": row.trace_id,
-            "traceparent": row.trace_context,
-        }
-    return {
-        "tenant_id": history.key.tenant_id,
-        "operation_id": history.key.operation_id,
-        "work_row": work,
-        "attempts": [
-            {
-                "kind": a.kind,
-                "fence": a.fence,
-                "worker": a.worker,
-                "takeover": a.takeover,
-                "started_at": iso_time(a.started_at),
-                "ended_at": iso_time(a.ended_at),
-                "outcome": a.outcome,
-                "outcome_code": a.outcome_code,
-                "error_class": a.error_class,
-                "finding": a.finding,
-            }
-            for a in history.attempts
-        ],
-        "redrives": [
-            {
-                "at": iso_time(r.at),
-                "actor": r.actor,
-                "reason": r.reason,
-                "from_state": r.from_state,
-                "to_state": r.to_state,
-                "fence": r.fence,
-                "attempts": r.attempts,
-            }
-            for r in history.redrives
-        ],
-        "rejected_deliveries": [
-            {
-                "id": r.id,
-                "kind": r.kind,
-                "reason": r.reason,
-                "subscription": r.subscription,
-                "broker_message_id": r.broker_message_id,
-                "payload_sha256": r.payload_hash.hex() if r.payload_hash else None,
-                "created_at": iso_time(r.created_at),
-                "redriven_at": iso_time(r.redriven_at),
-                "redriven_by": r.redriven_by,
-                "redrive_reason": r.redrive_reason,
-                "redrive_outcome": r.redrive_outcome,
-                "resolved_at": iso_time(r.resolved_at),
-                "resolved_by": r.resolved_by,
-                "resolution_reason": r.resolution_reason,
-                "open": r.open,
-            }
-            for r in history.rejected
-        ],
-    }
 
 
 def _history_lines(history: OperationHistory, absence: str) -> list[str]:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from bridge.commands.arguments import KEY_NOTE, add_database_flag, positive, stored_text, usage
+from bridge.commands.arguments import (
+    KEY_NOTE,
+    add_database_flag,
+    audit_text,
+    positive,
+    stored_text,
+    usage,
+)
 from bridge.commands.session import identity_hasher, keyed, log_hashes, open_store, os_user, table
 from bridge.types import State
 
@@ -30,7 +37,7 @@ def register(commands: Subcommands) -> None:
         ),
     )
     p.add_argument("--config", required=True, help="the bridge's TOML configuration file")
-    p.add_argument("--reason", type=stored_text, required=True, help="why: recorded in the audit")
+    p.add_argument("--reason", type=audit_text, required=True, help="why: recorded in the audit")
     p.add_argument(
         "--actor", type=stored_text, help="who: recorded in the audit (default: the OS user)"
     )

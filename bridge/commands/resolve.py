@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from bridge.commands.arguments import KEY_NOTE, add_database_flag, positive, stored_text, usage
+from bridge.commands.arguments import (
+    KEY_NOTE,
+    add_database_flag,
+    audit_text,
+    positive,
+    stored_text,
+    usage,
+)
 from bridge.commands.session import (
     identity_hasher,
     keyed,
@@ -36,7 +43,7 @@ def register(commands: Subcommands) -> None:
         "ids", nargs="*", type=positive, metavar="ID", help="rejected delivery ids (inspect)"
     )
     p.add_argument(
-        "--reason", type=stored_text, required=True, help="why: recorded on each delivery"
+        "--reason", type=audit_text, required=True, help="why: recorded on each delivery"
     )
     p.add_argument("--actor", type=stored_text, help="who: recorded (default: the OS user)")
     p.add_argument("--dry-run", action="store_true", help="show what would close; write nothing")

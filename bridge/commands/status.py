@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.commands.arguments import KEY_NOTE, add_database_flag
 from bridge.commands.session import identity_hasher, keyed, open_store, print_json, table
+from bridge.operator.views import status_view
 from bridge.types import State
 
 if TYPE_CHECKING:
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from bridge.identity import IdentityHasher
     from bridge.store import PostgresStore
     from bridge.store.work import ConcurrencyLimit, TokenRate, WaitingCount
-    from bridge.types import Stats
 
 _STATES = tuple(s.value for s in State)
 #: why a due row is not claimed: over a concurrency limit, under a rate limit wait or a token
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         stats = store.operator.stats()
         waiting = store.operator.waiting(limits, rates)
         outbox = _outbox(store)
-    document = _status_document(stats, hasher)
+    document = status_view(stats, hasher.tenant)
     document["waiting"] = _waiting_document(waiting, hasher)
     document["outbox"] = outbox
     if args.json:
@@ -147,20 +147,3 @@ def _age(seconds: float | None) -> str:
     if days:
         return f"{days}d {hours}h"
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {int(seconds) % 60}s"
-
-
-def _status_document(stats: Stats, hasher: IdentityHasher) -> dict[str, Any]:
-    grouped: dict[tuple[str, str], dict[str, int]] = {}
-    for c in stats.counts:
-        key = (c.subscription, hasher.tenant(c.tenant_id))
-        grouped.setdefault(key, dict.fromkeys(_STATES, 0))[c.state.value] += c.count
-    return {
-        "counts": [
-            {"subscription": sub, "tenant": tenant, "states": states}
-            for (sub, tenant), states in sorted(grouped.items())
-        ],
-        "totals": {s: sum(g[s] for g in grouped.values()) for s in _STATES},
-        "stalled_claims": stats.stalled_claims,
-        "oldest_unknown_seconds": stats.oldest_unknown_seconds,
-        "rejected": dict(stats.rejected),
-    }

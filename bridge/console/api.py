@@ -14,7 +14,6 @@ prints it: the console shows what the check decides and decides nothing itself.
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,16 +22,21 @@ from typing import Any
 
 from bridge import keyring
 from bridge.config import BridgeConfig
-from bridge.console.auth import Principal, Role
-from bridge.console.openapi import document
+from bridge.console.auth import Role
+from bridge.console.oncall_api import GROUP_RATE, OnCall
+from bridge.console.problems import ApiError, Request, bad_request
+from bridge.console.sessions import Signer
+from bridge.console.throttle import RateCap
 from bridge.identity import IdentityHasher
 from bridge.operator.check import Report
 from bridge.operator.redrive import Redrive, RedriveReport
+from bridge.operator.views import printable, reason_problem, status_view
 from bridge.store import PostgresStore
-from bridge.store.records import OperationHistory
 from bridge.types import Key, RedriveFilter, State
 
 log = logging.getLogger(__name__)
+#: who looked which operation up by its raw ids (hashes only): the lookups' audit trail
+audit = logging.getLogger("bridge.console.audit")
 
 PREFIX = "/api/v1"
 PAGE_DEFAULT = 50
@@ -53,28 +57,6 @@ WINDOW_DEFAULT = "1h"
 PAYLOAD_VIEWED = "payload_viewed"
 
 
-class ApiError(Exception):
-    """An answer other than 200: its status, a short title and the specific reason."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
-
-
-def bad_request(detail: str) -> ApiError:
-    return ApiError(400, "bad request", detail)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    principal: Principal
-    query: Mapping[str, Sequence[str]]
-    #: the parsed JSON body of a POST (None for a GET)
-    body: Any = None
-
-
 Handler = Callable[["ConsoleApi", Request], dict[str, Any]]
 
 
@@ -83,10 +65,11 @@ class Route:
     method: str
     path: str
     role: Role
-    handler: Handler
+    #: None: the route takes more than the request (:mod:`.oncall_routes`)
+    handler: Handler | None
 
 
-class ConsoleApi:
+class ConsoleApi(OnCall):
     """The routes over one store, configuration (for the handlers a redrive's lookups need),
     identity hasher (already compared with the database's keys) and the go/no-go check
     (``checks`` runs it afresh: the catalog and the handlers can change under a console)."""
@@ -98,17 +81,16 @@ class ConsoleApi:
         hasher: IdentityHasher,
         *,
         checks: Callable[[], Report],
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer or Signer()
+        self._rate = RateCap(GROUP_RATE)
         self._store = store
         self._config = config
         self._hasher = hasher
         self._checks = checks
 
     # -- reads ---------------------------------------------------------------------------------
-
-    def openapi(self, request: Request) -> dict[str, Any]:
-        _no_query(request, ())
-        return document()
 
     def counts(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -126,6 +108,11 @@ class ConsoleApi:
             "totals": totals,
         }
 
+    def status(self, request: Request) -> dict[str, Any]:
+        """``fencebridge status``'s document (its own view), without the CLI's extras."""
+        _no_query(request, ())
+        return status_view(self._store.operator.stats(), self._hasher.tenant)
+
     def rows(self, request: Request) -> dict[str, Any]:
         _no_query(request, ("state", "subscription", "job_type", "limit", "cursor"))
         raw_state = _one(request, "state")
@@ -136,7 +123,7 @@ class ConsoleApi:
         except ValueError:
             raise bad_request(f"unknown state: expected one of {', '.join(_STATES)}") from None
         limit = _limit(request)
-        after = _cursor(request, "rows")
+        after = self._cursor(request, "rows")
         page = self._store.console.rows_page(
             state,
             after=after,
@@ -150,6 +137,7 @@ class ConsoleApi:
                 {
                     "tenant": self._hasher.tenant(r.key.tenant_id),
                     "operation": self._hasher.operation(r.key.tenant_id, r.key.operation_id),
+                    "handle": self.row_handle(r.seq),
                     "subscription": r.subscription,
                     "job_type": r.job_type,
                     "target_class": r.target_class.value,
@@ -165,7 +153,7 @@ class ConsoleApi:
                 }
                 for r in page
             ],
-            "next_cursor": _encode_cursor("rows", page[-1].seq) if more else None,
+            "next_cursor": self._signer.sign("rows", page[-1].seq) if more else None,
         }
 
     def rejected(self, request: Request) -> dict[str, Any]:
@@ -178,7 +166,7 @@ class ConsoleApi:
             raise bad_request("open must be true or false")
         limit = _limit(request)
         page = self._store.console.rejected_page(
-            after=_cursor(request, "rejected"),
+            after=self._cursor(request, "rejected"),
             limit=limit + 1,
             kind=kind,
             open_only=open_text == "true",
@@ -192,6 +180,7 @@ class ConsoleApi:
                     "reason": r.reason,
                     "subscription": r.subscription,
                     **self._hashes(r.key),
+                    "handle": self.rejected_handle(r.id) if r.key is not None else None,
                     "created_at": _time(r.created_at),
                     "redriven_at": _time(r.redriven_at),
                     "redriven_by": r.redriven_by,
@@ -201,90 +190,25 @@ class ConsoleApi:
                 }
                 for r in page
             ],
-            "next_cursor": _encode_cursor("rejected", page[-1].id) if more else None,
+            "next_cursor": self._signer.sign("rejected", page[-1].id) if more else None,
         }
 
     def operation(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id"})
         tenant, operation = _required(body, "tenant_id"), _required(body, "operation_id")
-        return self._history(self._store.operator.history(Key(tenant, operation)))
-
-    def _history(self, history: OperationHistory) -> dict[str, Any]:
-        row = history.row
-        return {
-            **self._hashes(history.key),
-            "row": None
-            if row is None
-            else {
-                "subscription": row.subscription,
-                "job_type": row.job_type,
-                "target_class": row.target_class.value,
-                "schema_version": row.schema_version,
-                "state": row.state.value,
-                "fence": row.fence,
-                "attempts": row.attempts,
-                "max_attempts": row.max_attempts,
-                "lease_owner": row.lease_owner,
-                "lease_expires_at": _time(row.lease_expires_at),
-                "next_attempt_at": _time(row.next_attempt_at),
-                "intent_fence": row.intent_fence,
-                "outcome_code": row.outcome_code,
-                "payload_hash": row.payload_hash.hex(),
-                "payload_bytes": row.payload_bytes,
-                "created_at": _time(row.created_at),
-                "claimed_at": _time(row.claimed_at),
-                "settled_at": _time(row.settled_at),
-                "updated_at": _time(row.updated_at),
-            },
-            "attempts": [
-                {
-                    "kind": a.kind,
-                    "fence": a.fence,
-                    "worker": a.worker,
-                    "takeover": a.takeover,
-                    "started_at": _time(a.started_at),
-                    "ended_at": _time(a.ended_at),
-                    "outcome": a.outcome,
-                    "outcome_code": a.outcome_code,
-                    "error_class": a.error_class,
-                    "finding": a.finding,
-                }
-                for a in history.attempts
-            ],
-            "redrives": [
-                {
-                    "at": _time(r.at),
-                    "actor": r.actor,
-                    "reason": r.reason,
-                    "from_state": r.from_state,
-                    "to_state": r.to_state,
-                    "fence": r.fence,
-                    "attempts": r.attempts,
-                }
-                for r in history.redrives
-                if r.to_state != PAYLOAD_VIEWED
-            ],
-            "payload_views": [
-                {"at": _time(r.at), "actor": r.actor, "reason": r.reason}
-                for r in history.redrives
-                if r.to_state == PAYLOAD_VIEWED
-            ],
-            "rejected": [
-                {
-                    "id": r.id,
-                    "kind": r.kind,
-                    "reason": r.reason,
-                    "subscription": r.subscription,
-                    "payload_hash": r.payload_hash.hex() if r.payload_hash is not None else None,
-                    "created_at": _time(r.created_at),
-                    "redriven_at": _time(r.redriven_at),
-                    "redrive_outcome": r.redrive_outcome,
-                    "resolved_at": _time(r.resolved_at),
-                }
-                for r in history.rejected
-            ],
-        }
+        key = Key(tenant, operation)
+        history = self._store.operator.history(key)
+        audit.info(
+            "console lookup by %s of operation %s: %s",
+            request.principal.name,
+            self._hasher.operation(tenant, operation),
+            "found" if history.found or history.rejected else "nothing",
+        )
+        if history.row is None and not history.rejected and not history.redrives:
+            # no hash of ids the database does not hold: a guess cannot be confirmed here
+            raise ApiError(404, "not found", "no such operation")
+        return self.operation_document(history)
 
     def checks(self, request: Request) -> dict[str, Any]:
         _no_query(request, ())
@@ -350,7 +274,7 @@ class ConsoleApi:
         _no_query(request, ())
         body = _object(request.body, {"tenant_id", "operation_id", "reason"})
         key = Key(_required(body, "tenant_id"), _required(body, "operation_id"))
-        reason = _required(body, "reason")
+        reason = _printable(_required(body, "reason"))
         view = self._store.console.view_payload(key, actor=request.principal.name, reason=reason)
         if view is None:
             raise ApiError(404, "not found", "no work row for this operation: nothing to show")
@@ -391,7 +315,7 @@ class ConsoleApi:
             "confirm_not_called",
         }
         body = _object(request.body, fields)
-        reason = _required(body, "reason")
+        reason = _printable(_required(body, "reason"))
         dry_run = body.get("dry_run")
         if not isinstance(dry_run, bool):
             raise bad_request("dry_run is required: true to preview, false to redrive")
@@ -462,6 +386,19 @@ class ConsoleApi:
             ],
         }
 
+    def _cursor(self, request: Request, kind: str) -> int:
+        """The position after which a page starts; a cursor is signed, and only one this list
+        handed out is accepted."""
+        text = _one(request, "cursor")
+        if text is None:
+            return 0
+        position = self._signer.unsign(kind, text)
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise bad_request(
+                "bad cursor: pass back the next_cursor of the previous page unchanged"
+            )
+        return position
+
     def _hashes(self, key: Key | None) -> dict[str, str | None]:
         if key is None:
             return {"tenant": None, "operation": None}
@@ -471,10 +408,10 @@ class ConsoleApi:
         }
 
 
-#: every route the console answers; the OpenAPI document describes each one
+#: every route the console answers (served and described by :mod:`.web`)
 ROUTES: tuple[Route, ...] = (
-    Route("GET", f"{PREFIX}/openapi.json", Role.VIEWER, ConsoleApi.openapi),
     Route("GET", f"{PREFIX}/counts", Role.VIEWER, ConsoleApi.counts),
+    Route("GET", f"{PREFIX}/status", Role.VIEWER, ConsoleApi.status),
     Route("GET", f"{PREFIX}/rows", Role.VIEWER, ConsoleApi.rows),
     Route("GET", f"{PREFIX}/rejected", Role.VIEWER, ConsoleApi.rejected),
     Route("POST", f"{PREFIX}/operation", Role.VIEWER, ConsoleApi.operation),
@@ -482,6 +419,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{PREFIX}/checks", Role.VIEWER, ConsoleApi.checks),
     Route("GET", f"{PREFIX}/figures", Role.VIEWER, ConsoleApi.figures),
     Route("POST", f"{PREFIX}/payload", Role.PAYLOAD, ConsoleApi.payload),
+    Route("GET", f"{PREFIX}/awaiting", Role.VIEWER, ConsoleApi.awaiting),
+    Route("GET", f"{PREFIX}/operations/{{handle}}", Role.VIEWER, None),
+    Route("GET", f"{PREFIX}/groups", Role.VIEWER, ConsoleApi.failure_groups),
+    Route("GET", f"{PREFIX}/groups/{{handle}}", Role.VIEWER, None),
+    Route("POST", f"{PREFIX}/groups/{{handle}}/redrive", Role.OPERATOR, None),
+    Route("POST", f"{PREFIX}/resolve", Role.OPERATOR, None),
 )
 
 
@@ -500,6 +443,8 @@ def _one(request: Request, name: str) -> str | None:
         return None
     if len(values) > 1:
         raise bad_request(f"{name} given more than once")
+    if printable(values[0]) != values[0]:
+        raise bad_request(f"{name} must not hold control characters")
     return values[0]
 
 
@@ -507,29 +452,9 @@ def _limit(request: Request) -> int:
     text = _one(request, "limit")
     if text is None:
         return PAGE_DEFAULT
-    if not text.isdigit() or not 1 <= int(text) <= PAGE_MAX:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= PAGE_MAX:
         raise bad_request(f"limit must be a whole number from 1 to {PAGE_MAX}")
     return int(text)
-
-
-def _encode_cursor(kind: str, position: int) -> str:
-    return base64.urlsafe_b64encode(f"{kind}:{position}".encode()).decode().rstrip("=")
-
-
-def _cursor(request: Request, kind: str) -> int:
-    """The position after which a page starts; a cursor is opaque, and only one this list
-    handed out is accepted."""
-    text = _one(request, "cursor")
-    if text is None:
-        return 0
-    try:
-        decoded = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
-    except (binascii.Error, ValueError):
-        decoded = ""
-    prefix, _, position = decoded.partition(":")
-    if prefix != kind or not position.isdigit() or len(position) > 18:
-        raise bad_request("bad cursor: pass back the next_cursor of the previous page unchanged")
-    return int(position)
 
 
 def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
@@ -552,6 +477,14 @@ def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str 
     if len(value) > TEXT_MAX or "\x00" in value:
         raise bad_request(f"{name} must be at most {TEXT_MAX} characters, without NUL")
     return value
+
+
+def _printable(reason: str) -> str:
+    """A reason goes into the audit and onto terminals: no control or format characters."""
+    problem = reason_problem(reason)
+    if problem is not None:
+        raise bad_request(f"reason {problem}")
+    return reason
 
 
 def _required(body: Mapping[str, Any], name: str) -> str:

@@ -2,7 +2,8 @@
 
 Tokens come from ``FENCEBRIDGE_CONSOLE_TOKENS`` (``name:role:token`` entries separated by commas)
 or, to keep them out of the process environment, from the file ``FENCEBRIDGE_CONSOLE_TOKENS_FILE``
-names (one entry a line; ``#`` starts a comment). The name is the actor every audited action
+names (one entry a line; a line starting with ``#`` is a comment, and a ``#`` anywhere else is
+part of its token). The name is the actor every audited action
 records. A presented token is compared with every configured token in constant time, so the
 answer's timing says nothing about how close a guess was.
 
@@ -90,8 +91,8 @@ class Tokens:
         skipped."""
         entries: list[tuple[str, Role, str]] = []
         for number, raw in enumerate(text.split(separator), start=1):
-            entry = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
-            if not entry:
+            entry = raw.strip()
+            if not entry or (separator == "\n" and entry.startswith("#")):
                 continue
             parts = entry.split(":", 2)
             if len(parts) != 3 or not all(parts):
@@ -151,8 +152,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class ProxyAuth:
     """The user a trusted reverse proxy names in ``header``, mapped to a role by ``roles``.
 
-    ``trusted`` lists the proxies' addresses; empty means the console is bound to loopback and
-    only a peer on this machine (the proxy beside it) is believed.
+    ``trusted`` lists the proxies' addresses, always explicitly: loopback is not trusted by
+    default, since any process of any user on this machine connects from there.
     """
 
     header: str
@@ -198,10 +199,11 @@ class ProxyAuth:
                     raise ConfigError(
                         f"${TRUSTED_PROXIES_ENV}: {raw.strip()!r} is not an address or network"
                     ) from None
-        if not trusted and host not in LOOPBACK_HOSTS:
+        if not trusted:
             raise ConfigError(
                 f"${PROXY_HEADER_ENV} on a console bound to {host}: set ${TRUSTED_PROXIES_ENV} "
-                "to the proxies' addresses, or bind to 127.0.0.1 behind a proxy on this machine"
+                "to the proxies' addresses (127.0.0.1 for a proxy on this machine, knowing that "
+                "every local process then connects from a trusted address)"
             )
         return cls(header, roles, tuple(trusted))
 
@@ -213,21 +215,24 @@ class ProxyAuth:
             return False
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
-        if not self.trusted:
-            return address.is_loopback
         return any(address in network for network in self.trusted)
 
-    def principal(self, value: str | None, peer: str) -> Principal | None:
+    def principal(self, values: Sequence[str] | str | None, peer: str) -> Principal | None:
         """The user the header names, or None when the request carries no such header.
 
         A header from a peer that is not trusted, or naming a user without a role, is refused
         (:class:`ProxyError`) rather than ignored: it is either a misrouted request or a
         forgery, and neither should fall through to another way in.
         """
-        if value is None:
+        if values is None or not values:
             return None
         if not self.trusts(peer):
             raise ProxyError(401, f"the {self.header} header is not accepted from this address")
+        if not isinstance(values, str):
+            if len(values) != 1:
+                raise ProxyError(401, f"the {self.header} header is repeated: one user only")
+            values = values[0]
+        value = values
         user = value.strip().removeprefix(IAP_PREFIX)
         role = self.roles.get(user.casefold())
         if not user or role is None:

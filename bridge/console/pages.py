@@ -9,11 +9,17 @@ Authentication: ``POST /login`` takes a console token and answers a session cook
 (``HttpOnly``, ``SameSite=Strict``, ``Path=/``, ``Secure`` unless the console is bound to
 loopback) holding a random id; the principal stays on the server (:mod:`.sessions`).
 
+Cookies are read strictly (``name=value`` pairs whose values look like what the console issues;
+nothing is unquoted) and written only with values the console made, so no header a browser
+sends can reach a header the console answers.
+
 CSRF: every state-changing form carries the session's CSRF token in a hidden field, compared in
 constant time; a POST without it or with another is refused 403. The login form, before any
 session exists, is protected by a double-submit token: ``GET /login`` sets a random value in a
 ``SameSite=Strict`` cookie and the same value in the form, and ``POST /login`` needs both to
-agree (a cross-site page can neither read nor send that cookie). In addition every POST whose
+agree (a cross-site page can neither read nor send that cookie) and the value to be one this
+console issued and nobody used yet. Failed logins are throttled per address and logged
+(:mod:`.throttle`). In addition every POST whose
 browser says where it came from (``Sec-Fetch-Site``, ``Origin``) must come from the console's
 own origin.
 
@@ -28,64 +34,33 @@ page is rendered, and the form names the operation by a server-side handle.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ApiError, ConsoleApi, Request
+from bridge.console import act_pages, oncall_pages
+from bridge.console.api import WINDOW_DEFAULT, WINDOWS, ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
-from bridge.console.sessions import Selection, Session, Sessions
+from bridge.console.page_types import PageAnswer, PageError, PageRequest, form_field
+from bridge.console.present import age, chart, lookup_reason, when
+from bridge.console.problems import ApiError, Request
+from bridge.console.sessions import TOKEN_SHAPE, Selection, Session, Sessions, SessionsFullError
+from bridge.console.throttle import Throttle
 
 SESSION_COOKIE = "fencebridge_session"
 LOGIN_COOKIE = "fencebridge_login"
-#: the pages' policy: no script at all, styles from the console's own stylesheet only
+#: the pages' policy: the console's own script (local times) and stylesheet, nothing inline
 PAGE_POLICY = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-    "base-uri 'none'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 _REDRIVABLE = ("unknown", "quarantined")
-
-
-@dataclass(frozen=True, slots=True)
-class PageRequest:
-    """What a page needs of an HTTP request, already parsed by the server."""
-
-    method: str
-    path: str
-    query: Mapping[str, Sequence[str]]
-    #: the url-encoded form of a POST (empty for a GET)
-    form: Mapping[str, Sequence[str]]
-    cookie_header: str
-    #: the ``Origin`` and ``Sec-Fetch-Site`` headers, when the browser sent them
-    origin: str | None
-    fetch_site: str | None
-    host: str
-    #: the user a trusted proxy named in its header (already checked), if any
-    proxied: Principal | None = None
-
-
-@dataclass(slots=True)
-class PageAnswer:
-    status: int
-    body: bytes
-    content_type: str = "text/html; charset=utf-8"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-class PageError(Exception):
-    """A refusal rendered as a page: its status, a title and the reason."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
 
 
 PageHandler = Callable[["ConsolePages", PageRequest, Session], PageAnswer]
@@ -103,9 +78,16 @@ class ConsolePages:
     """The pages over one :class:`ConsoleApi`, the console's tokens and its sessions."""
 
     def __init__(
-        self, api: ConsoleApi, tokens: Tokens, sessions: Sessions, *, secure_cookies: bool
+        self,
+        api: ConsoleApi,
+        tokens: Tokens,
+        sessions: Sessions,
+        *,
+        secure_cookies: bool,
+        throttle: Throttle | None = None,
     ) -> None:
         self._api = api
+        self._throttle = throttle or Throttle()
         self._tokens = tokens
         self._sessions = sessions
         self._secure = secure_cookies
@@ -115,10 +97,23 @@ class ConsolePages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._css = resources.files("bridge.console").joinpath("static/console.css").read_bytes()
+        self._env.filters["when"] = when
+        self._env.filters["age"] = age
+        static = resources.files("bridge.console").joinpath("static")
+        self._css = static.joinpath("console.css").read_bytes()
+        self._js = static.joinpath("console.js").read_bytes()
         self._routes: dict[str, dict[str, PageRoute]] = {}
         for route in PAGE_ROUTES:
             self._routes.setdefault(route.path, {})[route.method] = route
+
+    @property
+    def api(self) -> ConsoleApi:
+        return self._api
+
+    def render(
+        self, code: int, template: str, session: Session | None, **values: Any
+    ) -> PageAnswer:
+        return self._render(code, template, session, **values)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -126,8 +121,9 @@ class ConsolePages:
         """The page for ``request``: a refusal is a page too, with its status."""
         session: Session | None = None
         try:
-            if request.path == "/static/console.css" and request.method == "GET":
-                return PageAnswer(200, self._css, "text/css; charset=utf-8")
+            static = self._static(request)
+            if static is not None:
+                return static
             if request.path == "/login" and request.proxied is None:
                 return self._login(request)
             session, opened = self._session(request)
@@ -137,7 +133,7 @@ class ConsolePages:
                 if request.method == "GET":
                     return _redirect("/login")
                 raise PageError(401, "not logged in", "log in first")
-            by_method = self._routes.get(request.path)
+            by_method = self._routes.get(request.path) or self._routes.get(_pattern(request.path))
             if by_method is None:
                 raise PageError(404, "not found", "there is no such page")
             route = by_method.get(request.method)
@@ -145,7 +141,7 @@ class ConsolePages:
                 raise PageError(405, "method not allowed", f"use {', '.join(sorted(by_method))}")
             if request.method == "POST":
                 self._same_origin(request)
-                if not session.csrf_matches(_field(request.form, "csrf")):
+                if not session.csrf_matches(form_field(request.form, "csrf")):
                     raise PageError(403, "forbidden", "the form's CSRF token is missing or wrong")
             if not session.principal.role.allows(route.role):
                 raise PageError(
@@ -155,13 +151,23 @@ class ConsolePages:
         except (ApiError, PageError) as exc:
             return self._error(exc.status, exc.title, exc.detail, session)
 
+    def _static(self, request: PageRequest) -> PageAnswer | None:
+        """The console's stylesheet and script."""
+        if request.method != "GET":
+            return None
+        if request.path == "/static/console.css":
+            return PageAnswer(200, self._css, "text/css; charset=utf-8")
+        if request.path == "/static/console.js":
+            return PageAnswer(200, self._js, "text/javascript; charset=utf-8")
+        return None
+
     def _session(self, request: PageRequest) -> tuple[Session | None, Session | None]:
         """The request's session, and the one opened for it now (to set in a cookie).
 
         Behind the proxy the header's user decides: a session of another user is dropped, and
         a GET opens one for the user; a POST must arrive with the user's session (its CSRF
         token was issued to it)."""
-        session = self._sessions.get(_cookies(request.cookie_header).get(SESSION_COOKIE))
+        session = self._sessions.from_cookie(_cookies(request.cookie_header).get(SESSION_COOKIE))
         user = request.proxied
         if user is None:
             return session, None
@@ -169,7 +175,7 @@ class ConsolePages:
             self._sessions.drop(session.id)
             session = None
         if session is None and request.method == "GET":
-            opened = self._sessions.create(user)
+            opened = self._open(user)
             return opened, opened
         return session, None
 
@@ -180,7 +186,7 @@ class ConsolePages:
 
     def refusal(self, error: PageError, cookie_header: str) -> PageAnswer:
         """``error`` as a page, for what the server refuses before a page is chosen."""
-        session = self._sessions.get(_cookies(cookie_header).get(SESSION_COOKIE))
+        session = self._sessions.from_cookie(_cookies(cookie_header).get(SESSION_COOKIE))
         return self._error(error.status, error.title, error.detail, session)
 
     def _same_origin(self, request: PageRequest) -> None:
@@ -200,38 +206,52 @@ class ConsolePages:
 
     def _login(self, request: PageRequest) -> PageAnswer:
         if request.method == "GET":
-            # the same value while the cookie lives: a second tab or a reload keeps both forms
-            # valid (a browser may fetch the page again by itself)
-            nonce = _cookies(request.cookie_header).get(LOGIN_COOKIE) or ""
-            if len(nonce) < 32:
-                nonce = secrets.token_urlsafe(32)
+            # a fresh value each time, good once: a second tab loads its own
+            nonce = self._sessions.issue_nonce()
             answer = self._render(200, "login.html", None, title="Log in", login_csrf=nonce)
             answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
             return answer
         if request.method != "POST":
             raise PageError(405, "method not allowed", "use GET, POST")
         self._same_origin(request)
+        wait = self._throttle.wait(request.peer)
+        if wait > 0:
+            raise PageError(429, "too many attempts", f"try again in {int(wait) + 1} seconds")
         expected = _cookies(request.cookie_header).get(LOGIN_COOKIE)
-        presented = _field(request.form, "login_csrf")
-        if not expected or not presented or not secrets.compare_digest(expected, presented):
+        presented = form_field(request.form, "login_csrf")
+        if (
+            not expected
+            or not presented
+            or not secrets.compare_digest(expected, presented)
+            or not self._sessions.take_nonce(presented)
+        ):
             raise PageError(403, "forbidden", "the login form expired: load it again")
-        principal = self._tokens.authenticate((_field(request.form, "token") or "").strip())
+        principal = self._tokens.authenticate((form_field(request.form, "token") or "").strip())
         if principal is None:
-            nonce = secrets.token_urlsafe(32)
+            self._throttle.failed(request.peer, "login")
+            nonce = self._sessions.issue_nonce()
             answer = self._render(
                 401, "login.html", None, title="Log in", login_csrf=nonce, refused=True
             )
             answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce, 600)))
             return answer
-        session = self._sessions.create(principal)
+        session = self._open(principal)
+        self._throttle.succeeded(request.peer, "login", principal.name, principal.role.value)
         answer = _redirect("/")
         answer.headers.append(self._session_cookie(session))
         answer.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, "", 0)))
         return answer
 
+    def _open(self, principal: Principal) -> Session:
+        try:
+            return self._sessions.create(principal)
+        except SessionsFullError:
+            raise PageError(503, "busy", "too many sessions are open: try again later") from None
+
     def _session_cookie(self, session: Session) -> tuple[str, str]:
         lifetime = int(self._sessions.lifetime)
-        return ("Set-Cookie", self._cookie(SESSION_COOKIE, session.id, lifetime))
+        value = self._sessions.cookie_value(session)
+        return ("Set-Cookie", self._cookie(SESSION_COOKIE, value, lifetime))
 
     def logout(self, request: PageRequest, session: Session) -> PageAnswer:
         self._sessions.drop(session.id)
@@ -240,6 +260,8 @@ class ConsolePages:
         return answer
 
     def _cookie(self, name: str, value: str, max_age: int) -> str:
+        if value and TOKEN_SHAPE.fullmatch(value) is None:  # only values the console made
+            raise ValueError("a cookie value the console did not make")
         secure = "; Secure" if self._secure else ""
         return f"{name}={value}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
 
@@ -254,6 +276,7 @@ class ConsolePages:
                 states[state] = states.get(state, 0) + n
         window = _one(request.query, "window") or WINDOW_DEFAULT
         figures = self._api.figures(_api_request(session, {"window": [window]}))
+        times = [p["at"] for p in figures["series"]]
         return self._render(
             200,
             "overview.html",
@@ -265,9 +288,18 @@ class ConsolePages:
             figures=figures,
             windows=list(WINDOWS),
             charts=[
-                (name, label, _sparkline([p[name] for p in figures["series"]]))
-                for name, label in FIGURES
+                chart(
+                    name,
+                    label,
+                    unit=unit,
+                    values=[p[name] for p in figures["series"]],
+                    times=times,
+                    window=figures["window"],
+                )
+                for name, label, unit in FIGURES
             ],
+            awaiting=self._api.awaiting(_api_request(session, {}))["awaiting"],
+            **_refresh(request, "/"),
         )
 
     def checks(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -302,6 +334,7 @@ class ConsolePages:
             subscription=_one(filters, "subscription") or "",
             job_type=_one(filters, "job_type") or "",
             next_query=following,
+            **_refresh(request, f"/queues/{state}"),
         )
 
     def rejected(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -320,6 +353,7 @@ class ConsolePages:
             kind=_one(filters, "kind") or "",
             open_only=_one(filters, "open") == "true",
             next_query=following,
+            **_refresh(request, "/rejected"),
         )
 
     def operation_form(self, request: PageRequest, session: Session) -> PageAnswer:
@@ -328,12 +362,19 @@ class ConsolePages:
     def operation(self, request: PageRequest, session: Session) -> PageAnswer:
         """One operation, looked up by the raw ids typed into the form; the page shows hashes
         only, and a redrive form that names the row by a server-side handle."""
-        tenant, op = _field(request.form, "tenant_id"), _field(request.form, "operation_id")
+        tenant, op = form_field(request.form, "tenant_id"), form_field(request.form, "operation_id")
         found = self._api.operation(
             _api_request(session, {}, {"tenant_id": tenant, "operation_id": op})
         )
+        return self.show_operation(session, found, tenant, op)
+
+    def show_operation(
+        self, session: Session, found: dict[str, Any], tenant: str | None, op: str | None
+    ) -> PageAnswer:
+        """The operation page of ``found``: its forms name the row by server-side handles,
+        each open rejected delivery by its signed handle."""
         handle = payload_handle = None
-        row = found["row"]
+        row = found["work_row"]
         if session.principal.role.allows(Role.PAYLOAD) and row is not None:
             assert tenant is not None  # the lookup refused a missing one
             assert op is not None
@@ -366,74 +407,12 @@ class ConsolePages:
             selection=handle,
             payload_selection=payload_handle,
             class_d=row is not None and row["target_class"] == "D",
-        )
-
-    def payload(self, request: PageRequest, session: Session) -> PageAnswer:
-        """One operation's payload, for the payload role, with the reason it was asked for;
-        the view is in the audit before this page exists."""
-        handle = _field(request.form, "selection")
-        selection = session.selections.get(handle) if handle else None
-        if selection is None or selection.purpose != "payload":
-            raise PageError(
-                400, "bad request", "this selection expired: look the operation up again"
-            )
-        reason = (_field(request.form, "reason") or "").strip()
-        if not reason:
-            raise PageError(400, "bad request", "a reason is required: it is recorded in the audit")
-        view = self._api.payload(_api_request(session, {}, {**selection.fields, "reason": reason}))
-        return self._render(
-            200, "payload.html", session, title="Payload", view=view, label=selection.label
-        )
-
-    # -- the act -------------------------------------------------------------------------------
-
-    def redrive(self, request: PageRequest, session: Session) -> PageAnswer:
-        """A dry run (``step=preview``) or the redrive itself (``step=confirm``) of either a
-        remembered selection (one operation) or a queue's filters."""
-        step = _field(request.form, "step")
-        if step not in ("preview", "confirm"):
-            raise PageError(400, "bad request", "step must be preview or confirm")
-        handle = _field(request.form, "selection")
-        queue_fields: dict[str, str] = {}
-        if handle:
-            selection = session.selections.get(handle)
-            if selection is None or selection.purpose != "redrive":
-                raise PageError(
-                    400, "bad request", "this selection expired: look the operation up again"
-                )
-            fields, label = dict(selection.fields), selection.label
-        else:
-            state = _field(request.form, "state")
-            if state not in _REDRIVABLE:
-                raise PageError(400, "bad request", "state must be unknown or quarantined")
-            fields = {"states": [state]}
-            queue_fields["state"] = state
-            for name in ("subscription", "job_type"):
-                value = _field(request.form, name)
-                if value:
-                    fields[name] = queue_fields[name] = value
-            label = "rows " + ", ".join(f"{k} {v}" for k, v in queue_fields.items())
-        if _field(request.form, "confirm_not_called") == "yes" and "operation_id" in fields:
-            fields["confirm_not_called"] = True
-        reason = _field(request.form, "reason") or ""
-        body = {**fields, "reason": reason, "dry_run": step == "preview"}
-        report = self._api.redrive(_api_request(session, {}, body))
-        audit: list[dict[str, Any]] | None = None
-        if step == "confirm" and "operation_id" in fields:
-            key = {"tenant_id": fields["tenant_id"], "operation_id": fields["operation_id"]}
-            audit = self._api.operation(_api_request(session, {}, key))["redrives"]
-        return self._render(
-            200,
-            "redrive.html",
-            session,
-            title="Redrive preview" if report["dry_run"] else "Redrive done",
-            report=report,
-            label=label,
-            reason=reason,
-            selection=handle,
-            queue_fields=queue_fields,
-            confirm_not_called=fields.get("confirm_not_called", False),
-            audit=audit,
+            delivery_handles={
+                r["id"]: self._api.rejected_handle(r["id"])
+                for r in found["rejected_deliveries"]
+                if r["open"]
+            },
+            lookup=lookup_reason(found),
         )
 
     # -- rendering -----------------------------------------------------------------------------
@@ -464,57 +443,67 @@ PAGE_ROUTES: tuple[PageRoute, ...] = (
     PageRoute("GET", "/operation", Role.VIEWER, ConsolePages.operation_form),
     PageRoute("POST", "/operation", Role.VIEWER, ConsolePages.operation),
     PageRoute("GET", "/checks", Role.VIEWER, ConsolePages.checks),
-    PageRoute("POST", "/payload", Role.PAYLOAD, ConsolePages.payload),
-    PageRoute("POST", "/redrive", Role.OPERATOR, ConsolePages.redrive),
+    PageRoute("POST", "/payload", Role.PAYLOAD, act_pages.payload),
+    PageRoute("POST", "/redrive", Role.OPERATOR, act_pages.redrive),
     PageRoute("POST", "/logout", Role.VIEWER, ConsolePages.logout),
+    PageRoute("GET", "/operations/*", Role.VIEWER, oncall_pages.operation),
+    PageRoute("GET", "/groups", Role.VIEWER, oncall_pages.groups),
+    PageRoute("GET", "/groups/*", Role.VIEWER, oncall_pages.group),
+    PageRoute("POST", "/groups/redrive", Role.OPERATOR, oncall_pages.group_redrive),
+    PageRoute("POST", "/resolve", Role.OPERATOR, oncall_pages.resolve),
 )
 
 
-#: the figures the overview charts: (series field, label)
+def _pattern(path: str) -> str:
+    """The route pattern of a path that ends in a handle: ``/operations/<h>`` is
+    ``/operations/*``."""
+    head, _, tail = path.rpartition("/")
+    return f"{head}/*" if head in ("/operations", "/groups") and tail else path
+
+
+#: the figures the overview charts: (series field, label, unit)
 FIGURES = (
-    ("stalled", "claimed but stalled"),
-    ("oldest_unknown_seconds", "oldest unknown (s)"),
-    ("quarantined", "quarantined per bucket"),
-    ("takeovers", "takeovers per bucket"),
+    ("stalled", "claimed but stalled", "rows"),
+    ("oldest_unknown_seconds", "oldest unknown", "s"),
+    ("quarantined", "quarantined per bucket", "rows"),
+    ("takeovers", "takeovers per bucket", "claims"),
 )
-SPARK_WIDTH = 240
-SPARK_HEIGHT = 40
+#: the auto-refresh periods a page offers, in seconds
+REFRESH = (15, 30, 60)
 
 
-def _sparkline(values: Sequence[float | int | None]) -> str:
-    """The points of an SVG polyline for ``values`` (a missing value draws as 0): drawn on the
-    server, so the page needs no script."""
-    if not values:
-        return ""
-    numbers = [float(v or 0) for v in values]
-    top = max(numbers) or 1.0
-    step = SPARK_WIDTH / max(len(numbers) - 1, 1)
-    return " ".join(
-        f"{i * step:.1f},{SPARK_HEIGHT - (n / top) * SPARK_HEIGHT:.1f}"
-        for i, n in enumerate(numbers)
-    )
+def _refresh(request: PageRequest, path: str) -> dict[str, Any]:
+    """A page's refresh: its own URL with every filter kept, and, when ``every`` asks for it,
+    the period the page reloads itself at (a ``<meta http-equiv=refresh>``: no script)."""
+    kept = {k: [v for v in values if v] for k, values in request.query.items() if k != "every"}
+    every_text = _one(request.query, "every") or ""
+    every = int(every_text) if every_text in {str(r) for r in REFRESH} else None
+    query = _query_string(kept)
+    here = f"{path}?{query}" if query else path
+    joiner = "&" if query else "?"
+    return {
+        "refresh_every": every,
+        "refresh_here": here,
+        "refresh_options": [(r, f"{here}{joiner}every={r}") for r in REFRESH],
+    }
 
 
 def _api_request(session: Session, query: Mapping[str, Sequence[str]], body: Any = None) -> Request:
     return Request(session.principal, query, body)
 
 
+_COOKIE_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+
+
 def _cookies(header: str) -> dict[str, str]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except Exception:  # noqa: BLE001  (a malformed Cookie header is no session)
-        return {}
-    return {name: morsel.value for name, morsel in jar.items()}
-
-
-def _field(form: Mapping[str, Sequence[str]], name: str) -> str | None:
-    values = form.get(name)
-    if not values:
-        return None
-    if len(values) > 1:
-        raise PageError(400, "bad request", f"{name} given more than once")
-    return values[0]
+    """The console's cookies in a ``Cookie`` header: plain ``name=value`` pairs whose value has
+    the shape of one the console issues; anything else (quoted, escaped, odd) is ignored."""
+    found: dict[str, str] = {}
+    for part in header.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep and _COOKIE_NAME.fullmatch(name) and TOKEN_SHAPE.fullmatch(value):
+            found.setdefault(name, value)
+    return found
 
 
 def _one(query: Mapping[str, Sequence[str]], name: str) -> str | None:

@@ -26,6 +26,7 @@ from bridge.database import Connection
 from bridge.errors import ConfigError, IdentityKeysOutdated, StoreUnavailable
 from bridge.store.claims import ClaimPolicy
 from bridge.store.db import KEYS_MISSED, Database, keys_params
+from bridge.store.evidence import record_replays
 from bridge.store.work import QuotaDeferred
 from bridge.types import (
     Claim,
@@ -196,6 +197,7 @@ class IngestStore:
 
         results: list[IngestResult] = []
         rejected: list[Rejection | Delivery | _ErasedConflict] = []
+        replays: list[Key] = []
         for item in batch:
             if isinstance(item, Rejection):
                 results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
@@ -214,11 +216,13 @@ class IngestStore:
                 results.append(_new(item.key, claims.get(item.key)))
             elif item.payload_hash == stored_hash:
                 results.append(IngestResult(Decision.REPLAY, item.key, state))
+                replays.append(item.key)
             else:
                 results.append(IngestResult(Decision.CONFLICT, item.key, state))
                 rejected.append(item)
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
+        record_replays(conn, replays, self._db.now())
         return results
 
     def _insert(

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bridge import sql
-from bridge.store.db import Database
+from bridge.store.console import OnCallReads
 from bridge.types import Key, State, TargetClass
 
 
@@ -92,11 +92,9 @@ class PayloadView:
     viewed_at: datetime
 
 
-class ConsoleQueries:
-    """What the console reads (and the one payload view it audits)."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
+class ConsoleQueries(OnCallReads):
+    """What the console reads (and the one payload view it audits); the on-call pages' reads
+    are inherited from :class:`~bridge.store.console.OnCallReads`."""
 
     def group_counts(self) -> list[GroupCount]:
         """Counts by subscription, job type, tenant and state (the console's counts)."""

@@ -18,6 +18,7 @@ from bridge import sql
 from bridge.errors import ConfigError, ErasureRefused
 from bridge.store.claims import ClaimPolicy
 from bridge.store.db import KEYS_MISSED, Database
+from bridge.store.evidence import DeliveryEvidence, evidence_of
 from bridge.store.records import (
     AttemptRecord,
     ErasureCounts,
@@ -142,6 +143,10 @@ class OperatorQueries:
             rejected=tuple(_rejected_record(r) for r in rejected),
             attempts=tuple(_attempt_record(r) for r in attempts),
         )
+
+    def evidence(self, key: Key) -> DeliveryEvidence:
+        """How many copies of the operation's delivery arrived, and when (migration 0030)."""
+        return evidence_of(self._db, key)
 
     def erasures(self, tenant_hash: str, operation_hash: str | None = None) -> list[ErasureRecord]:
         """The recorded erasures of the tenant with this keyed hash (and of the operation with

@@ -61,9 +61,10 @@
 --                    writes of a redrive and nothing else: UPDATE on work_item; INSERT on the
 --                    redrive audit (which also records payload views) and the attempt
 --                    history; for a quarantined delivery decoded again through the inbox,
---                    INSERT on work_item, payload and rejected_delivery, UPDATE on
---                    rejected_delivery and USAGE on work_item_seq; INSERT on identity_key (a
---                    redrive records the key on first use, as the bridge does). It cannot
+--                    INSERT on work_item, payload, rejected_delivery and delivery_copy (a
+--                    replay's record), UPDATE on rejected_delivery and USAGE on
+--                    work_item_seq; INSERT on identity_key (a redrive records the key on
+--                    first use, as the bridge does). It cannot
 --                    claim, settle, sweep, delete, purge, erase or change an audit or attempt
 --                    record, and it is never the bridge's role: a stolen console credential
 --                    can send parked work back to the queue, which the console exists to do,
@@ -137,7 +138,8 @@ DECLARE
                                     'erasure_audit', 'identity_key', 'work_attempt',
                                     'rate_wait', 'erased_operation', 'shadow_operation',
                                     'shadow_delivery', 'outbox_message', 'outbox_relay',
-                                    'token_bucket', 'outbox_audit', 'identity_key_reset'];
+                                    'token_bucket', 'outbox_audit', 'identity_key_reset',
+                                    'delivery_copy'];
     -- Functions only the bridge may execute (see below), by signature.
     bridge_functions constant text[] := ARRAY['fencebridge_erase_under_keys(text, text, text, '
                                               'text, smallint[], text[], bytea[], text, text, '
@@ -234,6 +236,8 @@ BEGIN
           FROM (VALUES ('work_item', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('payload', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
                        ('rejected_delivery', 'bridge', 'SELECT, INSERT, UPDATE, DELETE'),
+                       -- replays are appended by the inbox, removed with their row
+                       ('delivery_copy', 'bridge', 'SELECT, INSERT, DELETE'),
                        -- the audit is append-only for the bridge
                        ('redrive_audit', 'bridge', 'SELECT, INSERT'),
                        ('fencebridge_migration', 'bridge', 'SELECT'),
@@ -260,6 +264,7 @@ BEGIN
                        ('work_item', 'operator', 'SELECT'),
                        ('payload', 'operator', 'SELECT'),
                        ('rejected_delivery', 'operator', 'SELECT'),
+                       ('delivery_copy', 'operator', 'SELECT'),
                        ('redrive_audit', 'operator', 'SELECT'),
                        ('tenant_role', 'operator', 'SELECT'),
                        ('fencebridge_migration', 'operator', 'SELECT'),
@@ -282,6 +287,7 @@ BEGIN
                        ('work_item', 'console', 'SELECT, INSERT, UPDATE'),
                        ('payload', 'console', 'SELECT, INSERT'),
                        ('rejected_delivery', 'console', 'SELECT, INSERT, UPDATE'),
+                       ('delivery_copy', 'console', 'SELECT, INSERT'),
                        ('redrive_audit', 'console', 'SELECT, INSERT'),
                        ('tenant_role', 'console', 'SELECT'),
                        ('fencebridge_migration', 'console', 'SELECT'),

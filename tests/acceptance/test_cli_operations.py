@@ -280,13 +280,14 @@ def test_inspect_shows_one_operations_history_without_its_payload(
     )
     assert row["target_class"] == "C"
     assert row["payload_bytes"] == len(delivery("acme", "op-1").payload)
-    assert row["payload_sha256"] == delivery("acme", "op-1").payload_hash.hex()
+    assert row["payload_hash"] == "sha256:" + delivery("acme", "op-1").payload_hash.hex()
     assert [
         (r["actor"], r["reason"], r["from_state"], r["to_state"]) for r in document["redrives"]
     ] == [("alice", "INC-7 provider back", "unknown", "queued")]
     (conflict,) = document["rejected_deliveries"]
     assert conflict["kind"] == "conflict"
-    assert conflict["payload_sha256"] == delivery("acme", "op-1", note="changed").payload_hash.hex()
+    changed = delivery("acme", "op-1", note="changed")
+    assert conflict["payload_hash"] == "sha256:" + changed.payload_hash.hex()
 
     assert document["log_hashes"] == [
         HASHER.tenant("acme"),

@@ -11,7 +11,9 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import Browser, Page, Response, sync_playwright
@@ -39,7 +41,16 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-__all__ = ["HASHER", "OPERATOR", "PAYLOAD", "PAYLOAD_MARK", "TENANTS", "VIEWER", "Site"]
+__all__ = [
+    "HASHER",
+    "OPERATOR",
+    "PAYLOAD",
+    "PAYLOAD_MARK",
+    "TENANTS",
+    "VIEWER",
+    "Site",
+    "shown_time",
+]
 
 
 @pytest.fixture(scope="session")
@@ -102,9 +113,20 @@ def site(store: PostgresStore, db_url: str, tmp_path: Path) -> Iterator[Site]:
         server.stop()
 
 
+#: the zone the tests' browser lives in: the pages show times in it, to the second
+VIEWER_ZONE = "Europe/Berlin"
+
+
+def shown_time(at: datetime) -> str:
+    """``at`` as a page shows it to a viewer in :data:`VIEWER_ZONE`."""
+    local = at.astimezone(ZoneInfo(VIEWER_ZONE))
+    offset = local.strftime("%z")
+    return f"{local:%Y-%m-%d %H:%M:%S} UTC{offset[:3]}:{offset[3:]}"
+
+
 @pytest.fixture
 def page(browser: Browser, site: Site) -> Iterator[Page]:
-    context = browser.new_context()
+    context = browser.new_context(timezone_id=VIEWER_ZONE)
     try:
         yield site.watch(context.new_page())
     finally:

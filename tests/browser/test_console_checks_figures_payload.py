@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import HASHER, PAYLOAD, PAYLOAD_MARK, TENANTS, VIEWER, Site
+from tests.browser.conftest import HASHER, PAYLOAD, PAYLOAD_MARK, TENANTS, VIEWER, Site, shown_time
 from tests.browser.test_console_pages import assert_headers, log_in, open_operation
 from tests.integration.test_console_api import check_of
 
@@ -124,7 +124,7 @@ def _viewed_at(db: Db) -> str:
     (at,) = db.execute(  # type: ignore[misc]
         "SELECT at FROM redrive_audit WHERE to_state = 'payload_viewed'"
     ).fetchone()
-    return str(at.isoformat())
+    return shown_time(at)
 
 
 @pytest.mark.slow

@@ -159,4 +159,4 @@ def test_the_default_window_is_an_hour_per_minute_and_others_are_refused(
     assert {p["stalled"] for p in figures["series"]} == {0}
 
     status, problem = get(console_port, "/api/v1/figures?window=2h")
-    assert (status, "window must be one of" in problem["detail"]) == (400, True)
+    assert (status, "unknown window" in problem["detail"]) == (400, True)

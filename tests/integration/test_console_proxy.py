@@ -64,13 +64,15 @@ def call(
     try:
         conn.request(method, path, body=data, headers=sent)
         answer = conn.getresponse()
-        return answer.status, dict(answer.getheaders()), answer.read()
+        # header names as written here, whatever case the server sent them in
+        headers = {name.title(): value for name, value in answer.getheaders()}
+        return answer.status, headers, answer.read()
     finally:
         conn.close()
 
 
-#: the proxy beside a console bound to loopback: the peer 127.0.0.1 is that proxy
-BESIDE = ProxyAuth(HEADER, ROLES, ())
+#: the proxy beside a console bound to loopback, listed: the peer 127.0.0.1 is that proxy
+BESIDE = ProxyAuth(HEADER, ROLES, (ipaddress.ip_network("127.0.0.1/32"),))
 #: proxies elsewhere: this test's connections (from 127.0.0.1) do not come from them
 ELSEWHERE = ProxyAuth(HEADER, ROLES, (ipaddress.ip_network("10.9.9.9/32"),))
 

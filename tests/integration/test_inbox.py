@@ -160,10 +160,12 @@ def test_replay_reports_the_current_state_and_schedules_nothing(
     (claim,) = store.claims.claim("w", 1, LEASE)
     assert [r.state for r in store.inbox.ingest([delivery("t1", "op-1")])] == [State.CLAIMED]
     store.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+    # the row is not touched: the replays are appended beside it (delivery evidence)
     before = db.execute("SELECT * FROM work_item").fetchall()
     replay = store.inbox.ingest([delivery("t1", "op-1")])
     assert replay == [IngestResult(Decision.REPLAY, Key("t1", "op-1"), State.SUCCEEDED)]
     assert db.execute("SELECT * FROM work_item").fetchall() == before
+    assert db.execute("SELECT count(*) FROM delivery_copy").fetchone() == (2,)
     assert store.claims.claim("w", 10, LEASE) == []
     assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (1,)

@@ -574,10 +574,11 @@ def test_migrating_a_million_row_table_while_a_bridge_claims_and_settles(
     # history, 0009's rate limit waits, and 0002, whose erasure function 0009 replaces,
     # 0011's concurrency room function, which the claims name, 0012's claim order columns, and
     # 0014's tombstones, which the inbox reads, 0023's check, which its one-round-trip
-    # write of new operations calls, and 0029's fence epoch, which every claim counts from);
-    # the rest, indexes built concurrently among them, is migrated under it.
+    # write of new operations calls, 0029's fence epoch, which every claim counts from, and
+    # 0030's replay count, which it writes on a replay); the rest, indexes built concurrently
+    # among them, is migrated under it.
     shipped = sql.migrations()
-    first = [m for m in shipped if m.version in (1, 2, 4, 7, 9, 11, 12, 14, 23, 29)]
+    first = [m for m in shipped if m.version in (1, 2, 4, 7, 9, 11, 12, 14, 23, 29, 30)]
     with monkeypatch.context() as m:
         m.setattr(sql, "migrations", lambda: tuple(first))
         migrate(conn)

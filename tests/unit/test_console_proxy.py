@@ -1,6 +1,7 @@
 """Proxy authentication's configuration and trust rules, without a server: off unless a
-header is named, a role for every user it may name, and the header believed only from loopback
-(a console bound there) or from the configured proxies."""
+header is named, a role for every user it may name, and the header believed only from the
+configured proxies (loopback included only when listed: any local process connects from
+there)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ ROLES = "Ana@Example.com:operator, vic@example.com:viewer"
 
 
 def configured(host: str = "127.0.0.1", **more: str) -> ProxyAuth:
-    env = {PROXY_HEADER_ENV: HEADER, PROXY_ROLES_ENV: ROLES, **more}
+    env = {PROXY_HEADER_ENV: HEADER, PROXY_ROLES_ENV: ROLES, TRUSTED_PROXIES_ENV: "127.0.0.1"}
+    env.update(more)
     proxy = ProxyAuth.from_env(env, host=host)
     assert proxy is not None
     return proxy
@@ -42,6 +44,7 @@ def test_it_is_off_unless_a_header_is_named() -> None:
         ({PROXY_ROLES_ENV: "ana@example.com:admin"}, "127.0.0.1", "expected user:role"),
         ({PROXY_ROLES_ENV: ":viewer"}, "127.0.0.1", "the user is empty"),
         ({PROXY_ROLES_ENV: ROLES}, "10.0.0.5", f"set \\${TRUSTED_PROXIES_ENV}"),
+        ({PROXY_ROLES_ENV: ROLES}, "127.0.0.1", f"set \\${TRUSTED_PROXIES_ENV}"),
         ({PROXY_ROLES_ENV: ROLES, TRUSTED_PROXIES_ENV: "proxy.internal"}, "10.0.0.5", "not an"),
         ({PROXY_ROLES_ENV: ROLES, PROXY_HEADER_ENV: "X Bad"}, "127.0.0.1", "not an HTTP header"),
     ],
@@ -53,10 +56,12 @@ def test_a_configuration_it_cannot_trust_is_refused(
         ProxyAuth.from_env({PROXY_HEADER_ENV: HEADER, **env}, host=host)
 
 
-def test_bound_to_loopback_only_a_peer_on_this_machine_is_believed() -> None:
+def test_loopback_is_believed_only_where_it_is_listed() -> None:
     proxy = configured()
-    assert proxy.trusted == ()
-    assert [proxy.trusts(p) for p in ("127.0.0.1", "::1", "::ffff:127.0.0.1")] == [True] * 3
+    assert proxy.trusted == (ipaddress.ip_network("127.0.0.1/32"),)
+    assert [proxy.trusts(p) for p in ("127.0.0.1", "::ffff:127.0.0.1")] == [True] * 2
+    assert not proxy.trusts("::1")
+    assert not ProxyAuth(HEADER, {}, ()).trusts("127.0.0.1")
     assert [proxy.trusts(p) for p in ("10.0.0.7", "192.168.1.2", "not an address")] == [False] * 3
 
 
@@ -91,3 +96,6 @@ def test_a_forged_or_unmapped_header_is_refused_not_ignored() -> None:
     assert unmapped.value.status == 403
     with pytest.raises(ProxyError):
         proxy.principal("  ", "127.0.0.1")
+    with pytest.raises(ProxyError) as repeated:
+        proxy.principal(["ana@example.com", "mallory@example.com"], "127.0.0.1")
+    assert repeated.value.status == 401

@@ -9,7 +9,8 @@ import pytest
 
 from bridge.console.api import ConsoleApi
 from bridge.console.auth import Principal, Role, Tokens
-from bridge.console.pages import PAGE_ROUTES, ConsolePages, PageAnswer, PageRequest
+from bridge.console.page_types import PageAnswer, PageRequest
+from bridge.console.pages import PAGE_ROUTES, ConsolePages
 from bridge.console.sessions import SELECTIONS_MAX, Selection, Sessions
 
 TOKEN = "operator-token-bbbbbbbbbbbbbbbbbbbbbb"
