@@ -337,7 +337,9 @@ class ConsoleApi(OnCall):
             limit=_bounded(body, "limit", 100, REDRIVE_LIMIT_MAX),
         )
         if not dry_run:
-            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
+            keyring.attach(
+                self._store.keys, self._hasher, used_by="fencebridge console", first_use=False
+            )
         report = Redrive(
             self._store,
             self._config,

@@ -191,7 +191,9 @@ class OnCall:
                     f"group redrives move at most {self._rate.per_minute} rows a minute: "
                     "wait, or redrive fewer",
                 )
-            keyring.attach(self._store.keys, self._hasher, used_by="fencebridge console")
+            keyring.attach(
+                self._store.keys, self._hasher, used_by="fencebridge console", first_use=False
+            )
         selection = RedriveFilter(
             states=(state,),
             keys=tuple(r.key for r in rows) or None,
