@@ -7,11 +7,13 @@ CI (``CI=true``), where a missing server fails the run instead of silently skipp
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,17 +61,20 @@ class EtcdServer(ChildProcess):
         self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115  (closed in _release)
         client_port, peer_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{client_port}"
+        # a name of its own: the server that answers on the port must be this one, not another
+        # test process's etcd that took the port first (this one then fails to bind and exits)
+        self.name = f"test-{os.getpid()}-{client_port}"
         peer = f"http://127.0.0.1:{peer_port}"
         self._proc = subprocess.Popen(
             [
                 str(binary),
-                "--name=test",
+                f"--name={self.name}",
                 f"--data-dir={self._dir.name}/data",
                 f"--listen-client-urls={self.url}",
                 f"--advertise-client-urls={self.url}",
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=test={peer}",
+                f"--initial-cluster={self.name}={peer}",
                 "--logger=zap",
                 "--log-level=warn",
             ],
@@ -79,15 +84,24 @@ class EtcdServer(ChildProcess):
         )
         self.client = EtcdClient(self.url, timeout=5.0)
 
+    def _members(self) -> list[str]:
+        """The names of the members of the cluster answering on this server's client port."""
+        request = urllib.request.Request(
+            f"{self.url}/v3/cluster/member/list", data=b"{}", method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            found = json.loads(answer.read())
+        return [str(m.get("name", "")) for m in found.get("members", [])]
+
     def wait_ready(self) -> None:
         def answers() -> bool:
             if self._proc.poll() is not None:
                 raise AssertionError(f"etcd exited ({self._proc.returncode}):\n{self.log()}")
             try:
                 self.client.get(b"fencebridge-test/ready")
+                return self.name in self._members()
             except (OSError, EtcdRequestError):
                 return False
-            return True
 
         eventually(answers, "etcd to answer on its client port", timeout=START_TIMEOUT)
 
