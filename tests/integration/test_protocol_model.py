@@ -163,8 +163,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert self.context is not None
         self.db = self.context.db
         self.db.execute(
-            "TRUNCATE work_item, work_attempt, payload, rejected_delivery, redrive_audit"
-            " RESTART IDENTITY"
+            "TRUNCATE work_item, work_attempt, delivery_copy, payload, rejected_delivery, "
+            "redrive_audit RESTART IDENTITY"
         )
         self.model = Model()
         self.store = PostgresStore(self.context.store.pool, clock=lambda: self.model.now)
