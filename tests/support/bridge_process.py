@@ -11,6 +11,7 @@ exit), :meth:`BridgeProcess.kill` is SIGKILL (a crash, nothing runs after it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from bridge import sql as bridge_sql
 from bridge.database import DATABASE_URL_ENV
 from bridge.identity import IDENTITY_KEY_ENV, fingerprint
 from tests.support.handlers import TARGET_URL_ENV
-from tests.support.processes import ChildProcess
+from tests.support.processes import REAP_SECONDS, ChildProcess
 
 REPO = Path(__file__).resolve().parents[2]
 #: the same key in every bridge process of a test, as in every replica of a deployment
@@ -219,6 +220,9 @@ class BridgeProcess(ChildProcess):
         self.log_path = config.with_name(f"{config.stem}-{time.monotonic_ns()}.log")
         self._log: IO[bytes] = self.log_path.open("wb")
         self.health_port = health_port
+        # A prefix such as faketime forks the bridge and waits for it, passing no signal on: the
+        # bridge then runs in a process group of its own, and a kill goes to the whole group.
+        self._group = bool(prefix)
         self._proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "bridge", "run", "--config", str(config)],
             cwd=REPO,
@@ -226,7 +230,23 @@ class BridgeProcess(ChildProcess):
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=self._group,
         )
+
+    def kill(self) -> None:
+        """SIGKILL to the bridge (and, under a prefix, to everything it runs under)."""
+        if not self._group:
+            super().kill()
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        assert self._proc.wait(timeout=REAP_SECONDS) == -signal.SIGKILL
+
+    def close(self) -> None:
+        if self._group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        super().close()
 
     @classmethod
     def start(
