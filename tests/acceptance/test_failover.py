@@ -27,7 +27,6 @@ there, or the standby did not really lag). Fences are never reused in any mode.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -41,7 +40,7 @@ from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, br
 from tests.support.failover_targets import create_target_tables
 from tests.support.handlers import create_tables
 from tests.support.replication import Mode, Pair, replicated_pair
-from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.sqs_server import SqsServer, send_operations, sqs_server
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(900)]
@@ -73,21 +72,8 @@ def query(url: str, statement: str) -> list[tuple[Any, ...]]:
 
 
 def send(sqs: Any, queue_url: str, operations: Sequence[str], body: object) -> None:
-    for start in range(0, len(operations), 10):
-        entries = [
-            {
-                "Id": str(i),
-                "MessageBody": json.dumps(body),
-                "MessageAttributes": {
-                    "tenant_id": {"DataType": "String", "StringValue": "t1"},
-                    "operation_id": {"DataType": "String", "StringValue": op},
-                    "job_type": {"DataType": "String", "StringValue": job_of(op)},
-                },
-            }
-            for i, op in enumerate(operations[start : start + 10])
-        ]
-        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
-        assert not response.get("Failed"), response
+    """One message per operation, in batches of ten."""
+    send_operations(sqs, queue_url, operations, body, job_type=job_of)
 
 
 def send_round(sqs: Any, queue_url: str, batch: Sequence[str]) -> None:

@@ -15,7 +15,6 @@ once; every time on a work row lies within the database's clock of the run.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
 from tests.support.calls import create_calls_table
 from tests.support.handlers import create_tables
-from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.sqs_server import SqsServer, send_operations, sqs_server
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
@@ -61,21 +60,8 @@ def job_of(op: str) -> str:
 
 
 def send(sqs: Any, queue_url: str, operations: Sequence[str], body: object) -> None:
-    for start in range(0, len(operations), 10):
-        entries = [
-            {
-                "Id": str(i),
-                "MessageBody": json.dumps(body),
-                "MessageAttributes": {
-                    "tenant_id": {"DataType": "String", "StringValue": "t1"},
-                    "operation_id": {"DataType": "String", "StringValue": op},
-                    "job_type": {"DataType": "String", "StringValue": job_of(op)},
-                },
-            }
-            for i, op in enumerate(operations[start : start + 10])
-        ]
-        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
-        assert not response.get("Failed"), response
+    """One message per operation, in batches of ten."""
+    send_operations(sqs, queue_url, operations, body, job_type=job_of)
 
 
 def start(

@@ -18,7 +18,6 @@ call, committed by the handler itself, whatever became of the work row.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 from bridge.database import APPLICATION_NAME
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
 from tests.support.calls import create_calls_table
-from tests.support.sqs_server import SqsServer, sqs_server
+from tests.support.sqs_server import SqsServer, send_operations, sqs_server
 from tests.support.waiting import eventually
 
 NOTIFY = "notify"
@@ -56,21 +55,7 @@ def moto() -> Iterator[SqsServer]:
 
 def send(sqs: Any, queue_url: str, operations: Sequence[str], body: object) -> None:
     """One message per operation, in batches of ten."""
-    for start in range(0, len(operations), 10):
-        entries = [
-            {
-                "Id": str(i),
-                "MessageBody": json.dumps(body),
-                "MessageAttributes": {
-                    "tenant_id": {"DataType": "String", "StringValue": TENANT},
-                    "operation_id": {"DataType": "String", "StringValue": op},
-                    "job_type": {"DataType": "String", "StringValue": NOTIFY},
-                },
-            }
-            for i, op in enumerate(operations[start : start + 10])
-        ]
-        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
-        assert not response.get("Failed"), response
+    send_operations(sqs, queue_url, operations, body, job_type=lambda _op: NOTIFY, tenant=TENANT)
 
 
 def start_bridge(

@@ -8,13 +8,14 @@ moto, the test and whatever else the test runs in process (the SQS proxy).
 from __future__ import annotations
 
 import functools
+import json
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,31 @@ def sqs_server_process(start_seconds: float = 60.0) -> Iterator[SqsServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def send_operations(
+    sqs: Any,
+    queue_url: str,
+    operations: Sequence[str],
+    body: object,
+    *,
+    job_type: Callable[[str], str],
+    tenant: str = "t1",
+) -> None:
+    """One message per operation (its tenant, id and job type as attributes), in batches of
+    ten; a message SQS refuses fails the test."""
+    for start in range(0, len(operations), 10):
+        entries = [
+            {
+                "Id": str(i),
+                "MessageBody": json.dumps(body),
+                "MessageAttributes": {
+                    "tenant_id": {"DataType": "String", "StringValue": tenant},
+                    "operation_id": {"DataType": "String", "StringValue": op},
+                    "job_type": {"DataType": "String", "StringValue": job_type(op)},
+                },
+            }
+            for i, op in enumerate(operations[start : start + 10])
+        ]
+        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        assert not response.get("Failed"), response
