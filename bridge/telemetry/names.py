@@ -12,7 +12,7 @@ from typing import Final
 
 INSTRUMENTATION_NAME: Final = "fencebridge"
 #: the semantic conventions' version the names below follow, and its schema URL on every span
-SEMCONV_VERSION: Final = "1.44.0"
+SEMCONV_VERSION: Final = "1.43.0"
 SCHEMA_URL: Final = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 
 # -- span names (format with the subscription or job type) --------------------------------------
