@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import resource
 import statistics
 import subprocess
 import sys
@@ -73,7 +72,7 @@ from psycopg import conninfo
 from bench.ceiling import claim_settle_ceiling
 from bench.loop import BESIDE, SHAPES, WITHIN, PinnedStore
 from bench.loop import drain as loop_drain
-from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, emit, settle_database, summarize
+from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, cpu, emit, settle_database, summarize
 from bench.store import (
     arguments,
     bench_database,
@@ -374,11 +373,37 @@ def fencebridge_drain_process(  # noqa: PLR0917  (a process target takes positio
     done: Any,
     problems: Any,
     shape: str | None = None,
+    used: Any = None,
 ) -> None:
     """One pool in this process, draining until ``left`` (shared by every process) is zero.
     The store is opened as ``fencebridge run`` opens it (one plan per statement, no JIT,
     tenant fairness as configured). With ``shape``, the bare loop of :mod:`bench.loop`
-    instead of the pool, on a store opened the same way."""
+    instead of the pool, on a store opened the same way.
+
+    The CPU this process spends from opening its store to closing it is added to ``used``:
+    the drain's CPU, as every peer's module counts its own (:func:`bench.peers.measure`), and
+    not the interpreter's start and imports, which a spawned process pays before it."""
+    started = cpu()
+    try:
+        _drain_in_process(url, threads, claimers, spin, fair, batch, left, done, problems, shape)
+    finally:
+        if used is not None:
+            with used.get_lock():
+                used.value += cpu() - started
+
+
+def _drain_in_process(  # noqa: PLR0917  (as fencebridge_drain_process)
+    url: str,
+    threads: int,
+    claimers: int,
+    spin: bool,
+    fair: bool,
+    batch: int | None,
+    left: Any,
+    done: Any,
+    problems: Any,
+    shape: str | None,
+) -> None:
     if shape is not None:
         size = 2 * claimers  # a claim and a settlement connection per claimer
         bare = PinnedStore(
@@ -488,10 +513,11 @@ def fencebridge_drain(  # noqa: PLR0917
     settle_database(url)
     context = multiprocessing.get_context("spawn")
     left, done, problems = context.Value("l", jobs), context.Event(), context.Value("l", 0)
+    used = context.Value("d", 0.0)
     children = [
         context.Process(
             target=fencebridge_drain_process,
-            args=(url, threads, claimers, spin, fair, batch, left, done, problems, shape),
+            args=(url, threads, claimers, spin, fair, batch, left, done, problems, shape, used),
         )
         for _ in range(processes)
     ]
@@ -511,14 +537,8 @@ def fencebridge_drain(  # noqa: PLR0917
             concurrency=threads * processes,
             jobs=jobs,
             wall=wall,
-            cpu=children_cpu(),
+            cpu=used.value,
         )
-
-
-def children_cpu() -> float:
-    """CPU of this process's finished children, every thread (the drain's processes)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -607,7 +627,8 @@ class Report:
             "first pick to last settlement; in flight: the bound the configuration sets "
             "(none: nothing bounds it), then the jobs picked and not yet settled measured from "
             "the same records, the peak over all rounds and the median of the means; CPU: the "
-            "draining process(es), milliseconds per job.",
+            "draining process(es) from opening their connections to closing them (every "
+            "thread, not the interpreter's start and imports), milliseconds per job.",
             "",
             *facts_table(self.facts),
             "",
