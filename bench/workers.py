@@ -179,9 +179,12 @@ def loop(threads: int, claimers: int, shape: str) -> Config:
     return Config(LOOP, label, threads, args)
 
 
-def pgqueuer(consumers: int, batch: int, limit: int = 0, max_tasks: int = 0) -> Config:
+def pgqueuer(
+    consumers: int, batch: int, limit: int = 0, max_tasks: int = 0, *, uvloop: bool = False
+) -> Config:
     """``limit``: the entrypoint's ``concurrency_limit``; ``max_tasks``: ``max_concurrent_tasks``
-    over all consumers (each gets its share). With neither, nothing bounds the jobs in flight."""
+    over all consumers (each gets its share). With neither, nothing bounds the jobs in flight.
+    ``uvloop``: on uvloop's event loop."""
     label = f"{consumers} consumer(s) x batch {batch}"
     if limit:
         label += f", concurrency_limit {limit}"
@@ -189,9 +192,11 @@ def pgqueuer(consumers: int, batch: int, limit: int = 0, max_tasks: int = 0) -> 
         label += f", max_concurrent_tasks {max_tasks}"
     if not limit and not max_tasks:
         label += ", no limit"
+    if uvloop:
+        label += ", uvloop"
     bounds = [b for b in (limit, max_tasks) if b]
     in_flight = min(bounds) if bounds else None
-    args = (
+    args: tuple[str, ...] = (
         "--consumers",
         str(consumers),
         "--batch-size",
@@ -203,6 +208,8 @@ def pgqueuer(consumers: int, batch: int, limit: int = 0, max_tasks: int = 0) -> 
         "--concurrency",
         str(in_flight or consumers * batch),
     )
+    if uvloop:
+        args += ("--uvloop",)
     return Config(PGQUEUER, label, in_flight, args)
 
 
@@ -252,6 +259,10 @@ SWEEP: tuple[Config, ...] = (
     pgqueuer(1, 10),
     pgqueuer(5, 10),
     pgqueuer(16, 10),
+    pgqueuer(1, 16, uvloop=True),
+    pgqueuer(1, 10, uvloop=True),
+    pgqueuer(5, 10, uvloop=True),
+    pgqueuer(1, 8, max_tasks=16, uvloop=True),
     pgqueuer(1, 10, limit=16),
     pgqueuer(2, 8, limit=16),
     pgqueuer(4, 4, limit=16),

@@ -135,6 +135,9 @@ def parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument(
         "--max-tasks", type=int, help="a cap on the jobs picked at once, where the system has one"
     )
+    parser.add_argument(
+        "--uvloop", action="store_true", help="uvloop's event loop, where the system is asyncio"
+    )
     return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 

@@ -10,6 +10,8 @@ Driver asyncpg (PgQueuer's fastest). The knobs PgQueuer's users turn, all swept 
 * ``--limit``: the entrypoint's ``concurrency_limit`` (0, the default: none), at most that many
   jobs picked at once across all consumers, enforced by PgQueuer's dequeue statement (it
   switches PgQueuer to its capacity-gated dequeue);
+* ``--uvloop``: uvloop's event loop instead of asyncio's own, as PgQueuer's docs suggest for
+  throughput;
 * ``--max-tasks``: ``max_concurrent_tasks`` of ``run`` (0, the default: none), PgQueuer's own cap
   on the jobs one consumer has picked at once, shared out evenly between the consumers (it must
   be at least twice the batch). Without it or a limit, a consumer dequeues its next batch as
@@ -27,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 from pgqueuer import PgQueuer
@@ -88,15 +91,29 @@ async def drain(url: str, consumers: int, limit: int, batch_size: int, max_tasks
     await asyncio.gather(*(consume(url, limit, batch_size, each) for _ in range(consumers)))
 
 
+def runner(use_uvloop: bool) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """Runs a coroutine to its end on asyncio's event loop, or on uvloop's."""
+    if not use_uvloop:
+        return asyncio.run
+    import uvloop  # noqa: PLC0415  (only the configurations that ask for it need it installed)
+
+    def run(main: Coroutine[Any, Any, None]) -> None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
+            loop.run(main)
+
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv, "python -m bench.peers.pgqueuer_drain")
     batch = args.batch_size or BATCH_DEFAULT
+    run = runner(args.uvloop)
     return measure(
         args,
         PAIRS,
         system=SYSTEM,
-        prepare=lambda: asyncio.run(prepare(args.database_url, args.jobs)),
-        drain=lambda: asyncio.run(
+        prepare=lambda: run(prepare(args.database_url, args.jobs)),
+        drain=lambda: run(
             drain(
                 args.database_url, args.consumers or 1, args.limit or 0, batch, args.max_tasks or 0
             )
