@@ -9,7 +9,7 @@ its effect committed exactly once, nothing left claimed or queued.
 
 (What the proxy cannot show: its own kernel acknowledges the bytes it holds, so the client's
 TCP keepalives and ``tcp_user_timeout`` never fire through it, as they do when a route drops
-packets; their settings are shown in ``test_time_bounds.py``.)
+packets; a real drop is ``acceptance/test_database_partition.py``.)
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from xdist.scheduler import LoadFileScheduling
 #: the files holding tests marked ``alone``; collection fails if a marked test is elsewhere
 ALONE_FILES = frozenset(
     {
+        "tests/acceptance/test_database_partition.py",
         "tests/acceptance/test_failover.py",
         "tests/acceptance/test_pubsub_bridge.py",
         "tests/acceptance/test_pubsub_key_order.py",

@@ -98,9 +98,12 @@ class SqsBridgeConfig:
     sweep_interval_seconds: float = 1.0
     shutdown_deadline_seconds: float = 5.0
     worker_id: str | None = None
+    #: more ``[bridge]`` keys (``tcp_user_timeout_seconds = 3.0``, say)
+    settings: Mapping[str, float] = field(default_factory=dict)
 
     def toml(self) -> str:
         worker = f'worker_id = "{self.worker_id}"\n' if self.worker_id else ""
+        worker += "".join(f"{key} = {value}\n" for key, value in self.settings.items())
         jobs, job_types = jobs_toml(self.jobs)
         return f"""[bridge]
 {worker}worker_threads = {self.worker_threads}
