@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
-from tests.support.replication import Pair
 from tests.support.sqs_server import SqsServer, send_operations
 
 JOBS = {
@@ -30,6 +29,13 @@ DUPLICATES = 100
 CONFLICTS = 10
 FAILOVERS = 10
 PAYLOAD = {"sleep_seconds": 0.01, "work_seconds": 0.01}
+
+
+class Servers(Protocol):
+    """The bridges' database servers (a replicated pair, a Patroni cluster): a URL naming them
+    all, connecting to whichever one takes writes."""
+
+    def url(self, dbname: str = "postgres", **params: str) -> str: ...
 
 
 def query(url: str, statement: str) -> list[tuple[Any, ...]]:
@@ -54,7 +60,7 @@ def job_of(op: str) -> str:
 
 
 def start_bridges(
-    tmp_path: Path, moto: SqsServer, queue_url: str, pair: Pair, target_url: str, *, wait: bool
+    tmp_path: Path, moto: SqsServer, queue_url: str, pair: Servers, target_url: str, *, wait: bool
 ) -> list[BridgeProcess]:
     bridges = []
     for n in range(2):
