@@ -27,34 +27,31 @@ there, or the standby did not really lag). Fences are never reused in any mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from bridge.store.migrate import migrate
-from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
+from tests.support.failover_run import (
+    FAILOVERS,
+    OPERATIONS,
+    drained,
+    measure,
+    query,
+    send_round,
+    start_bridges,
+)
 from tests.support.failover_targets import create_target_tables
 from tests.support.handlers import create_tables
 from tests.support.replication import Mode, Pair, replicated_pair
-from tests.support.sqs_server import SqsServer, send_operations, sqs_server
+from tests.support.sqs_server import SqsServer, sqs_server
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(900)]
 
-JOBS = {
-    "ledger": Job("tests.support.handlers:RecordEffect", "A", lease_seconds=3.0),
-    "stamp": Job("tests.support.failover_targets:LogFence", "B", lease_seconds=3.0),
-    "notify": Job("tests.support.failover_targets:LogCall", "D", lease_seconds=3.0, max_attempts=1),
-}
-OPERATIONS = 1_000
-DUPLICATES = 100
-CONFLICTS = 10
-FAILOVERS = 10
-PAYLOAD = {"sleep_seconds": 0.01, "work_seconds": 0.01}
 #: work rows written on the primary while the link hangs, before the kill (asynchronous)
 AHEAD = 25
 DEADLINE = 240.0
@@ -64,55 +61,6 @@ DEADLINE = 240.0
 def moto() -> Iterator[SqsServer]:
     with sqs_server() as server:
         yield server
-
-
-def query(url: str, statement: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        return conn.execute(statement.encode()).fetchall()
-
-
-def send(sqs: Any, queue_url: str, operations: Sequence[str], body: object) -> None:
-    """One message per operation, in batches of ten."""
-    send_operations(sqs, queue_url, operations, body, job_type=job_of)
-
-
-def send_round(sqs: Any, queue_url: str, batch: Sequence[str]) -> None:
-    """A round's operations, a tenth of them twice, the last one again with another payload."""
-    send(sqs, queue_url, batch, PAYLOAD)
-    send(sqs, queue_url, batch[: DUPLICATES // FAILOVERS], PAYLOAD)
-    send(sqs, queue_url, batch[-1:], {"changed": True})
-
-
-def job_of(op: str) -> str:
-    return list(JOBS)[int(op.rsplit("-", 1)[1]) % len(JOBS)]
-
-
-def start_bridges(
-    tmp_path: Path, moto: SqsServer, queue_url: str, pair: Pair, target_url: str, *, wait: bool
-) -> list[BridgeProcess]:
-    bridges = []
-    for n in range(2):
-        config = SqsBridgeConfig(
-            queue_url=queue_url,
-            endpoint_url=moto.endpoint,
-            jobs=JOBS,
-            worker_id=f"bridge-{n}",
-            worker_threads=4,
-            sweep_interval_seconds=1.0,
-        )
-        text = config.toml()
-        if wait:
-            text = text.replace(
-                'ack_mode = "after_inbox"\n',
-                'ack_mode = "after_inbox"\nwait_for_standby = true\nwait_for_standby_seconds = 3\n',
-            )
-        path = tmp_path / f"bridge-{n}.toml"
-        path.write_text(text)
-        env = bridge_env(pair.url("fb", connect_timeout="3"), target_url=target_url)
-        bridges.append(BridgeProcess(path, env, health_port=config.health_port))
-    for bridge in bridges:
-        bridge.wait_ready()
-    return bridges
 
 
 def fail_over_lagging(
@@ -209,55 +157,3 @@ def test_failovers_mid_claim_with_a_lagging_standby(
     else:
         assert all(lag > 0 for lag in lags), lags
         assert counts["lost"] > 0, f"the standby lagged, so the failovers lose: {counts}"
-
-
-def drained(url: str, sqs: Any, queue_url: str) -> bool:
-    try:
-        ((open_rows,),) = query(
-            url, "SELECT count(*) FROM work_item WHERE state IN ('queued', 'claimed')"
-        )
-    except psycopg.OperationalError:
-        return False
-    if open_rows:
-        return False
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"])
-        == 0
-        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
-    )
-
-
-def measure(url: str, target_url: str, ops: Sequence[str]) -> dict[str, int]:
-    rows = {op for (op,) in query(url, "SELECT operation_id FROM work_item")}
-    states = dict(query(url, "SELECT state, count(*) FROM work_item GROUP BY state"))
-    effects = query(
-        url,
-        "SELECT count(*) FROM (SELECT operation_id FROM test_effect GROUP BY 1"
-        " HAVING count(*) > 1) d",
-    )[0][0]
-    calls = query(
-        target_url,
-        "SELECT count(*) FROM (SELECT operation_id FROM fo_call GROUP BY 1 HAVING count(*) > 1) d",
-    )[0][0]
-    reuse = query(
-        target_url,
-        "SELECT count(*) FROM (SELECT operation_id, fence FROM fo_attempt GROUP BY 1, 2"
-        " HAVING count(*) > 1 UNION ALL SELECT operation_id, fence FROM fo_call GROUP BY 1, 2"
-        " HAVING count(*) > 1) d",
-    )[0][0]
-    lost = [op for op in ops if op not in rows]
-    called = {op for (op,) in query(target_url, "SELECT operation_id FROM fo_call")}
-    return {
-        "operations": len(ops),
-        "lost": len(lost),
-        "lost_after_a_call": len(called.intersection(lost)),
-        "duplicate_effects": int(effects),
-        "calls_twice": int(calls),
-        "fence_reuse": int(reuse),
-        "unknown": int(states.get("unknown", 0)),
-        "succeeded": int(states.get("succeeded", 0)),
-    }

@@ -18,6 +18,7 @@ ALONE_FILES = frozenset(
     {
         "tests/acceptance/test_database_partition.py",
         "tests/acceptance/test_failover.py",
+        "tests/acceptance/test_patroni_failover.py",
         "tests/acceptance/test_pubsub_bridge.py",
         "tests/acceptance/test_pubsub_key_order.py",
         "tests/acceptance/test_pubsub_ordered.py",
