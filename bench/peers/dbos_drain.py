@@ -10,7 +10,8 @@ The jobs are queued from a ``DBOSClient``, the workflow id set to each job's key
 ``SetWorkflowID`` sets inside an application), a thousand per transaction
 (``enqueue_in_transaction``, DBOS's nearest thing to a batch API); then every tenth key is
 queued a second time, in transactions of their own after all the first ones, to show that the
-duplicates dedupe. The queue's knobs, swept by :mod:`bench.workers`:
+duplicates dedupe (the preparation checks that the queue holds one workflow per key). The
+queue's knobs, swept by :mod:`bench.workers`:
 
 * ``--concurrency``: the queue's ``worker_concurrency`` (workflows one executor runs at once);
 * ``--poll-interval``: the queue's ``polling_interval_sec`` (DBOS's default is 1 s): its queue
@@ -57,6 +58,8 @@ SUCCEEDED = (
     "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = 'bench' AND status = 'SUCCESS'"
 )
 
+QUEUED = "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = 'bench'"
+
 RUNS = Runs()
 
 
@@ -95,6 +98,10 @@ def prepare(url: str, jobs: int, concurrency: int, poll_interval: float) -> None
                         "workflow_id": workflow_id,
                     }
                     client.enqueue_in_transaction(conn, options, PAYLOAD)
+        with psycopg.connect(url) as check:
+            row = check.execute(QUEUED.encode()).fetchone()
+        if row is None or row[0] != jobs:  # the duplicates deduped: one workflow per key
+            raise RuntimeError(f"dbos: {len(keys)} enqueues made {row} workflows, not {jobs}")
     finally:
         engine.dispose()
         client.destroy()
