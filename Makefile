@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # dependencies of the project). `make bench BENCHMARKS=workers BENCH_ARGS=--quick` narrows a run.
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
-BENCH_PEERS := 'pgqueuer[asyncpg,psycopg]==1.6.0' 'procrastinate==3.10.0' 'uvloop==0.23.0'
+BENCH_PEERS := 'pgqueuer[asyncpg,psycopg]==1.6.0' 'procrastinate==3.10.0' 'uvloop==0.23.0' 'awa-pg==0.6.9' 'dbos==3.4.0'
 BENCHMARKS  ?= store workers fairness plans inbox sqs pubsub migrations steady
 
 # Test processes: as many as the machine has cores (pytest-xdist's `auto`); CI names its own.

@@ -1,4 +1,4 @@
-"""The worker tier beside PgQueuer and Procrastinate, each in its best configuration.
+"""The worker tier beside PgQueuer, Procrastinate, Awa and DBOS, each in its best configuration.
 
 Each system drains the same workload on the same PostgreSQL server: ``--jobs`` no-op jobs
 (10,000) queued beforehand with the system's own batch API (batches of 1,000, about 100 bytes of
@@ -25,6 +25,11 @@ overall, whatever its jobs in flight.
 * ``pgqueuer``: consumers x batch, with no limit, with the entrypoint's ``concurrency_limit``
   and with ``max_concurrent_tasks`` (:mod:`bench.peers.pgqueuer_drain`).
 * ``procrastinate``: the worker's ``concurrency`` (:mod:`bench.peers.procrastinate_drain`).
+* ``awa``: Awa's Python workers on its Rust engine, its queue's ``max_workers`` x
+  ``claimers`` (:mod:`bench.peers.awa_drain`).
+* ``dbos``: DBOS Transact, a queue of no-op workflows whose ids are the jobs' keys, every tenth
+  queued twice; the queue's ``worker_concurrency`` at a 10 ms polling interval
+  (:mod:`bench.peers.dbos_drain`).
 * ``loop``: the same statements driven by a bare Python loop of worker threads, none of the
   pool's machinery (:mod:`bench.loop`), with the settlements beside the claim or within its
   transaction: what a Python process gets out of them here, so that the report shows how much
@@ -34,7 +39,9 @@ overall, whatever its jobs in flight.
 
 Rate and latency are read back from each system's own records by the database clock, the same
 way for all: the rate is the job count over the time from the first pick (claim) to the last
-settlement, and the latency of a job is its settlement minus its pick.
+settlement, and the latency of a job is its settlement minus its pick. Awa's and DBOS's
+handlers also count each job's runs: the report gives, for those two, the jobs that ran
+exactly once and the runs beyond the first (correctness: each job once).
 
 Rounds: one warm-up round on fewer jobs (not reported), then ``--runs`` measured rounds; within
 a round every configuration drains once, in an order that rotates from round to round, so all
@@ -95,23 +102,36 @@ from bridge.store.claims import ClaimPolicy
 from bridge.store.migrate import migrate
 from bridge.types import Claim, Delivery, State, TargetClass
 
-FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING, LOOP = (
+FENCEBRIDGE, PGQUEUER, PROCRASTINATE, AWA, DBOS, CEILING, LOOP = (
     "fencebridge",
     "pgqueuer",
     "procrastinate",
+    "awa",
+    "dbos",
     "ceiling",
     "loop",
 )
-SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE, CEILING, LOOP)
-PEERS = (PGQUEUER, PROCRASTINATE)
+SYSTEMS = (FENCEBRIDGE, PGQUEUER, PROCRASTINATE, AWA, DBOS, CEILING, LOOP)
+PEERS = (PGQUEUER, PROCRASTINATE, AWA, DBOS)
 MODULES = {
     FENCEBRIDGE: "bench.workers",
     LOOP: "bench.workers",
     PGQUEUER: "bench.peers.pgqueuer_drain",
     PROCRASTINATE: "bench.peers.procrastinate_drain",
+    AWA: "bench.peers.awa_drain",
+    DBOS: "bench.peers.dbos_drain",
 }
 #: the distributions whose versions the report names
-VERSIONS = ("pgqueuer", "procrastinate", "asyncpg", "psycopg", "psycopg-pool")
+VERSIONS = (
+    "pgqueuer",
+    "procrastinate",
+    "awa-pg",
+    "dbos",
+    "asyncpg",
+    "psycopg",
+    "psycopg-pool",
+    "sqlalchemy",
+)
 
 JOB_TYPE = "bench.noop"
 SUBSCRIPTION = "bench"
@@ -222,6 +242,31 @@ def procrastinate(concurrency: int) -> Config:
     )
 
 
+def awa(max_workers: int, claimers: int = 1) -> Config:
+    """The queue's ``max_workers`` and ``claimers`` (dispatcher loops sharing its permits)."""
+    return Config(
+        AWA,
+        f"max_workers {max_workers}, {claimers} claimer(s)",
+        max_workers,
+        ("--concurrency", str(max_workers), "--claimers", str(claimers)),
+    )
+
+
+#: DBOS's queue thread claims, then sleeps its polling interval (1 s by default): 10 ms, so that
+#: the interval does not bound the rate at these concurrencies
+DBOS_POLL_INTERVAL = 0.01
+
+
+def dbos(worker_concurrency: int, poll_interval: float = DBOS_POLL_INTERVAL) -> Config:
+    """The queue's ``worker_concurrency`` and ``polling_interval_sec``."""
+    return Config(
+        DBOS,
+        f"worker_concurrency {worker_concurrency}, polling every {poll_interval * 1000:g} ms",
+        worker_concurrency,
+        ("--concurrency", str(worker_concurrency), "--poll-interval", str(poll_interval)),
+    )
+
+
 CEILING_CONFIG = Config(CEILING, "pgbench, 16 clients", 16)
 
 #: the tenant-fairness comparison: one pool as `fencebridge run` runs it, claims fair and in due
@@ -271,6 +316,14 @@ SWEEP: tuple[Config, ...] = (
     procrastinate(8),
     procrastinate(16),
     procrastinate(32),
+    awa(8),
+    awa(16),
+    awa(16, claimers=2),
+    awa(32, claimers=2),
+    awa(32, claimers=4),
+    awa(64, claimers=4),
+    dbos(16),
+    dbos(64),
     CEILING_CONFIG,
 )
 
@@ -600,6 +653,11 @@ def drain(admin_url: str, config: Config, jobs: int) -> Drain:
     result = Drain(**json.loads(done.stdout.strip().splitlines()[-1]))
     if result.settled != jobs:
         raise RuntimeError(f"{config.system} ({config.label}) settled {result.settled} of {jobs}")
+    if result.ran_once is not None and (result.ran_once != jobs or result.ran_again):
+        log(
+            f"{config.system} ({config.label}): {result.ran_once} of {jobs} jobs ran once, "
+            f"{result.ran_again} run(s) beyond the first"
+        )
     return result
 
 
@@ -639,13 +697,16 @@ class Report:
             "(none: nothing bounds it), then the jobs picked and not yet settled measured from "
             "the same records, the peak over all rounds and the median of the means; CPU: the "
             "draining process(es) from opening their connections to closing them (every "
-            "thread, not the interpreter's start and imports), milliseconds per job.",
+            "thread, not the interpreter's start and imports), milliseconds per job; "
+            "ran once: where the handler counts its runs, the jobs that ran exactly once "
+            "(the fewest in a round), then the runs beyond the first over all rounds "
+            "(-: not counted).",
             "",
             *facts_table(self.facts),
             "",
             "| system | configuration | bound | peak in flight | mean in flight | jobs/s "
-            "| p50 ms | p99 ms | CPU ms/job |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| p50 ms | p99 ms | CPU ms/job | ran once |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for config in self.plan.configs:
             runs = self.drains.get(config, [])
@@ -663,10 +724,10 @@ class Report:
                 f"| {config.system} | {config.label} | {bound} | {measured} "
                 f"{_cell([d.rate for d in runs], 0)} | "
                 + (
-                    "- | - | - |"
+                    "- | - | - | - |"
                     if config.system == CEILING
                     else f"{_cell([d.p50_ms for d in runs], 1)} | "
-                    f"{_cell([d.p99_ms for d in runs], 1)} | {cpu_ms:.2f} |"
+                    f"{_cell([d.p99_ms for d in runs], 1)} | {cpu_ms:.2f} | {_once(runs)} |"
                 )
             )
         goals = self.goals()
@@ -675,34 +736,26 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def goals(self) -> list[str]:
+        """Each system's best within :data:`IN_FLIGHT` and overall; with fencebridge's, the
+        ratios to it, the bare loop and the ceiling."""
         ours = self.best(FENCEBRIDGE, IN_FLIGHT)
-        if ours is None:
-            return []
-        mine = median_rate(self.drains[ours])
-        out = [
-            f"- fencebridge's best within {IN_FLIGHT} in flight: {ours.label} (peak "
-            f"{self.peak(ours)}), {mine:,.0f} jobs/s."
-        ]
+        mine = median_rate(self.drains[ours]) if ours is not None else None
+        out: list[str] = []
         overall = self.best(FENCEBRIDGE)
-        if overall is not None and overall != ours:
+        if ours is not None:
             out.append(
-                f"- fencebridge's best overall: {overall.label} (peak {self.peak(overall)}), "
-                f"{median_rate(self.drains[overall]):,.0f} jobs/s."
+                f"- fencebridge's best within {IN_FLIGHT} in flight: {ours.label} (peak "
+                f"{self.peak(ours)}), {mine:,.0f} jobs/s."
             )
-        for peer in PEERS:
-            for in_flight, what in (
-                (IN_FLIGHT, f"within {IN_FLIGHT} in flight"),
-                (None, "overall"),
-            ):
-                best = self.best(peer, in_flight)
-                if best is None:
-                    continue
-                theirs = median_rate(self.drains[best])
+            if overall is not None and overall != ours:
                 out.append(
-                    f"- {peer}'s best {what}: {best.label} (peak {self.peak(best)} in flight), "
-                    f"{theirs:,.0f} jobs/s; fencebridge's best within {IN_FLIGHT} / {peer}: "
-                    f"{mine / theirs:.2f}x."
+                    f"- fencebridge's best overall: {overall.label} (peak "
+                    f"{self.peak(overall)}), {median_rate(self.drains[overall]):,.0f} jobs/s."
                 )
+        for peer in PEERS:
+            out += self.peer_goals(peer, mine)
+        if ours is None or mine is None:
+            return out
         bare = self.best(LOOP, IN_FLIGHT)
         if bare is not None:
             theirs = median_rate(self.drains[bare])
@@ -722,6 +775,46 @@ class Report:
                 line += f", its best overall at {median_rate(self.drains[overall]) / top:.2f}x"
             out.append(line + ".")
         return out
+
+    def peer_goals(self, peer: str, mine: float | None) -> list[str]:
+        """A peer's best within :data:`IN_FLIGHT` (or the least it had in flight, where none
+        stayed within) and overall, with fencebridge's best within as a ratio where it ran."""
+        configs = [c for c in self.drains if c.system == peer]
+        if not configs:
+            return []
+        out = []
+        for in_flight, what in ((IN_FLIGHT, f"within {IN_FLIGHT} in flight"), (None, "overall")):
+            best = self.best(peer, in_flight)
+            if best is None:
+                least = min(configs, key=self.peak)
+                out.append(
+                    f"- {peer}: no configuration stayed within {IN_FLIGHT} in flight (the "
+                    f"least: {least.label}, peak {self.peak(least)})."
+                )
+                continue
+            theirs = median_rate(self.drains[best])
+            line = (
+                f"- {peer}'s best {what}: {best.label} (peak {self.peak(best)} in flight), "
+                f"{theirs:,.0f} jobs/s"
+            )
+            once = _once(self.drains[best])
+            if once != "-":
+                line += f", ran once: {once}"
+            if mine is not None:
+                line += f"; fencebridge's best within {IN_FLIGHT} / {peer}: {mine / theirs:.2f}x"
+            out.append(line + ".")
+        return out
+
+
+def _once(runs: Sequence[Drain]) -> str:
+    """The jobs that ran exactly once (the fewest in a round) and the runs beyond the first
+    (all rounds), where the drain counted them."""
+    counted = [d for d in runs if d.ran_once is not None]
+    if not counted:
+        return "-"
+    once = min(d.ran_once or 0 for d in counted)
+    again = sum(d.ran_again or 0 for d in counted)
+    return f"{once:,} of {counted[0].jobs:,}, {again} again"
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -771,7 +864,8 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
 
 def options() -> argparse.ArgumentParser:
     parser = arguments(
-        "bench.workers", "The worker tier beside PgQueuer and Procrastinate, no-op jobs."
+        "bench.workers",
+        "The worker tier beside PgQueuer, Procrastinate, Awa and DBOS, no-op jobs.",
     )
     parser.add_argument("--jobs", type=int, help="jobs per drain")
     parser.add_argument("--runs", type=int, help="measured rounds")

@@ -6,7 +6,7 @@ its schema in the empty database it is given, queue the jobs with the system's o
 requested concurrency and print one :class:`Drain` as a JSON line on stdout.
 
 The figures come from the database clock and the system's own records, read the same way for
-all three: the moment each job was picked (claimed) and the moment it was settled (completed),
+every system: the moment each job was picked (claimed) and the moment it was settled (completed),
 each the ``now()`` of the statement's transaction that did it. The rate is the job count over
 the time from the first pick to the last settlement; the latency is settlement minus pick, per
 job. The peers are imported only here, so they stay out of the project's dependencies.
@@ -18,8 +18,10 @@ import argparse
 import json
 import resource
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,6 +77,10 @@ class Drain:
     #: and the mean over the drain (the sum of pick-to-settle times over the drain's time)
     peak_in_flight: int = 0
     mean_in_flight: float = 0.0
+    #: correctness, where the module counts it (None: not counted): the jobs whose handler ran
+    #: exactly once, and the runs beyond the first over all jobs, counted by the handler itself
+    ran_once: int | None = None
+    ran_again: int | None = None
 
     @property
     def rate(self) -> float:
@@ -111,6 +117,25 @@ def summarize(
     )
 
 
+class Runs:
+    """Each job's handler runs, counted by the handler in the draining process (every run
+    of a drain happens in that one process): what "each job once" is checked against."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[Hashable] = Counter()
+
+    def ran(self, key: Hashable) -> None:
+        with self._lock:
+            self._counts[key] += 1
+
+    def tally(self) -> tuple[int, int]:
+        """The jobs that ran exactly once, and the runs beyond the first over all jobs."""
+        with self._lock:
+            counts = list(self._counts.values())
+        return sum(1 for n in counts if n == 1), sum(n - 1 for n in counts if n > 1)
+
+
 def settle_database(url: str) -> None:
     """Fresh statistics and a checkpoint before the drain, as for every system."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -138,6 +163,10 @@ def parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument(
         "--uvloop", action="store_true", help="uvloop's event loop, where the system is asyncio"
     )
+    parser.add_argument("--claimers", type=int, help="claim loops, where the system has them")
+    parser.add_argument(
+        "--poll-interval", type=float, help="seconds between polls, where the system polls"
+    )
     return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 
@@ -154,23 +183,26 @@ def measure(
     system: str,
     prepare: Callable[[], None],
     drain: Callable[[], None],
+    runs: Runs | None = None,
 ) -> int:
-    """One drain as every peer module runs it: prepare, settle, time the drain, emit the result."""
+    """One drain as every peer module runs it: prepare, settle, time the drain, emit the result
+    (with ``runs``, the handler's own count of each job's runs)."""
     prepare()
     settle_database(args.database_url)
     started, cpu_started = time.perf_counter(), cpu()
     drain()
     wall, used = time.perf_counter() - started, cpu() - cpu_started
     with psycopg.connect(args.database_url, autocommit=True) as conn:
-        emit(
-            summarize(
-                conn,
-                pairs,
-                system=system,
-                concurrency=args.concurrency,
-                jobs=args.jobs,
-                wall=wall,
-                cpu=used,
-            )
+        result = summarize(
+            conn,
+            pairs,
+            system=system,
+            concurrency=args.concurrency,
+            jobs=args.jobs,
+            wall=wall,
+            cpu=used,
         )
+    if runs is not None:
+        result.ran_once, result.ran_again = runs.tally()
+    emit(result)
     return 0
