@@ -56,6 +56,7 @@ from bench.inbox import BATCH, THREADS, decoder
 from bench.store import (
     BODY,
     arguments,
+    autovacuum_on,
     bench_database,
     command_line,
     facts_table,
@@ -271,29 +272,6 @@ def _percentile(values: Sequence[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-
-@contextmanager
-def autovacuum_on(admin_url: str, enable: bool) -> Iterator[None]:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        row = conn.execute("SHOW autovacuum").fetchone()
-        if row and row[0] == "on":
-            yield
-            return
-        if not enable:
-            raise SystemExit(
-                "autovacuum is off on this server, and the steady-state run needs it: pass "
-                "--enable-autovacuum to turn it on for the run (ALTER SYSTEM, reset afterwards) "
-                "or use a server that has it on"
-            )
-        conn.execute("ALTER SYSTEM SET autovacuum = on")
-        conn.execute("SELECT pg_reload_conf()")
-    try:
-        yield
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM RESET autovacuum")
-            conn.execute("SELECT pg_reload_conf()")
 
 
 @contextmanager

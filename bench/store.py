@@ -1189,3 +1189,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@contextmanager
+def autovacuum_on(admin_url: str, enable: bool) -> Iterator[None]:
+    """Autovacuum on for the run, as production runs: a server that has it off is refused, or,
+    with ``enable``, has it turned on (``ALTER SYSTEM``) and reset afterwards."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        if row and row[0] == "on":
+            yield
+            return
+        if not enable:
+            raise SystemExit(
+                "autovacuum is off on this server, and this benchmark needs it: pass "
+                "--enable-autovacuum to turn it on for the run (ALTER SYSTEM, reset afterwards) "
+                "or use a server that has it on"
+            )
+        conn.execute("ALTER SYSTEM SET autovacuum = on")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum")
+            conn.execute("SELECT pg_reload_conf()")

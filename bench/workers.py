@@ -82,6 +82,7 @@ from bench.loop import drain as loop_drain
 from bench.peers import ENQUEUE_BATCH, PAYLOAD, Drain, cpu, emit, settle_database, summarize
 from bench.store import (
     arguments,
+    autovacuum_on,
     bench_database,
     command_line,
     empty_database,
@@ -839,10 +840,13 @@ def rotate(items: Sequence[Config], k: int) -> list[Config]:
     return [*items[k:], *items[:k]]
 
 
-def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
+def run(
+    database_url: str | None, plan: Plan, argv: list[str], enable_autovacuum: bool = False
+) -> Report:
     report = Report(plan)
     with (
         server(database_url) as admin_url,
+        autovacuum_on(admin_url, enable_autovacuum),
         report_facts(admin_url, argv, ("peers", versions())) as facts,
     ):
         report.facts = facts
@@ -869,6 +873,11 @@ def options() -> argparse.ArgumentParser:
     )
     parser.add_argument("--jobs", type=int, help="jobs per drain")
     parser.add_argument("--runs", type=int, help="measured rounds")
+    parser.add_argument(
+        "--enable-autovacuum",
+        action="store_true",
+        help="turn autovacuum on for the run if the server has it off (ALTER SYSTEM)",
+    )
     parser.add_argument("--system", choices=SYSTEMS, action="append", help="(repeatable)")
     parser.add_argument(
         "--fairness",
@@ -918,7 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fairness:
         overrides["configs"] = FAIRNESS_ARMS
     plan = replace(plan, **overrides)
-    print(run(args.database_url, plan, command).markdown(), end="")
+    print(run(args.database_url, plan, command, args.enable_autovacuum).markdown(), end="")
     return 0
 
 
