@@ -49,7 +49,7 @@ from tests.support.handlers import create_tables
 from tests.support.partition import Partition, require_iptables
 from tests.support.proxy import Proxy
 from tests.support.replication import Node
-from tests.support.sqs_server import SqsServer, send_operations, sqs_server_process
+from tests.support.sqs_server import SqsServer, queue_empty, send_operations, sqs_server_process
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(420)]
@@ -187,15 +187,7 @@ def settled(server: Server) -> int:
 def drained(server: Server, sqs: Any, queue_url: str) -> bool:
     if server.query("SELECT count(*) FROM work_item WHERE state IN ('queued', 'claimed')")[0][0]:
         return False
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"])
-        == 0
-        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
-    )
+    return queue_empty(sqs, queue_url)
 
 
 def test_latency_then_a_dropped_network_longer_than_the_lease_then_healed(

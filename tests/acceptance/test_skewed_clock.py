@@ -26,7 +26,7 @@ import pytest
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
 from tests.support.calls import create_calls_table
 from tests.support.handlers import create_tables
-from tests.support.sqs_server import SqsServer, send_operations, sqs_server
+from tests.support.sqs_server import SqsServer, queue_empty, send_operations, sqs_server
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
@@ -140,12 +140,4 @@ def drained(url: str, sqs: Any, queue_url: str) -> bool:
     )
     if (rows, open_rows) != (OPERATIONS, 0):
         return False
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"])
-        == 0
-        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
-    )
+    return queue_empty(sqs, queue_url)

@@ -29,7 +29,7 @@ import pytest
 from bridge.database import APPLICATION_NAME
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
 from tests.support.calls import create_calls_table
-from tests.support.sqs_server import SqsServer, send_operations, sqs_server
+from tests.support.sqs_server import SqsServer, queue_empty, send_operations, sqs_server
 from tests.support.waiting import eventually
 
 NOTIFY = "notify"
@@ -106,15 +106,7 @@ def drained(url: str, sqs: Any, queue_url: str) -> bool:
     )
     if (rows, open_rows) != (OPERATIONS, 0):
         return False
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"])
-        == 0
-        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
-    )
+    return queue_empty(sqs, queue_url)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import psycopg
 
 from tests.support.bridge_process import BridgeProcess, Job, SqsBridgeConfig, bridge_env
-from tests.support.sqs_server import SqsServer, send_operations
+from tests.support.sqs_server import SqsServer, queue_empty, send_operations
 
 JOBS = {
     "ledger": Job("tests.support.handlers:RecordEffect", "A", lease_seconds=3.0),
@@ -96,15 +96,7 @@ def drained(url: str, sqs: Any, queue_url: str) -> bool:
         return False
     if open_rows:
         return False
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"])
-        == 0
-        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
-    )
+    return queue_empty(sqs, queue_url)
 
 
 def measure(url: str, target_url: str, ops: Sequence[str]) -> dict[str, int]:

@@ -203,3 +203,16 @@ def send_operations(
         ]
         response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
         assert not response.get("Failed"), response
+
+
+def queue_empty(sqs: Any, queue_url: str) -> bool:
+    """Whether the queue holds no message, visible or in flight (every copy deleted)."""
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return (
+        int(attributes["ApproximateNumberOfMessages"])
+        == 0
+        == int(attributes["ApproximateNumberOfMessagesNotVisible"])
+    )
