@@ -137,7 +137,7 @@ class Plan:
     #: claims tenant-fair, as `fencebridge run` claims by default (off: in due order)
     fairness: bool = False
     #: every batch after the first carries the previous batch's first delivery again (one
-    #: replay in eleven copies): the batches take the inbox's careful way, as replays do
+    #: replay in eleven copies), of a row usually being claimed or settled at that moment
     replays: bool = False
     #: record replays beside their rows (migration 0030's delivery evidence); off: the same
     #: rounds without the record, to measure what it costs
@@ -599,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--replays",
         action="store_const",
         const=True,
-        help="one replay in every batch after the first (the inbox's careful way)",
+        help="one replay in every batch after the first, of the previous batch's first",
     )
     parser.add_argument(
         "--resend",
