@@ -25,7 +25,9 @@
 -- and before any row is returned, in a function of its own: its lookup takes a snapshot after
 -- the insert's, and sees the tombstone of an erasure that deleted a row while the insert waited
 -- on it. A found row is locked FOR KEY SHARE before its replays are appended, in key order; one
--- erased or purged since the snapshot is skipped, as ingest_replays.sql does. A replay of a row
+-- erased or purged since the snapshot is skipped, as ingest_replays.sql does. Each row is read
+-- by its key, one lookup each (a lateral subquery): a join, planned once on a new database's
+-- empty tables, read the whole primary key at every batch. A replay of a row
 -- this statement inserted references it directly (the foreign key is checked at the end of the
 -- statement, when the row is in).
 --
@@ -39,9 +41,9 @@ keyed AS (
            n.lease_expires_at, n.identity_key_id, n.fence, w.payload_hash, w.state
       FROM input i
       LEFT JOIN inserted n USING (tenant_id, operation_id)
-      LEFT JOIN LATERAL (SELECT w.payload_hash, w.state FROM work_item w
-                          WHERE n.fence IS NULL AND w.tenant_id = i.tenant_id
-                            AND w.operation_id = i.operation_id OFFSET 0) w ON true
+      LEFT JOIN LATERAL (SELECT payload_hash, state FROM work_item
+                          WHERE n.fence IS NULL AND tenant_id = i.tenant_id
+                            AND operation_id = i.operation_id OFFSET 0) w ON true
 ),
 decided AS (
     SELECT k.tenant_id, k.operation_id, k.fresh, a.*,
@@ -50,22 +52,22 @@ decided AS (
               FROM input
              UNION ALL
             SELECT (c->>0)::bigint, decode(c->>1, 'hex'), c->>2, c->>3, c->>4, false
-              FROM jsonb_array_elements(%(copies)s::jsonb) AS c) AS a
+              FROM jsonb_array_elements(%(copies)s::jsonb) c) a
       JOIN keyed k USING (ord)
 ),
 locked AS (
-    SELECT w.tenant_id, w.operation_id
-      FROM work_item w JOIN decided d USING (tenant_id, operation_id)
-     WHERE d.same AND NOT d.fresh
-     ORDER BY 1, 2
-       FOR KEY SHARE OF w
+    SELECT w.*
+      FROM (SELECT * FROM decided WHERE same AND NOT fresh ORDER BY 1, 2) d,
+           LATERAL (SELECT tenant_id, operation_id FROM work_item
+                     WHERE (tenant_id, operation_id) = (d.tenant_id, d.operation_id)
+                       FOR KEY SHARE) w
 ),
 copied AS (
     INSERT INTO delivery_copy (tenant_id, operation_id, arrived_at)
     SELECT tenant_id, operation_id, coalesce(%(now)s::timestamptz, now())
       FROM (SELECT * FROM locked
              UNION ALL
-            SELECT tenant_id, operation_id FROM decided WHERE same AND fresh AND NOT first) AS c
+            SELECT tenant_id, operation_id FROM decided WHERE same AND fresh AND NOT first) c
 ),
 rejected AS (
     INSERT INTO rejected_delivery (kind, reason, subscription, broker_message_id, tenant_id,
@@ -74,7 +76,7 @@ rejected AS (
            job_type, payload_hash
       FROM decided
      WHERE NOT same
-     ORDER BY ord, NOT first
+     ORDER BY ord
 )
 SELECT tenant_id, operation_id, lease_expires_at, identity_key_id, fence, payload_hash, state
   FROM keyed
