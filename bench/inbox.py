@@ -563,7 +563,10 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
             for kind in kinds(plan):
                 with bench_database(admin_url, "inbox") as url:
                     result = one_round(
-                        url, plan, in_use=kind.database == IN_USE, replicas=kind.replicas
+                        url,
+                        replace(plan, resend=kind.resend),
+                        in_use=kind.database == IN_USE,
+                        replicas=kind.replicas,
                     )
                 log(f"round {k + 1}, {kind}: end to end {result.end_to_end:,.0f}/s")
                 report.rounds.setdefault(kind, []).append(result)
