@@ -7,8 +7,8 @@
   second the server makes at that many clients (the end-to-end benchmark's ceiling).
 * :func:`inbox_ceiling`: ``pgbench`` running the inbox's own statements end to end: a batch of
   10 new deliveries inserted as the inbox writes them for a pool with room
-  (``ingest_insert_new.sql``, one statement: the rows written claimed, and the check that every
-  key was new and none has a tombstone), then settled (``settle_many.sql``) in a transaction:
+  (``ingest_batch.sql``, one statement: the rows written claimed, and the check that every
+  key was decided and none has a tombstone), then settled (``settle_many.sql``) in a transaction:
   the most the protocol's statements do here, with no Python in the way.
 
 ``pgbench`` reads and writes through libpq in C, so these are ceilings for the statements, not
@@ -161,7 +161,7 @@ def inbox_script() -> str:
     body = f"convert_to(repeat('x', {len(BODY)}), 'UTF8')"  # the benchmark's body's size
     template = "[" + ",".join(row.format(g=g, digest=digest) for g in range(CEILING_BATCH)) + "]"
     insert = _bind(
-        _strip(sql.statement("ingest_insert_new")),
+        _strip(sql.statement("ingest_batch")),
         {
             "rows": f"format('{template}', :client_id::int, :n::bigint)",
             "body": f"array_fill({body}, ARRAY[{CEILING_BATCH}])",
@@ -173,11 +173,13 @@ def inbox_script() -> str:
             "operation_hash": "'{}'",
             "any_erased": "true",
             "expected": str(CEILING_BATCH),
+            "copies": "NULL",
+            "conflict": "''",
         },
     )
     insert = _aggregated(
         insert,
-        "inserted",
+        "keyed",
         "array_agg(tenant_id) AS t, array_agg(operation_id) AS o, "
         "array_fill(1::bigint, ARRAY[count(*)::int]) AS f",  # written claimed: fence 1
     )

@@ -37,18 +37,27 @@ rules do not enter the measure::
     python -m bench.inbox --subscriptions 4 --deliveries 40000 --database-url postgresql://...
     python -m bench.inbox --replicas 1     # one process only
     python -m bench.inbox --prefetch 0 --claimers 1   # the pool's defaults
+    python -m bench.inbox --quick --resend 0.1        # also each round with 10% re-sent
+
+With ``--resend FRACTION``, every round also runs with that fraction of its deliveries being
+copies of earlier ones, as a broker's redeliveries (a visibility timeout, a lost ack): each
+delivery after the first batch is a copy with that chance, of an operation the same writer sent
+in an earlier batch, picked at random. The rounds with and without run side by side in the same
+run, so the report gives the ratio of their rates. A round's rate counts every delivery, the
+copies included (they are what the broker hands out), and its client CPU is per delivery.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -128,11 +137,14 @@ class Plan:
     #: claims tenant-fair, as `fencebridge run` claims by default (off: in due order)
     fairness: bool = False
     #: every batch after the first carries the previous batch's first delivery again (one
-    #: replay in eleven copies): the batches take the inbox's careful way, as replays do
+    #: replay in eleven copies), of a row usually being claimed or settled at that moment
     replays: bool = False
     #: record replays beside their rows (migration 0030's delivery evidence); off: the same
     #: rounds without the record, to measure what it costs
     evidence: bool = True
+    #: the fraction of deliveries that are copies of earlier ones (a broker's redeliveries);
+    #: above 0, every round also runs with them, beside the round without
+    resend: float = 0.0
 
 
 FULL = Plan(runs=3, deliveries=20_000, subscriptions=SUBSCRIPTIONS, ceiling_seconds=10)
@@ -159,9 +171,11 @@ def writer(  # noqa: PLR0917  (a thread's target takes its arguments in order)
     errors: list[Exception],
     first: int = 0,
     replays: bool = False,
+    copies: int = 0,
 ) -> None:
     """``count`` new deliveries of ``subscription`` in batches, numbered from ``first``; with
-    ``replays``, each batch after the first also carries the previous batch's first again."""
+    ``replays``, each batch after the first also carries the previous batch's first again; with
+    ``copies``, that many deliveries beside them are copies (see :func:`stream`)."""
 
     def raw(i: int) -> RawDelivery:
         return RawDelivery(
@@ -172,6 +186,11 @@ def writer(  # noqa: PLR0917  (a thread's target takes its arguments in order)
         )
 
     try:
+        if copies:
+            sent = stream(range(first, first + count), copies, random.Random(subscription))
+            for start in range(0, len(sent), BATCH):
+                inbox.write([raw(i) for i in sent[start : start + BATCH]])
+            return
         for start in range(first, first + count, BATCH):
             again = [raw(start - BATCH)] if replays and start > first else []
             inbox.write(
@@ -179,6 +198,21 @@ def writer(  # noqa: PLR0917  (a thread's target takes its arguments in order)
             )
     except Exception as exc:  # noqa: BLE001  (reported by the round: never a silent failure)
         errors.append(exc)
+
+
+def stream(operations: Sequence[int], copies: int, rng: random.Random) -> list[int]:
+    """The operations in order with ``copies`` copies among them, as a broker redelivers: the
+    copies at places drawn at random after the first batch (each delivery from there a copy
+    with the same chance), each a copy of an operation sent in an earlier batch, picked at
+    random."""
+    total = len(operations) + copies
+    places = set(rng.sample(range(BATCH, total), copies))
+    fresh = iter(operations)
+    sent: list[int] = []
+    for place in range(total):
+        earlier = place - place % BATCH  # what earlier batches sent
+        sent.append(sent[rng.randrange(earlier)] if place in places else next(fresh))
+    return sent
 
 
 @dataclass(frozen=True)
@@ -195,6 +229,8 @@ class Usage:
 
 @dataclass(frozen=True)
 class Round:
+    #: deliveries written (copies included), operations settled
+    deliveries: int
     settled: int
     end_to_end: float
     ingest: float
@@ -208,13 +244,14 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
     """One round on a new database, or (``in_use``) on one that already holds a settled
     history, analyzed: a new deployment's connections plan their statements on the empty
     tables a migration analyzed, until autovacuum's first ANALYZE replans them. With
-    ``replicas`` above 1, the bridge runs as that many processes."""
+    ``replicas`` above 1, the bridge runs as that many processes; with ``plan.resend``, that
+    share of the deliveries are copies."""
     if in_use:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(HISTORY, {"rows": HISTORY_ROWS})
             conn.execute("ANALYZE")
     if replicas == 1:
-        used = serve(url, plan, 0, 1, Settled(_total(plan, 1)))
+        used = serve(url, plan, 0, 1, Settled(_operations(plan, 1)))
     else:
         used = serve_replicas(url, plan, replicas)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -222,15 +259,17 @@ def one_round(url: str, plan: Plan, *, in_use: bool, replicas: int = 1) -> Round
         row = conn.execute(SPANS).fetchone()
     assert row is not None
     count, span, ingest = int(row[0]), float(row[1] or 0), float(row[2] or 0)
-    expected = _total(plan, replicas)
+    expected = _operations(plan, replicas)
     if count != expected:
-        raise RuntimeError(f"settled {count} of {expected} deliveries")
-    machine = used.machine * 1000 / count if used.machine is not None else None
+        raise RuntimeError(f"settled {count} of {expected} operations")
+    delivered = _total(plan, replicas)
+    machine = used.machine * 1000 / delivered if used.machine is not None else None
     return Round(
+        delivered,
         count,
-        count / span,
-        count / ingest if ingest else 0.0,
-        used.client * 1000 / count,
+        delivered / span,
+        delivered / ingest if ingest else 0.0,
+        used.client * 1000 / delivered,
         machine,
         used.busy,
     )
@@ -252,8 +291,19 @@ def _share(plan: Plan, replicas: int) -> int:
 
 def _total(plan: Plan, replicas: int) -> int:
     """The deliveries a round writes: ``--deliveries`` rounded down to a whole share for each
-    writer (a round waits for exactly this many settlements)."""
+    writer."""
     return _share(plan, replicas) * plan.subscriptions * replicas
+
+
+def _copies(plan: Plan, replicas: int) -> int:
+    """The copies among one writer's share (``--resend``)."""
+    return round(_share(plan, replicas) * plan.resend)
+
+
+def _operations(plan: Plan, replicas: int) -> int:
+    """The operations a round writes, its deliveries less the copies (a round waits for
+    exactly this many settlements)."""
+    return (_share(plan, replicas) - _copies(plan, replicas)) * plan.subscriptions * replicas
 
 
 def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> Usage:
@@ -286,11 +336,13 @@ def serve(url: str, plan: Plan, index: int, replicas: int, settled: Settled) -> 
             events=settled,
         )
         inbox = Inbox(store.inbox, decoder, pool=pool)
-        per = _share(plan, replicas)
+        copies = _copies(plan, replicas)
+        per = _share(plan, replicas) - copies
         errors: list[Exception] = []
         writers = [
             threading.Thread(
-                target=writer, args=(inbox, f"sub{s}", per, errors, index * per, plan.replays)
+                target=writer,
+                args=(inbox, f"sub{s}", per, errors, index * per, plan.replays, copies),
             )
             for s in range(plan.subscriptions)
         ]
@@ -317,7 +369,7 @@ def serve_replicas(url: str, plan: Plan, replicas: int) -> Usage:
     machine's over the first replica's window (its pool's start to the last settlement of
     any: the replicas start within a moment of each other)."""
     context = multiprocessing.get_context("spawn")
-    left, done = context.Value("l", _total(plan, replicas)), context.Event()
+    left, done = context.Value("l", _operations(plan, replicas)), context.Event()
     cpu = context.Value("d", 0.0)
     machine = context.Array("d", [-1.0, -1.0])
     children = [
@@ -372,18 +424,26 @@ class Kind:
 
     database: str
     replicas: int = 1
+    #: the share of its deliveries that are copies (``--resend``)
+    resend: float = 0.0
 
     def __str__(self) -> str:
-        if self.replicas == 1:
-            return self.database
-        return f"{self.database}, {self.replicas} replicas"
+        shape = self.database
+        if self.replicas > 1:
+            shape += f", {self.replicas} replicas"
+        if self.resend:
+            shape += f", {self.resend:.0%} re-sent"
+        return shape
 
 
 def kinds(plan: Plan) -> list[Kind]:
-    """The rounds of one run, the headline first; replicas on a database in use."""
+    """The rounds of one run, the headline first; replicas on a database in use; with
+    ``--resend``, each beside the same with copies."""
     shapes = [Kind(IN_USE), Kind(NEW)]
     if plan.replicas > 1:
         shapes.append(Kind(IN_USE, plan.replicas))
+    if plan.resend:
+        return [k for s in shapes for k in (s, replace(s, resend=plan.resend))]
     return shapes
 
 
@@ -420,7 +480,7 @@ class Report:
             "",
             *facts_table(self.facts),
             "",
-            "| measure | rows/s |",
+            "| measure | deliveries/s |",
             "| --- | ---: |",
         ]
         for kind, rounds in self.rounds.items():
@@ -445,6 +505,17 @@ class Report:
             cpu = statistics.median(r.cpu_ms for r in rounds)
             whole = "the whole process" if kind.replicas == 1 else "every replica's process"
             lines.append(f"Client CPU ({whole}), {kind}: {cpu:.2f} ms per delivery.")
+        for kind, rounds in self.rounds.items():
+            plain = self.rounds.get(replace(kind, resend=0.0))
+            if not kind.resend or not plain:
+                continue
+            ratio = statistics.median(r.end_to_end for r in rounds) / statistics.median(
+                r.end_to_end for r in plain
+            )
+            lines.append(
+                f"With {kind.resend:.0%} of the deliveries re-sent ({kind}): end to end at "
+                f"{ratio:.2f}x the rate without."
+            )
         cores = os.cpu_count() or 1
         for kind, rounds in self.rounds.items():
             measured = [r for r in rounds if r.machine_ms is not None and r.busy is not None]
@@ -492,7 +563,10 @@ def run(database_url: str | None, plan: Plan, argv: list[str]) -> Report:
             for kind in kinds(plan):
                 with bench_database(admin_url, "inbox") as url:
                     result = one_round(
-                        url, plan, in_use=kind.database == IN_USE, replicas=kind.replicas
+                        url,
+                        replace(plan, resend=kind.resend),
+                        in_use=kind.database == IN_USE,
+                        replicas=kind.replicas,
                     )
                 log(f"round {k + 1}, {kind}: end to end {result.end_to_end:,.0f}/s")
                 report.rounds.setdefault(kind, []).append(result)
@@ -528,7 +602,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--replays",
         action="store_const",
         const=True,
-        help="one replay in every batch after the first (the inbox's careful way)",
+        help="one replay in every batch after the first, of the previous batch's first",
+    )
+    parser.add_argument(
+        "--resend",
+        type=float,
+        metavar="FRACTION",
+        help="also run each round with this fraction of its deliveries copies of earlier ones, "
+        "as a broker redelivers (default 0: none)",
     )
     parser.add_argument(
         "--no-evidence",
@@ -548,12 +629,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fairness",
         "replays",
         "evidence",
+        "resend",
     )
     plan = planned(QUICK if args.quick else FULL, args, names)
     if plan.replicas < 1 or THREADS % plan.replicas:
         parser.error(f"--replicas must divide the pool's {THREADS} threads")
     if plan.prefetch < 0 or plan.claimers < 1:
         parser.error("--prefetch is 0 or more, --claimers 1 or more")
+    if not 0 <= plan.resend < 1:
+        parser.error("--resend is a fraction of the deliveries, from 0 up to (not) 1")
     print(run(args.database_url, plan, command).markdown(), end="")
     return 0
 

@@ -14,7 +14,7 @@ per row (this process only), which the noise disturbs much less than the wall cl
 
 What is measured:
 
-* ``ingest``: rows/s for batches of 10 new deliveries (``ingest`` vs ``ingest_insert_new``,
+* ``ingest``: rows/s for batches of 10 new deliveries (``ingest`` vs ``ingest_batch``,
   one statement with its check, as the store sends it), at 1 and 4 threads.
 * ``claim``: claim + complete, rows/s, single (claim 1, complete 1) and batched (claim 10,
   complete_many 10), at 1, 4 and 16 worker threads.
@@ -468,11 +468,11 @@ def library_ingest_step(store: PostgresStore, batches: Iterator[list[Delivery]])
 
 
 def raw_ingest_step(conn: Connection, batches: Iterator[list[Delivery]]) -> Step:
-    """The statement the store sends for a batch of new operations: ingest_insert_new.sql, the
-    insert and its check (every key new; no identity keys, so any tombstone refuses), its own
-    transaction."""
-    insert = sql.statement("ingest_insert_new")
-    no_keys = {"key_id": [], "operation_hash": [], "any_erased": True}
+    """The statement the store sends for a batch of new operations: ingest_batch.sql, the
+    insert and its check (every key decided; no identity keys, so any tombstone refuses), its
+    own transaction."""
+    insert = sql.statement("ingest_batch")
+    no_keys = {"key_id": [], "operation_hash": [], "any_erased": True, "copies": None}
 
     def step() -> int:
         batch = next(batches, None)
@@ -480,7 +480,10 @@ def raw_ingest_step(conn: Connection, batches: Iterator[list[Delivery]]) -> Step
             return 0
         token = secrets.token_hex(16)  # as the store draws them: one per batch
         refs = [f"pg:{token}-{i}" for i in range(len(batch))]
-        conn.execute(insert, {**raw_insert_params(batch, refs), **no_keys, "expected": len(batch)})
+        conn.execute(
+            insert,
+            {**raw_insert_params(batch, refs), **no_keys, "expected": len(batch), "conflict": ""},
+        )
         return len(batch)
 
     return step

@@ -39,8 +39,8 @@ from bridge.types import (
     State,
 )
 
-#: the SQLSTATE of a refused one-round-trip write (migrations 0022, 0023): the batch was not all
-#: new
+#: the SQLSTATE of a refused one-round-trip write (migrations 0022, 0023): a key of the batch
+#: could not be decided in its snapshot, or has a tombstone
 NOT_NEW = "FBNEW"
 CONFLICT_REASON = "payload hash differs from the operation's approved payload"
 #: a conflict with a tombstone: recorded without the raw identifiers the erasure removed
@@ -68,46 +68,68 @@ class IngestStore:
         """
         firsts = _firsts(batch)
         with self._db.connection("ingest") as conn:
-            if len(firsts) == len(batch) > 0:
-                claims = self._ingest_new(conn, firsts, claim)
-                if claims is not None:
-                    return [_new(key, claims.get(key)) for key in firsts]
+            if firsts and all(isinstance(item, Delivery) for item in batch):
+                written = self._ingest_batch(conn, batch, firsts, claim)
+                if written is not None:
+                    return written
             with conn.transaction():
                 return self._ingest(conn, batch, claim)
 
-    def _ingest_new(
-        self, conn: Connection, firsts: dict[Key, Delivery], claim: InsertClaim | None
-    ) -> dict[Key, Claim] | None:
-        """Write a batch of deliveries of distinct keys as new operations in one statement
-        (ingest_insert_new.sql: the insert and its check that every key was new and none has
-        a tombstone), its own transaction; the rows written claimed, by key. None when the
+    def _ingest_batch(
+        self,
+        conn: Connection,
+        batch: Sequence[Delivery | Rejection],
+        firsts: dict[Key, Delivery],
+        claim: InsertClaim | None,
+    ) -> list[IngestResult] | None:
+        """Write a batch of deliveries in one statement, its own transaction (ingest_batch.sql:
+        the insert of the new keys, the replays and conflicts of the keys that existed recorded
+        as the careful way records them, and its check that every key was decided in the
+        statement's snapshot and none has a tombstone); one result per delivery. None when the
         check refused: the statement failed, nothing of it committed, and the batch goes the
-        careful way, in a transaction of its own.
+        careful way, in a transaction of its own (a key another writer inserted and committed
+        while this statement ran, a tombstone).
 
-        Most batches are new work, and the careful way costs three round trips (BEGIN, the
-        insert with its tombstone lookup, COMMIT), each a wake-up of this thread and of the
-        server's process. One statement is one round trip, and costs the client less than the
-        insert and a separate check sent in one pipeline did (measured: docs/benchmarks.md,
-        "Inbox to settle, end to end"). No BEGIN and no ROLLBACK: psycopg forgets every
-        prepared statement of a connection at a ROLLBACK, and a refusal would cost the next
-        statements their plans.
+        The careful way costs three round trips (BEGIN, the insert with its tombstone lookup,
+        COMMIT) and two or three more for a batch that holds a key that existed (its lookup,
+        the replays' record, the conflicts'), each a wake-up of this thread and of the server's
+        process. One statement is one round trip, and costs the client less than the insert
+        and a separate check sent in one pipeline did (measured: docs/benchmarks.md, "Inbox to
+        settle, end to end"). Brokers redeliver: at 10% of deliveries re-sent, about two
+        batches of 10 in three hold one, and went the careful way before. No BEGIN and no
+        ROLLBACK: psycopg forgets every prepared statement of a connection at a ROLLBACK, and a
+        refusal would cost the next statements their plans.
         """
         params = {
             **self._insert_params(list(firsts.values()), claim),
             **self._tombstone_hashes(list(firsts)),
             "expected": len(firsts),
+            "copies": _copies(batch, firsts) if len(firsts) < len(batch) else None,
+            "conflict": CONFLICT_REASON,
         }
         try:
-            rows = conn.execute(sql.statement("ingest_insert_new"), params).fetchall()
+            rows = conn.execute(sql.statement("ingest_batch"), params).fetchall()
         except psycopg.DatabaseError as exc:
             if exc.sqlstate == NOT_NEW:
                 return None
             _refuse_if_keys_missed(exc)
             raise
-        return _written_claimed(firsts, rows)
+        claims = _written_claimed(firsts, rows)
+        stored = {Key(t, o): (bytes(h), State(s)) for t, o, *_, h, s in rows if s is not None}
+        if not stored and len(firsts) == len(batch):
+            # Every delivery a new operation (the common batch): nothing else to decide.
+            return [_new(key, claims.get(key)) for key in firsts]
+        inserted = {key for key in firsts if key not in stored}
+        for key in inserted:
+            stored[key] = (
+                firsts[key].payload_hash,
+                State.CLAIMED if key in claims else State.QUEUED,
+            )
+        results, _, _ = _decide(batch, firsts, inserted, claims, stored, {})
+        return results
 
     def _tombstone_hashes(self, keys: Sequence[Key]) -> dict[str, Any]:
-        """ingest_insert_new.sql's tombstone lookup: the keyed hashes of ``keys`` under every
+        """ingest_batch.sql's tombstone lookup: the keyed hashes of ``keys`` under every
         identity key held, or, with none to hash by, a lookup of any tombstone at all."""
         hashed = self._hashed(keys)
         return {
@@ -130,7 +152,7 @@ class IngestStore:
     def _insert_params(
         self, fresh: Sequence[Delivery], claim: InsertClaim | None
     ) -> dict[str, Any]:
-        """ingest_insert.sql's (and ingest_insert_new.sql's) parameters for new operations, each
+        """ingest_insert.sql's (and ingest_batch.sql's) parameters for new operations, each
         with a payload reference drawn for this write and, for ``claim``, its lease where it
         may be written claimed."""
         # One random draw per batch, not per delivery (each is a system call): the batch's
@@ -194,32 +216,7 @@ class IngestStore:
                 firsts[key].payload_hash,
                 State.CLAIMED if key in claims else State.QUEUED,
             )
-
-        results: list[IngestResult] = []
-        rejected: list[Rejection | Delivery | _ErasedConflict] = []
-        replays: list[Key] = []
-        for item in batch:
-            if isinstance(item, Rejection):
-                results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
-                rejected.append(item)
-                continue
-            tombstone = erased.get(item.key)
-            if tombstone is not None:
-                same = item.payload_hash == tombstone.payload_hash
-                decision = Decision.REPLAY if same else Decision.CONFLICT
-                results.append(IngestResult(decision, item.key, tombstone.state, erased=True))
-                if not same:
-                    rejected.append(_ErasedConflict(item, tombstone))
-                continue
-            stored_hash, state = stored[item.key]
-            if item is firsts[item.key] and item.key in inserted:
-                results.append(_new(item.key, claims.get(item.key)))
-            elif item.payload_hash == stored_hash:
-                results.append(IngestResult(Decision.REPLAY, item.key, state))
-                replays.append(item.key)
-            else:
-                results.append(IngestResult(Decision.CONFLICT, item.key, state))
-                rejected.append(item)
+        results, rejected, replays = _decide(batch, firsts, inserted, claims, stored, erased)
         if rejected:
             conn.execute(sql.statement("reject"), _reject_params(rejected))
         record_replays(conn, replays, self._db.now())
@@ -421,6 +418,67 @@ def _existing(conn: Connection, keys: Sequence[Key]) -> dict[Key, tuple[bytes, S
             f"ingest: {len(missing)} existing operation(s) vanished mid-batch; retry"
         )
     return stored
+
+
+def _decide(  # noqa: PLR0917  (the decision's inputs, as both ways gather them)
+    batch: Sequence[Delivery | Rejection],
+    firsts: dict[Key, Delivery],
+    inserted: set[Key],
+    claims: dict[Key, Claim],
+    stored: dict[Key, tuple[bytes, State]],
+    erased: dict[Key, _Tombstone],
+) -> tuple[list[IngestResult], list[Rejection | Delivery | _ErasedConflict], list[Key]]:
+    """Each delivery's result, in order: the first of a key ``inserted`` new, one with the
+    ``stored`` payload hash (the row's, or the first's of a row just inserted) a replay, one
+    with another a conflict, one of an ``erased`` key decided against its tombstone; and what
+    to record: the rejected (conflicts, undecodable input) and the replays (a key once per
+    replayed copy). ingest_batch.sql decides and records the same in its statement."""
+    results: list[IngestResult] = []
+    rejected: list[Rejection | Delivery | _ErasedConflict] = []
+    replays: list[Key] = []
+    for item in batch:
+        if isinstance(item, Rejection):
+            results.append(IngestResult(Decision.QUARANTINED, _rejection_key(item)))
+            rejected.append(item)
+            continue
+        tombstone = erased.get(item.key)
+        if tombstone is not None:
+            same = item.payload_hash == tombstone.payload_hash
+            decision = Decision.REPLAY if same else Decision.CONFLICT
+            results.append(IngestResult(decision, item.key, tombstone.state, erased=True))
+            if not same:
+                rejected.append(_ErasedConflict(item, tombstone))
+            continue
+        stored_hash, state = stored[item.key]
+        if item is firsts[item.key] and item.key in inserted:
+            results.append(_new(item.key, claims.get(item.key)))
+        elif item.payload_hash == stored_hash:
+            results.append(IngestResult(Decision.REPLAY, item.key, state))
+            replays.append(item.key)
+        else:
+            results.append(IngestResult(Decision.CONFLICT, item.key, state))
+            rejected.append(item)
+    return results, rejected, replays
+
+
+def _copies(batch: Sequence[Delivery | Rejection], firsts: dict[Key, Delivery]) -> str:
+    """ingest_batch.sql's later deliveries of a key the batch holds already: each as the place
+    of its key's first in the batch's rows (1-based), its payload hash in hex, subscription,
+    broker message id and job type, one JSON array."""
+    place = {key: i for i, key in enumerate(firsts, 1)}
+    return json.dumps(
+        [
+            [
+                place[d.key],
+                d.payload_hash.hex(),
+                d.subscription,
+                d.broker_message_id,
+                d.job_type,
+            ]
+            for d in batch
+            if isinstance(d, Delivery) and d is not firsts[d.key]
+        ]
+    )
 
 
 def _firsts(batch: Sequence[Delivery | Rejection]) -> dict[Key, Delivery]:

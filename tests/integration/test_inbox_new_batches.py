@@ -1,10 +1,9 @@
-"""The inbox's one-round-trip write of a batch of new operations, and its way back to the
-careful write whenever the batch was not all new: existing keys, tombstones, races between
-writers, a cut connection, a failure between its two statements."""
+"""The inbox's one-round-trip write of a batch, new operations and keys that existed alike, and
+its way back to the careful write whenever a key could not be decided in one statement:
+tombstones, races between writers, a cut connection, a failure between its two statements."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -13,38 +12,23 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import conninfo, pq
+from psycopg import conninfo
 
 from bridge import keyring
 from bridge.errors import StoreError, StoreUnavailable
 from bridge.identity import IdentityHasher
 from bridge.store import PostgresStore
+from bridge.store.ingest import CONFLICT_REASON
 from bridge.store.work import Settlement
 from bridge.types import Decision, IngestResult, State
 from tests.support.deliveries import delivery
 from tests.support.erasure import erase_operation
+from tests.support.frontend import frontend_messages
 from tests.support.proxy import Proxy
 from tests.support.waiting import eventually
 
 Db = psycopg.Connection[tuple[Any, ...]]
 HASHER = IdentityHasher(b"inbox-new-batches-identity-key-0123")
-
-
-def frontend_messages(store: PostgresStore, call: Any) -> Counter[str]:
-    """The protocol messages the client sent during ``call``, by type (libpq's trace), on a
-    store whose pool holds one connection."""
-    with tempfile.TemporaryFile("w+") as trace:
-        with store.pool.connection() as conn:
-            conn.pgconn.trace(trace.fileno())
-            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            call()
-        finally:
-            with store.pool.connection() as conn:
-                conn.pgconn.untrace()
-        trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return Counter(parts[2].strip() for parts in lines if len(parts) > 2 and parts[0] == "F")
 
 
 @pytest.fixture
@@ -70,7 +54,7 @@ def test_a_batch_of_new_operations_is_one_round_trip_with_no_begin_or_commit(
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (10,)
 
 
-def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_doubles(
+def test_a_batch_with_existing_keys_is_decided_in_one_round_trip_and_nothing_doubles(
     single: PostgresStore, db: Db
 ) -> None:
     single.inbox.ingest([delivery("op-1"), delivery("op-2", payload=b'{"amount": 1}')])
@@ -79,28 +63,58 @@ def test_a_batch_with_an_existing_key_is_decided_the_careful_way_and_nothing_dou
         delivery("op-1"),  # a replay
         delivery("op-2", payload=b'{"amount": 2}'),  # a conflict
         delivery("op-3"),
+        delivery("op-0"),  # a replay of a key this batch inserts
     ]
     results: list[IngestResult] = []
     sent = frontend_messages(single, lambda: results.extend(single.inbox.ingest(batch)))
-    assert [r.decision for r in results] == [
-        Decision.NEW,
-        Decision.REPLAY,
-        Decision.CONFLICT,
-        Decision.NEW,
+    assert [(r.decision, r.state) for r in results] == [
+        (Decision.NEW, State.QUEUED),
+        (Decision.REPLAY, State.QUEUED),
+        (Decision.CONFLICT, State.QUEUED),
+        (Decision.NEW, State.QUEUED),
+        (Decision.REPLAY, State.QUEUED),
     ]
-    # The one-round-trip write was refused and rolled back by the server, then the batch went
-    # as a transaction of its own (BEGIN and COMMIT as queries).
-    assert sent["Query"] >= 2, sent
+    # The insert, the decisions, their records and the check in one statement, closed by one
+    # Sync; no BEGIN or COMMIT.
+    assert sent["Sync"] == 1, sent
+    assert sent["Query"] == 0, sent
     assert db.execute("SELECT count(*) FROM work_item").fetchone() == (4,)
     assert db.execute("SELECT count(*) FROM payload").fetchone() == (4,)
-    assert db.execute("SELECT count(*) FROM rejected_delivery").fetchone() == (1,)
-    # A refusal is no ROLLBACK: the connection's prepared statements survive it.
+    copies = db.execute(
+        "SELECT operation_id, count(*) FROM delivery_copy GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert copies == [("op-0", 1), ("op-1", 1)]
+    rejected = db.execute(
+        "SELECT kind, reason, tenant_id, operation_id, payload_hash, payload_ref"
+        " FROM rejected_delivery"
+    ).fetchall()
+    assert rejected == [
+        ("conflict", CONFLICT_REASON, "t1", "op-2", batch[2].payload_hash, None),
+    ]
+
+
+def test_a_refused_batch_is_no_rollback_and_the_prepared_statements_survive(
+    single: PostgresStore, db: Db
+) -> None:
+    """A batch holding an erased key is refused by the one statement (a tombstone) and written
+    the careful way: the refusal fails one autocommit statement, never a ROLLBACK, which would
+    make psycopg forget the connection's prepared statements."""
+    keyring.attach(single.keys, HASHER, used_by="test")
+    single.inbox.ingest([delivery("gone")])
+    [claim] = single.claims.claim("w", 1, timedelta(seconds=30))
+    single.settle.settle(Settlement(claim.ticket, State.SUCCEEDED, "ok"))
+    erase_operation(single, HASHER, "t1", "gone")
     for i in range(8):
-        single.inbox.ingest([delivery(f"again-{i}"), delivery("op-1")])
+        results = single.inbox.ingest([delivery(f"again-{i}"), delivery("gone")])
+        assert [(r.decision, r.erased) for r in results] == [
+            (Decision.NEW, False),
+            (Decision.REPLAY, True),
+        ]
     with single.pool.connection() as conn:
         prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared is not None
     assert prepared[0] >= 2
+    assert db.execute("SELECT count(*) FROM work_item").fetchone() == (8,)
 
 
 @pytest.mark.promise("erasure-keeps-dedupe")

@@ -2,7 +2,8 @@
 -- are left untouched (ON CONFLICT DO NOTHING). Sequence numbers are drawn in delivery order,
 -- rows are inserted in key order (so two batches with overlapping keys cannot deadlock), and
 -- the payloads of the rows this statement created are stored beside them. A new row is due
--- at once, by the store's clock (the database clock unless the store was given one). A new row
+-- at once, by the store's clock (the database clock unless the store was given one; read once,
+-- as input.at, which keeps ingest_batch.sql within psycopg's 4 KiB cache). A new row
 -- is written under the process's identity key (%(identity_key_id)s), or else the database's
 -- current (newest) key.
 --
@@ -30,7 +31,8 @@ WITH input AS (
            r->>7 AS payload_ref, (%(body)b::bytea[])[t.ord] AS body, (r->>8)::int AS max_attempts,
            r->>9 AS ordering_key, r->>10 AS broker_message_id, (r->>11)::int AS receive_count,
            r->>12 AS trace_context, (r->>13)::int AS priority, t.ord,
-           nextval('work_item_seq') AS seq, (r->>14)::float8 AS lease_seconds
+           nextval('work_item_seq') AS seq, (r->>14)::float8 AS lease_seconds,
+           coalesce(%(now)s::timestamptz, now()) AS at
       FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS t(r, ord)
      ORDER BY t.ord
 ),
@@ -39,7 +41,7 @@ taking AS (
            input.lease_seconds IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM rate_wait r
                             WHERE r.job_type = input.job_type AND r.tenant_id = input.tenant_id
-                              AND r.until > coalesce(%(now)s::timestamptz, now())) AS taken
+                              AND r.until > input.at) AS taken
       FROM input
 ),
 inserted AS (
@@ -52,19 +54,15 @@ inserted AS (
     SELECT tenant_id, operation_id, subscription, job_type, target_class,
            schema_version, payload_hash, payload_ref, max_attempts, seq,
            ordering_key, broker_message_id, receive_count, trace_context,
-           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now()),
+           at, at, at,
            coalesce(%(identity_key_id)s::smallint,
                     (SELECT max(k.key_id) FROM identity_key k), 1),
-           priority, coalesce(%(now)s::timestamptz, now())
-                     - make_interval(secs => priority * %(aging)s::float8),
+           priority, at - make_interval(secs => priority * %(aging)s::float8),
            CASE WHEN taken THEN 'claimed' ELSE 'queued' END,
            CASE WHEN taken THEN fencebridge_next_fence(0) ELSE 0 END, taken::int,
            CASE WHEN taken THEN %(worker)s::text END,
-           CASE WHEN taken
-                THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => lease_seconds)
-           END,
-           CASE WHEN taken THEN coalesce(%(now)s::timestamptz, now()) END
+           CASE WHEN taken THEN at + make_interval(secs => lease_seconds) END,
+           CASE WHEN taken THEN at END
       FROM taking
      ORDER BY tenant_id, operation_id
         ON CONFLICT (tenant_id, operation_id) DO NOTHING
