@@ -48,10 +48,10 @@ def send(sqs: Any, queue_url: str, operations: Sequence[str], body: object) -> N
     send_operations(sqs, queue_url, operations, body, job_type=job_of)
 
 
-def send_round(sqs: Any, queue_url: str, batch: Sequence[str]) -> None:
+def send_round(sqs: Any, queue_url: str, batch: Sequence[str], payload: object = PAYLOAD) -> None:
     """A round's operations, a tenth of them twice, the last one again with another payload."""
-    send(sqs, queue_url, batch, PAYLOAD)
-    send(sqs, queue_url, batch[: DUPLICATES // FAILOVERS], PAYLOAD)
+    send(sqs, queue_url, batch, payload)
+    send(sqs, queue_url, batch[: DUPLICATES // FAILOVERS], payload)
     send(sqs, queue_url, batch[-1:], {"changed": True})
 
 
