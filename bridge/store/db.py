@@ -45,6 +45,14 @@ def database_clock() -> datetime | None:
     return None
 
 
+#: a server by the host and port a connection reached (of the URL's hosts, the one it uses)
+Server = tuple[str, int]
+
+
+def server_of(conn: Connection) -> Server:
+    return conn.info.host, conn.info.port
+
+
 class Database:
     """The bridge's connection pool and what every table family's statements share: the
     clock (``now``), the attempt history and priority aging the settling statements take, the
@@ -115,6 +123,13 @@ class Database:
         self.identity_keys = list(held)
         self.erased_hashes = erased
 
+    def last_server(self) -> Server | None:
+        """The server (host and port of the bridge's URL) this thread's last call was sent
+        to: where what it committed is. With a URL naming a primary and its standbys, a call
+        after a failover may reach another server than the one before it."""
+        server: Server | None = getattr(self._kept, "server", None)
+        return server
+
     def keep_connection(self) -> None:
         """From now on this thread's calls use one connection (until :meth:`release_connection`
         or a call that fails), not the pool's oldest idle one each time: a loop that calls many
@@ -142,6 +157,7 @@ class Database:
         error is raised as the store's error for ``action``."""
         if not getattr(self._kept, "on", False):
             with translate_errors(action), self._pool.connection() as conn:
+                self._kept.server = server_of(conn)
                 yield conn
             return
         kept: Connection | None = getattr(self._kept, "conn", None)
@@ -155,6 +171,7 @@ class Database:
                     self._kept.until = time.monotonic() + KEEP_SECONDS
                     with self._kept_lock:
                         self._kept_open.add(kept)
+                self._kept.server = server_of(kept)
                 yield kept
         except BaseException:
             self._return_kept()  # the next call takes a connection known to be good

@@ -8,7 +8,11 @@ the target is called (the next claim on the promoted server would not see it and
 A subscription with ``wait_for_standby`` makes both wait until a standby has **flushed** the
 WAL they are in: the position is read after the commit (``standby_position.sql``) and compared
 with every standby's ``flush_lsn`` (``standby_flushed.sql``) until one has it, within the
-subscription's ``wait_for_standby_seconds``. Under synchronous replication the commit itself
+subscription's ``wait_for_standby_seconds``. The position is read on the server this
+thread's commit went to: when the wait's connection reaches another one (the URL names the
+primary and its standbys, and a failover came between the commit and the wait), nothing is
+confirmed, since the promoted server may lack the commit while its own standby has flushed
+everything it has. Under synchronous replication the commit itself
 waited, so the first look confirms it; the look still matters there, since a commit whose wait
 for the synchronous standby was cancelled returns as committed all the same.
 
@@ -28,7 +32,7 @@ from typing import Final, Literal, Protocol
 
 from bridge import sql
 from bridge.errors import StandbyNotConfirmed
-from bridge.store.db import Database
+from bridge.store.db import Database, server_of
 
 #: what waited: the broker acknowledgement of an inbox batch, or a class D call
 Purpose = Literal["ack", "intent"]
@@ -73,8 +77,15 @@ class StandbyWait:
         began = time.monotonic()
         deadline = began + bound
         confirmed = False
+        committed_on = self._db.last_server()
         try:
             with self._db.connection("standby wait") as conn:
+                if committed_on is not None and server_of(conn) != committed_on:
+                    # A failover between the commit and this wait: the server answering now
+                    # may lack the commit, and its position and standbys say nothing of it.
+                    raise StandbyNotConfirmed(
+                        "the server that took the commit no longer answers (a failover?)"
+                    )
                 row = conn.execute(sql.statement("standby_position")).fetchone()
                 assert row is not None
                 lsn = row[0]

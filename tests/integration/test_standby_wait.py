@@ -6,6 +6,8 @@ failover then would lose it. With the wait, the inbox refuses to let the batch b
 class D executor makes no call (its intent withdrawn, the row retried), each within the
 subscription's bound; once the link heals both go through, and the class D call is made once.
 Without the wait (the old code) the batch returns for acking and the call is made at once.
+A failover between a commit and its wait confirms nothing: the server answering the wait is
+not the one that took the commit.
 """
 
 from __future__ import annotations
@@ -84,6 +86,32 @@ def test_a_wait_is_confirmed_once_the_standby_has_the_commit_and_gives_up_at_its
     pair.resume()
     standby.wait("jobs", "intent")
     assert seen == [("jobs", "ack", True), ("jobs", "ack", False), ("jobs", "intent", True)]
+
+
+def test_a_failover_between_the_commit_and_its_wait_confirms_nothing(
+    pair: Pair, store: PostgresStore
+) -> None:
+    """The commit went to the old primary, which the standby never got (the link hung); the
+    primary dies, the standby is promoted and the old node rebuilt as its caught-up standby.
+    The wait's connection now reaches the promoted server, whose own standby has flushed
+    everything it has: that says nothing of the lost commit (before the fix the wait read the
+    new server's position there and confirmed, and the consumer acked a delivery no server
+    held; a class D call was made whose intent no server held)."""
+    standby = StandbyWait(store, {"jobs": 0.5})
+    pair.stall()
+    store.inbox.ingest([for_job(_registry(Notify()), "notify", "op-lost")])
+    pair.kill_primary()
+    pair.promote()
+    pair.rebuild()
+    pair.wait_caught_up()
+    store.pool.check()  # the connections to the dead primary are gone: the next one is new
+    with pytest.raises(StandbyNotConfirmed, match="no longer answers"):
+        standby.wait("jobs", "ack")
+    with psycopg.connect(pair.url("fb"), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM work_item").fetchone() == (0,)
+    # A commit on the promoted server is confirmed as before.
+    store.inbox.ingest([for_job(_registry(Notify()), "notify", "op-kept")])
+    standby.wait("jobs", "ack")
 
 
 def test_the_inbox_lets_nothing_be_acked_until_the_standby_has_the_batch(
