@@ -106,7 +106,10 @@ def test_bridges_ten_minutes_ahead_and_behind_change_nothing(
         )
         ((takeovers_before,),) = query(db_url, "SELECT count(*) FROM work_item WHERE fence > 1")
         behind.kill()
-        eventually(lambda: drained(db_url, sqs, queue_url), "everything settled", DEADLINE)
+        try:
+            eventually(lambda: drained(db_url, sqs, queue_url), "everything settled", DEADLINE)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {progress(db_url, sqs, queue_url)}") from None
     finally:
         ahead.close()
         behind.close()
@@ -131,6 +134,16 @@ def test_bridges_ten_minutes_ahead_and_behind_change_nothing(
         f" AND settled_at BETWEEN '{began.isoformat()}' AND '{ended.isoformat()}')",
     )
     assert outside == 0, "every time on a work row is the database's"
+
+
+def progress(url: str, sqs: Any, queue_url: str) -> str:
+    """Where a run that did not settle stands: its rows by state, the queue's counts."""
+    states = dict(query(url, "SELECT state, count(*) FROM work_item GROUP BY state"))
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return f"rows by state {states}, queue {attributes}"
 
 
 def drained(url: str, sqs: Any, queue_url: str) -> bool:
