@@ -8,8 +8,6 @@ Each command runs as a subprocess against PostgreSQL; the bridge against moto's 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +18,11 @@ from bridge import keyring
 from bridge.identity import IDENTITY_KEY_ENV, IdentityHasher, fingerprint, shown
 from bridge.store import PostgresStore
 from tests.support.bridge_process import (
-    REPO,
     BridgeProcess,
     Job,
     SqsBridgeConfig,
     bridge_env,
+    fencebridge,
     run_to_exit,
 )
 from tests.support.deliveries import delivery
@@ -38,18 +36,6 @@ REAL = "the-deployments-real-identity-key-0001"
 def moto() -> Iterator[SqsServer]:
     with sqs_server() as server:
         yield server
-
-
-def fencebridge(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bridge", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def keys(url: str) -> list[tuple[int, str]]:

@@ -6,8 +6,6 @@ too, ``fencebridge identity status`` tells the expected key without needing any,
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,11 +14,11 @@ import pytest
 from bridge.identity import IDENTITY_KEY_ENV, IDENTITY_PREVIOUS_KEYS_ENV, fingerprint, shown
 from tests.support.bridge_process import (
     IDENTITY_KEY,
-    REPO,
     BridgeProcess,
     Job,
     SqsBridgeConfig,
     bridge_env,
+    fencebridge,
     free_port,
     run_to_exit,
 )
@@ -33,18 +31,6 @@ OTHER_KEY = "another-deployments-identity-key-0000"
 def moto() -> Iterator[SqsServer]:
     with sqs_server() as server:
         yield server
-
-
-def fencebridge(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bridge", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.slow

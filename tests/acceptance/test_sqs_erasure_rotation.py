@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,11 +27,13 @@ from bridge.identity import IDENTITY_PREVIOUS_KEYS_ENV
 from tests.acceptance.test_sqs_bridge import RECORD, RECORD_JOB, on_queue, queue_empty
 from tests.support.bridge_process import (
     IDENTITY_KEY,
-    REPO,
     BridgeProcess,
     SqsBridgeConfig,
     bridge_env,
     free_port,
+)
+from tests.support.bridge_process import (
+    fencebridge as command,
 )
 from tests.support.handlers import create_tables
 from tests.support.sqs_server import SqsServer, sqs_server
@@ -88,15 +89,7 @@ def effects(url: str) -> Counter[tuple[str, str]]:
 
 
 def fencebridge(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "bridge", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = command(env, *args, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 

@@ -178,12 +178,12 @@ def scrape(port: int, name: str, **labels: str) -> float:
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def run_to_exit(
-    config: Path, env: Mapping[str, str], timeout: float = EXIT_SECONDS
+def fencebridge(
+    env: Mapping[str, str], *args: str, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """``fencebridge run`` for a start-up that must fail: wait for it to exit by itself."""
+    """One ``fencebridge`` command as a process, to its exit; its output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "bridge", "run", "--config", str(config)],
+        [sys.executable, "-m", "bridge", *args],
         cwd=REPO,
         env=dict(env),
         capture_output=True,
@@ -191,6 +191,13 @@ def run_to_exit(
         timeout=timeout,
         check=False,
     )
+
+
+def run_to_exit(
+    config: Path, env: Mapping[str, str], timeout: float = EXIT_SECONDS
+) -> subprocess.CompletedProcess[str]:
+    """``fencebridge run`` for a start-up that must fail: wait for it to exit by itself."""
+    return fencebridge(env, "run", "--config", str(config), timeout=timeout)
 
 
 def record_identity_key(env: Mapping[str, str]) -> None:
