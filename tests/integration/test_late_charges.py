@@ -33,7 +33,7 @@ import pytest
 from bridge.demo import payments
 from bridge.demo.provider import FaultKind, PaymentClient, PaymentProvider, ProviderTimeout
 from bridge.executors.registry import Registry
-from bridge.handlers import Ambiguous, Context, RetryPolicy, Success
+from bridge.handlers import Ambiguous, Applied, Context, NotApplied, RetryPolicy, Success
 from bridge.identity import IdentityHasher
 from bridge.runtime.worker import WorkerPool
 from bridge.store import PostgresStore
@@ -58,13 +58,26 @@ LIMITED_TENANT = "t2"
 LATE_REQUESTS = 4
 HOLD_SECONDS = 600.0
 TIMEOUT_SECONDS = 0.3
+LOOKUP_TIMEOUT_SECONDS = 10.0
 #: the job type's longest rate limit wait: the provider's hour is cut to it
 RATE_WAIT_MAX = timedelta(seconds=2)
 SETTLE_TIMEOUT = 120.0
 
 
 class SdkCharge(payments.ChargeCustomer):
-    """The demo charge behind a client that sends a request once more after a timeout."""
+    """The demo charge behind a client that sends a request once more after a timeout.
+
+    Lookups go through a client with a longer timeout: the test is about charges that land
+    late, and a lookup that times out on a loaded machine is an honest "cannot tell" that parks
+    the row ``unknown`` after its first attempt, before the second attempt's requests are sent.
+    """
+
+    def __init__(self, client: PaymentClient, lookups: PaymentClient) -> None:
+        super().__init__(client)
+        self._lookups = payments.ChargeCustomer(lookups)
+
+    def lookup(self, ctx: Context, key: str) -> Applied | NotApplied:
+        return self._lookups.lookup(ctx, key)
 
     def perform(self, ctx: Context, key: str) -> Success:
         try:
@@ -114,7 +127,10 @@ def registry(provider: PaymentProvider) -> Registry:
     registry = Registry()
     registry.register(
         payments.JOB_TYPE,
-        SdkCharge(PaymentClient(provider.url, timeout=TIMEOUT_SECONDS)),
+        SdkCharge(
+            PaymentClient(provider.url, timeout=TIMEOUT_SECONDS),
+            PaymentClient(provider.url, timeout=LOOKUP_TIMEOUT_SECONDS),
+        ),
         retry=RetryPolicy(
             max_attempts=2,
             backoff_initial=timedelta(milliseconds=50),
