@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 from bridge import sql
 from bridge.database import Connection
 from bridge.errors import StoreError, StoreUnavailable
+from bridge.store.arrays import TextArray
 from bridge.store.db import Database, claim_from_row, keys_params
 from bridge.store.settle import SettleStore, settled_only, settlements_params, stale
 from bridge.store.work import (
@@ -187,7 +188,7 @@ class ClaimStore:
         params = {
             **common,
             "limit": limit,
-            "job_types": list(job_types) if job_types is not None else None,
+            "job_types": TextArray(job_types) if job_types is not None else None,
             **_limit_params(limits),
             **extra,
         }

@@ -23,6 +23,7 @@ from psycopg_pool import ConnectionPool
 from bridge import sql
 from bridge.database import Connection, translate_errors
 from bridge.errors import LeaseLost
+from bridge.store.arrays import BigintArray, TextArray
 from bridge.store.work import ATTEMPT_HISTORY_DEFAULT, PRIORITY_AGING_DEFAULT
 from bridge.types import Claim, Key, TargetClass, Ticket
 
@@ -223,16 +224,16 @@ def ticket_params(ticket: Ticket) -> dict[str, Any]:
 
 def tickets_params(tickets: Sequence[Ticket]) -> dict[str, Any]:
     return {
-        "tenant_id": [t.tenant_id for t in tickets],
-        "operation_id": [t.operation_id for t in tickets],
-        "fence": [t.fence for t in tickets],
+        "tenant_id": TextArray([t.tenant_id for t in tickets]),
+        "operation_id": TextArray([t.operation_id for t in tickets]),
+        "fence": BigintArray([t.fence for t in tickets]),
     }
 
 
 def keys_params(keys: Sequence[Key]) -> dict[str, Any]:
     return {
-        "tenant_id": [k.tenant_id for k in keys],
-        "operation_id": [k.operation_id for k in keys],
+        "tenant_id": TextArray([k.tenant_id for k in keys]),
+        "operation_id": TextArray([k.operation_id for k in keys]),
     }
 
 

@@ -40,6 +40,7 @@ from bridge import sql
 from bridge.database import Connection, milliseconds
 from bridge.deadline import TransactionDeadline
 from bridge.errors import DeadlineExceeded, LeaseLost
+from bridge.store.arrays import TextArray
 from bridge.store.db import Database, lost, ticket_params, tickets_params
 from bridge.store.work import (
     ATTEMPT_HISTORY_DEFAULT,
@@ -304,11 +305,11 @@ def settlements_params(
     return {
         "history": history,
         **tickets_params([s.ticket for s in settlements]),
-        "state": [s.state.value for s in settlements],
-        "outcome_code": [s.outcome_code for s in settlements],
-        "outcome_detail": [s.outcome_detail for s in settlements],
-        "error_class": [s.error_class for s in settlements],
-        "finding": [s.finding for s in settlements],
+        "state": TextArray([s.state.value for s in settlements]),
+        "outcome_code": TextArray([s.outcome_code for s in settlements]),
+        "outcome_detail": TextArray([s.outcome_detail for s in settlements]),
+        "error_class": TextArray([s.error_class for s in settlements]),
+        "finding": TextArray([s.finding for s in settlements]),
         "now": now,
     }
 
